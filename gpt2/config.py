@@ -1,0 +1,209 @@
+"""Typed, validated configuration built from ``params.yaml``.
+
+Every section of params.yaml maps to a frozen dataclass. Loading is strict on
+purpose: a typo such as ``tokenize.val_fracton`` must stop the stage before it
+writes anything, not silently fall back to a default and cost a user an
+afternoon. Each error names the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gpt2.errors import UserError
+
+
+class ParamError(UserError):
+    """A value in params.yaml is unknown, of the wrong type or out of range."""
+
+
+def require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    """Raise a :class:`ParamError` naming ``key`` unless ``ok``."""
+    if not ok:
+        raise ParamError(f"params: {key} = {value!r} is not allowed; expected {allowed}")
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class DownloadConfig:
+    """Where the raw text comes from (see README, "Data sources")."""
+
+    source: str = "embedded"  # embedded | path | dir | glob | http(s)://... | hf:<name>[:<config>]
+    sha256: str | None = None  # expected sha256 of a downloaded URL or a single local file
+    timeout_s: float = 30.0  # per network read; a stalled server fails after this
+    retries: int = 3  # extra attempts after a failed or truncated transfer
+    backoff_s: float = 1.0  # first retry delay; doubles each time
+    hf_split: str = "train"
+    text_field: str = "text"  # JSON field holding the text, for .jsonl files and hf datasets
+    hf_docs_per_shard: int = 100_000
+
+    def check(self, at: str) -> None:
+        require(bool(self.source.strip()), f"{at}.source", self.source, "a non-empty source")
+        if self.sha256 is not None:
+            ok = len(self.sha256) == 64 and all(c in "0123456789abcdefABCDEF" for c in self.sha256)
+            require(ok, f"{at}.sha256", self.sha256, "null or 64 hex digits")
+        require(self.timeout_s > 0, f"{at}.timeout_s", self.timeout_s, "a number > 0")
+        require(self.retries >= 0, f"{at}.retries", self.retries, "an integer >= 0")
+        require(self.backoff_s >= 0, f"{at}.backoff_s", self.backoff_s, "a number >= 0")
+        require(self.hf_docs_per_shard > 0, f"{at}.hf_docs_per_shard", self.hf_docs_per_shard, "an integer > 0")
+
+
+@dataclass(frozen=True)
+class TokenizeConfig:
+    """How raw documents become ``train.bin`` / ``val.bin``."""
+
+    val_fraction: float = 0.1  # share of documents (or of tokens, for a one-document corpus)
+    seed: int = 1337  # which documents go to val
+    workers: int = 0  # tokenizer threads; 0 = all cores
+    chunk_kb: int = 1024  # text handed to a worker at once; bounds memory per worker
+    on_decode_error: Literal["replace", "strict"] = "replace"
+
+    def check(self, at: str) -> None:
+        require(0 < self.val_fraction <= 0.5, f"{at}.val_fraction", self.val_fraction, "a number in (0, 0.5]")
+        require(self.workers >= 0, f"{at}.workers", self.workers, "an integer >= 0 (0 = all cores)")
+        require(self.chunk_kb >= 1, f"{at}.chunk_kb", self.chunk_kb, "an integer >= 1")
+
+
+@dataclass(frozen=True)
+class StatsConfig:
+    """What the dataset report shows."""
+
+    top_tokens: int = 20
+    length_bins: int = 40  # bars in the document-length histogram
+
+    def check(self, at: str) -> None:
+        require(self.top_tokens >= 1, f"{at}.top_tokens", self.top_tokens, "an integer >= 1")
+        require(self.length_bins >= 2, f"{at}.length_bins", self.length_bins, "an integer >= 2")
+
+
+@dataclass(frozen=True)
+class Params:
+    """All of params.yaml. A missing section takes its defaults."""
+
+    download: DownloadConfig = field(default_factory=DownloadConfig)
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
+    stats: StatsConfig = field(default_factory=StatsConfig)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_params(path: str | os.PathLike = "params.yaml") -> Params:
+    """Read and validate params.yaml; raise :class:`UserError` on any problem."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"params file {str(path)!r} not found; run from the project root or pass --params PATH")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"params file {str(path)!r} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ParamError(f"params file {str(path)!r} must be a mapping of sections, got {type(data).__name__}")
+    return build(Params, data, "")
+
+
+def build(cls: type, data: Any, at: str) -> Any:
+    """Build dataclass ``cls`` from ``data`` (a dict), checking keys, types and ranges."""
+    where = at or "params"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ParamError(f"params: {where} must be a mapping, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ParamError(
+                f"params: unknown key {_join(at, key)!r}; {hint}allowed keys: {', '.join(sorted(fields))}"
+            )
+    hints = typing.get_type_hints(cls)
+    values = {name: coerce(data[name], hints[name], _join(at, name)) for name in fields if name in data}
+    obj = cls(**values)
+    if hasattr(obj, "check"):
+        obj.check(at)
+    return obj
+
+
+def coerce(value: Any, hint: Any, key: str) -> Any:
+    """Return ``value`` as type ``hint`` or raise a :class:`ParamError` naming ``key``."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, key)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return coerce(value, inner[0], key)
+        for candidate in inner:
+            try:
+                return coerce(value, candidate, key)
+            except ParamError:
+                continue
+        raise ParamError(f"params: {key} = {value!r} has the wrong type; expected {_describe(hint)}")
+    if origin is Literal:
+        require(value in args, key, value, "one of " + ", ".join(repr(a) for a in args))
+        return value
+    if origin in (list, tuple):
+        require(isinstance(value, list | tuple), key, value, f"a list ({_describe(hint)})")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            require(len(value) == len(args), key, value, f"a list of {len(args)} values")
+            return tuple(coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        item = args[0] if args else Any
+        items = [coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if hint is Any:
+        return value
+    if hint is bool:
+        require(isinstance(value, bool), key, value, "true or false")
+        return value
+    if hint is int:
+        require(isinstance(value, int) and not isinstance(value, bool), key, value, "an integer")
+        return value
+    if hint is float:
+        if isinstance(value, str) and _parses_as_float(value):
+            raise ParamError(
+                f"params: {key} = {value!r} is a string, not a number; YAML reads exponents without a dot "
+                f"as text, so write it like {float(value):.1e}"
+            )
+        require(isinstance(value, int | float) and not isinstance(value, bool), key, value, "a number")
+        return float(value)
+    if hint is str:
+        require(isinstance(value, str), key, value, "a string")
+        return value
+    raise TypeError(f"unsupported type {hint!r} for {key}")  # a bug in a config dataclass, not user input
+
+
+def to_dict(obj: Any) -> dict:
+    """Plain-dict view of a config, for logging and for metadata files."""
+    return dataclasses.asdict(obj)
+
+
+def _join(at: str, key: Any) -> str:
+    return f"{at}.{key}" if at else str(key)
+
+
+def _parses_as_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _describe(hint: Any) -> str:
+    names = getattr(hint, "__name__", None)
+    return names or str(hint).replace("typing.", "")

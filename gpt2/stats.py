@@ -1,0 +1,157 @@
+"""Dataset statistics of the token files: DVC metrics, DVC plot data and PNGs.
+
+Everything is computed from the .bin files in fixed-size chunks (bounded
+memory): documents are the runs between EOT tokens, so no side file is needed.
+The PNGs are rendered with matplotlib because ``dvc plots show`` needs a CDN.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpt2.atomic import atomic_file, write_json
+from gpt2.config import StatsConfig
+from gpt2.errors import UserError
+from gpt2.tokens import SPLITS, open_tokens, read_meta
+
+CHUNK = 1 << 24  # tokens per pass: 32 MB of uint16
+
+
+def scan_split(tokens: np.ndarray, vocab_size: int, eot_id: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Token counts (length ``vocab_size``) and document lengths (tokens, EOT excluded)."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    lengths: list[np.ndarray] = []
+    start = 0  # index where the current document began
+    for lo in range(0, len(tokens), CHUNK):
+        chunk = np.asarray(tokens[lo:lo + CHUNK])
+        top = int(chunk.max())
+        if top >= vocab_size:
+            raise UserError(f"{name}.bin holds token id {top} >= vocab size {vocab_size}: it was written with "
+                            "another dtype or tokenizer; run the tokenize stage again")
+        counts += np.bincount(chunk, minlength=vocab_size)
+        ends = np.flatnonzero(chunk == eot_id) + lo
+        if len(ends):
+            bounds = np.concatenate(([start], ends + 1))
+            lengths.append(np.diff(bounds) - 1)
+            start = int(ends[-1]) + 1
+    if len(tokens) and start != len(tokens):
+        raise UserError(f"{name}.bin does not end with the EOT token: the file is truncated; "
+                        "run the tokenize stage again")
+    return counts, np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+
+
+def compute(cfg: StatsConfig, tokens_dir: str | Path) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """Metrics dict, document lengths and per-id counts over both splits."""
+    meta = read_meta(tokens_dir)
+    vocab, eot = meta["vocab_size"], meta["eot_id"]
+    counts = np.zeros(vocab, dtype=np.int64)
+    all_lengths = []
+    docs, toks, nbytes = {}, {}, {}
+    for split in SPLITS:
+        split_counts, lengths = scan_split(open_tokens(tokens_dir, split, meta), vocab, eot, split)
+        counts += split_counts
+        all_lengths.append(lengths)
+        docs[split], toks[split] = len(lengths), int(split_counts.sum())
+        nbytes[split] = meta["splits"][split]["bytes"]
+    lengths = np.concatenate(all_lengths)
+    if meta["split"]["mode"] == "within-document":
+        lengths = np.array([lengths.sum()])  # one document, cut in two for the val split
+    if lengths.size == 0:
+        raise UserError(f"{tokens_dir} holds no documents; run download and tokenize on a non-empty corpus")
+    text_tokens = counts.copy()
+    text_tokens[eot] = 0
+    unique = int(np.count_nonzero(text_tokens))
+    order = np.argsort(-text_tokens, kind="stable")[: cfg.top_tokens]
+    metrics = {
+        "documents": {**docs, "total": sum(docs.values()) if meta["split"]["mode"] == "documents" else 1},
+        "bytes": {**nbytes, "total": sum(nbytes.values())},
+        "tokens": {**toks, "total": sum(toks.values())},
+        "bytes_per_token": round(sum(nbytes.values()) / max(1, int(text_tokens.sum())), 4),
+        "unique_tokens": unique,
+        "vocab_coverage": round(unique / vocab, 4),
+        "doc_tokens": {f"p{q}": float(np.percentile(lengths, q)) for q in (50, 90, 99)} | {
+            "max": int(lengths.max()), "mean": round(float(lengths.mean()), 1)},
+        "top_tokens": [{"rank": r + 1, "id": int(i), "token": decode_token(int(i)), "count": int(text_tokens[i])}
+                       for r, i in enumerate(order) if text_tokens[i] > 0],
+    }
+    return metrics, lengths, text_tokens
+
+
+def decode_token(token_id: int) -> str:
+    from gpt2.tokenizer import gpt2_encoding
+
+    return gpt2_encoding().decode_single_token_bytes(token_id).decode("utf-8", errors="replace")
+
+
+def length_histogram(lengths: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Log-spaced bins when lengths span more than two decades (typical web corpora), else linear."""
+    low, high = max(1, int(lengths.min())), max(2, int(lengths.max()))
+    edges = (np.unique(np.geomspace(low, high + 1, bins + 1).astype(np.int64)) if high / low > 100
+             else np.linspace(low, high + 1, bins + 1))
+    hist, edges = np.histogram(lengths, bins=edges)
+    return hist, edges
+
+
+def rank_frequency(counts: np.ndarray, points: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """(rank, count) at about ``points`` log-spaced ranks: enough to draw Zipf's line, small to diff."""
+    sorted_counts = np.sort(counts[counts > 0])[::-1]
+    ranks = np.unique(np.geomspace(1, len(sorted_counts), points).astype(np.int64))
+    return ranks, sorted_counts[ranks - 1]
+
+
+def dataset_stats(cfg: StatsConfig, tokens_dir: str | Path = "data/tokens", out_dir: str | Path = "reports/stats"
+                  ) -> dict[str, Any]:
+    """Compute the statistics, then write every report file (each atomically)."""
+    metrics, lengths, counts = compute(cfg, tokens_dir)
+    hist, edges = length_histogram(lengths, cfg.length_bins)
+    ranks, rank_counts = rank_frequency(counts)
+    hist_tsv = "doc_tokens\tdocuments\n" + "".join(f"{int(e)}\t{int(h)}\n" for e, h in zip(edges[:-1], hist))
+    rank_tsv = "rank\tcount\tlog10_rank\tlog10_count\n" + "".join(
+        f"{r}\t{c}\t{np.log10(r):.4f}\t{np.log10(c):.4f}\n" for r, c in zip(ranks, rank_counts))
+    pngs = render_pngs(edges, hist, ranks, rank_counts)
+    out = Path(out_dir)
+    contents = {"doc_lengths.tsv": hist_tsv.encode(), "rank_frequency.tsv": rank_tsv.encode(), **pngs}
+    for name, data in contents.items():
+        with atomic_file(out / name) as tmp:
+            tmp.write_bytes(data)
+    write_json(out / "metrics.json", metrics)
+    print(f"stats: {metrics['documents']['total']} documents, {metrics['tokens']['total']:,} tokens, "
+          f"{metrics['bytes_per_token']} bytes/token, {metrics['unique_tokens']:,} unique tokens "
+          f"({metrics['vocab_coverage']:.1%} of the vocab) → {out}/", file=sys.stderr)
+    return metrics
+
+
+def render_pngs(edges: np.ndarray, hist: np.ndarray, ranks: np.ndarray, counts: np.ndarray) -> dict[str, bytes]:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = {}
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.stairs(hist, edges, fill=True, alpha=0.8)
+    if edges[-1] / max(edges[0], 1) > 100:
+        ax.set_xscale("log")
+    ax.set(xlabel="document length (tokens)", ylabel="documents", title="Document lengths")
+    ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    out["doc_lengths.png"] = _png(fig)
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.loglog(ranks, counts, marker=".", linestyle="-")
+    ax.set(xlabel="rank", ylabel="count", title="Token rank-frequency (Zipf)")
+    ax.grid(True, which="major", alpha=0.3)
+    out["rank_frequency.png"] = _png(fig)
+    plt.close("all")
+    return out
+
+
+def _png(fig: Any) -> bytes:
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()

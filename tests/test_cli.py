@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import json
+
+from conftest import write_params
+from gpt2.cli import main
+
+
+def test_help_lists_every_stage(runner):
+    out = runner.invoke(main, ["--help"]).output
+    for name in ("download", "tokenize", "stats"):
+        assert name in out
+
+
+def test_full_chain_through_the_cli(runner, tmp_path, corpus):
+    params = write_params(tmp_path / "p.yaml", download={"source": str(corpus)})
+    raw, tokens, report = tmp_path / "raw", tmp_path / "tokens", tmp_path / "report"
+    for args in (["download", "--out", raw], ["tokenize", "--raw", raw, "--out", tokens],
+                 ["stats", "--tokens", tokens, "--out", report]):
+        result = runner.invoke(main, [*map(str, args), "--params", str(params)])
+        assert result.exit_code == 0, result.output
+    assert json.loads((report / "metrics.json").read_text())["documents"]["total"] == 12
+
+
+def test_user_error_is_one_line_and_exit_2(runner, tmp_path):
+    params = write_params(tmp_path / "p.yaml", tokenize={"workers": -1})
+    result = runner.invoke(main, ["tokenize", "--params", str(params), "--out", str(tmp_path / "t")])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "error: params: tokenize.workers = -1 is not allowed; expected an integer >= 0 (0 = all cores)"]
+    assert not (tmp_path / "t").exists()
+
+
+def test_missing_params_file(runner, tmp_path):
+    result = runner.invoke(main, ["stats", "--params", str(tmp_path / "none.yaml")])
+    assert result.exit_code == 2 and "not found" in result.output

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpt2.config import DownloadConfig, ParamError, Params, TokenizeConfig, load_params
+from gpt2.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(tmp_path: Path, text: str) -> Params:
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    return load_params(path)
+
+
+def test_project_params_load_and_match_the_dataclass_defaults():
+    params = load_params(ROOT / "params.yaml")
+    assert params.download == DownloadConfig()
+    assert params.tokenize == TokenizeConfig()
+
+
+def test_missing_sections_take_defaults(tmp_path):
+    assert load(tmp_path, "") == Params()
+
+
+def test_unknown_key_names_key_and_suggests(tmp_path):
+    with pytest.raises(ParamError, match=r"unknown key 'tokenize.val_fracton'; did you mean 'val_fraction'"):
+        load(tmp_path, "tokenize:\n  val_fracton: 0.1\n")
+
+
+def test_unknown_section(tmp_path):
+    with pytest.raises(ParamError, match=r"unknown key 'tokenise'"):
+        load(tmp_path, "tokenise:\n  seed: 1\n")
+
+
+@pytest.mark.parametrize("text, match", [
+    ("tokenize:\n  seed: one\n", r"tokenize.seed = 'one'.*an integer"),
+    ("tokenize:\n  seed: 1.5\n", r"tokenize.seed = 1.5.*an integer"),
+    ("tokenize:\n  seed: true\n", r"tokenize.seed = True.*an integer"),
+    ("download:\n  retries: [1]\n", r"download.retries = \[1\].*an integer"),
+    ("download:\n  source: 3\n", r"download.source = 3.*a string"),
+    ("tokenize:\n  on_decode_error: ignore\n", r"on_decode_error = 'ignore'.*'replace', 'strict'"),
+    ("download:\n  timeout_s: 1e-1\n", r"download.timeout_s = '1e-1' is a string.*1.0e-01"),
+])
+def test_wrong_type(tmp_path, text, match):
+    with pytest.raises(ParamError, match=match):
+        load(tmp_path, text)
+
+
+@pytest.mark.parametrize("value", ["0", "0.0", "0.6", "-0.1", "1"])
+def test_val_fraction_outside_range(tmp_path, value):
+    with pytest.raises(ParamError, match=r"tokenize.val_fraction = .*\(0, 0.5\]"):
+        load(tmp_path, f"tokenize:\n  val_fraction: {value}\n")
+
+
+def test_val_fraction_upper_bound_allowed(tmp_path):
+    assert load(tmp_path, "tokenize:\n  val_fraction: 0.5\n").tokenize.val_fraction == 0.5
+
+
+def test_int_is_accepted_for_float(tmp_path):
+    assert load(tmp_path, "download:\n  timeout_s: 5\n").download.timeout_s == 5.0
+
+
+def test_bad_sha256(tmp_path):
+    with pytest.raises(ParamError, match="download.sha256.*64 hex digits"):
+        load(tmp_path, "download:\n  sha256: abc\n")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        load_params(tmp_path / "nope.yaml")
+
+
+def test_invalid_yaml(tmp_path):
+    with pytest.raises(UserError, match="not valid YAML"):
+        load(tmp_path, "download: [\n")
+
+
+def test_section_must_be_mapping(tmp_path):
+    with pytest.raises(ParamError, match="tokenize must be a mapping"):
+        load(tmp_path, "tokenize: 3\n")

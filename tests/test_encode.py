@@ -1,0 +1,164 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import document, make_corpus
+from gpt2.config import DownloadConfig, TokenizeConfig
+from gpt2.encode import _last_safe_cut, text_pieces, tokenize_corpus, val_mask, DecodeStats
+from gpt2.errors import UserError
+from gpt2.sources import download
+from gpt2.tokenizer import EOT_ID, gpt2_encoding
+from gpt2.tokens import open_tokens, read_meta
+
+
+def raw_from(tmp_path: Path, source: Path | str) -> Path:
+    download(DownloadConfig(source=str(source)), tmp_path / "raw")
+    return tmp_path / "raw"
+
+
+def tokenize(tmp_path: Path, raw: Path, name: str = "tokens", **cfg) -> tuple[dict, Path]:
+    out = tmp_path / name
+    return tokenize_corpus(TokenizeConfig(**cfg), raw, out), out
+
+
+def test_hello_world_ids():
+    assert gpt2_encoding().encode("Hello world") == [15496, 995]
+    assert gpt2_encoding().n_vocab == 50257
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_cutting_a_document_into_blocks_keeps_tokens_exact(tmp_path, seed):
+    rng = random.Random(seed)
+    text = document(rng, 400) + "tail  \n\n\n   end"
+    path = tmp_path / "doc.txt"
+    path.write_text(text)
+    cfg = TokenizeConfig(chunk_kb=1)
+    parts = list(text_pieces(path, "train", cfg, DecodeStats()))
+    assert len(parts) > 5
+    assert "".join(p.text for p in parts) == text
+    assert sum(p.raw_bytes for p in parts) == len(text.encode())
+    enc = gpt2_encoding()
+    assert sum((enc.encode_ordinary(p.text) for p in parts), []) == enc.encode_ordinary(text)
+
+
+def test_safe_cut_needs_non_space_on_both_sides():
+    assert _last_safe_cut("a\nb") == 2
+    assert _last_safe_cut("a\n\nb") is None
+    assert _last_safe_cut("a \nb") is None
+    assert _last_safe_cut("a\n b") is None
+    assert _last_safe_cut("x\ny\n\nz") == 2
+
+
+def test_tokens_equal_direct_encoding_with_eot_after_each_document(tmp_path, corpus):
+    raw = raw_from(tmp_path, corpus)
+    meta, out = tokenize(tmp_path, raw, chunk_kb=1, workers=2)
+    manifest = json.loads((raw / "manifest.json").read_text())
+    mask = val_mask(12, 0.1, 1337)
+    enc = gpt2_encoding()
+    expected = {"train": [], "val": []}
+    for is_val, entry in zip(mask, manifest["files"]):
+        ids = enc.encode_ordinary((raw / entry["path"]).read_text()) + [EOT_ID]
+        expected["val" if is_val else "train"] += ids
+    for split in ("train", "val"):
+        tokens = open_tokens(out, split)
+        assert tokens.dtype == np.uint16
+        assert tokens.tolist() == expected[split]
+        assert meta["splits"][split]["documents"] == int((tokens == EOT_ID).sum())
+    assert meta["splits"]["val"]["documents"] == 1  # round(12 * 0.1)
+    assert meta["dtype"] == "uint16" and meta["vocab_size"] == 50257 and meta["eot_id"] == 50256
+    assert meta["tokenizer"]["bpe_sha256"].startswith("306cd27f")
+    assert meta["splits"]["train"]["bytes"] + meta["splits"]["val"]["bytes"] == manifest["bytes"]
+    assert read_meta(out) == meta
+
+
+def test_output_is_identical_for_any_worker_count_and_chunk_size(tmp_path, corpus):
+    raw = raw_from(tmp_path, corpus)
+    _, a = tokenize(tmp_path, raw, "a", workers=1, chunk_kb=1)
+    _, b = tokenize(tmp_path, raw, "b", workers=3, chunk_kb=64)
+    for name in ("train.bin", "val.bin", "meta.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+
+
+def test_split_depends_on_seed_and_fraction_only(tmp_path):
+    raw = raw_from(tmp_path, make_corpus(tmp_path / "c", n_docs=40, lines=5))
+    m1, _ = tokenize(tmp_path, raw, "a", seed=1)
+    m2, _ = tokenize(tmp_path, raw, "b", seed=1)
+    m3, _ = tokenize(tmp_path, raw, "c", seed=2)
+    m4, _ = tokenize(tmp_path, raw, "d", seed=1, val_fraction=0.5)
+    assert m1 == m2
+    assert m1["splits"]["val"] != m3["splits"]["val"]
+    assert m4["splits"]["val"]["documents"] == 20
+
+
+def test_val_mask_never_empty_never_everything():
+    assert val_mask(2, 0.01, 0).sum() == 1
+    assert val_mask(3, 0.5, 0).sum() == 2
+    assert val_mask(1000, 0.1, 0).sum() == 100
+    assert (val_mask(50, 0.2, 7) == val_mask(50, 0.2, 7)).all()
+
+
+def test_one_document_corpus_is_split_inside_the_document(tmp_path, capsys):
+    source = tmp_path / "one.txt"
+    source.write_text(document(random.Random(3), 300))
+    raw = raw_from(tmp_path, source)
+    meta, out = tokenize(tmp_path, raw, val_fraction=0.2)
+    assert "split inside the document" in capsys.readouterr().err
+    assert meta["split"]["mode"] == "within-document"
+    whole = gpt2_encoding().encode_ordinary(source.read_text())
+    train, val = open_tokens(out, "train").tolist(), open_tokens(out, "val").tolist()
+    assert train[-1] == EOT_ID and val[-1] == EOT_ID
+    assert train[:-1] + val[:-1] == whole
+    assert len(val) - 1 == round(0.2 * len(whole))
+    assert meta["splits"]["train"]["bytes"] + meta["splits"]["val"]["bytes"] == source.stat().st_size
+
+
+def test_invalid_utf8_is_replaced_and_counted(tmp_path):
+    src = tmp_path / "c"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"good text\nbad \xff\xfe bytes\n")
+    (src / "b.txt").write_bytes(b"clean\n")
+    raw = raw_from(tmp_path, src)
+    meta, out = tokenize(tmp_path, raw)
+    assert meta["decode"] == {"on_error": "replace", "replaced_chars": 2}
+    tokens = open_tokens(out, "train").tolist() + open_tokens(out, "val").tolist()
+    assert "\ufffd" in gpt2_encoding().decode(tokens)
+
+
+def test_invalid_utf8_strict_names_file_and_offset_and_writes_nothing(tmp_path):
+    src = tmp_path / "c"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"good\nbad \xff here\n")
+    (src / "b.txt").write_bytes(b"fine\n")
+    raw = raw_from(tmp_path, src)
+    with pytest.raises(UserError, match=r"a.txt: invalid UTF-8 at byte 9.*on_decode_error: replace"):
+        tokenize(tmp_path, raw, on_decode_error="strict")
+    assert not (tmp_path / "tokens").exists()
+
+
+def test_missing_manifest(tmp_path):
+    with pytest.raises(UserError, match="run the download stage first"):
+        tokenize(tmp_path, tmp_path / "raw")
+
+
+def test_raw_file_changed_since_download(tmp_path, corpus):
+    raw = raw_from(tmp_path, corpus)
+    next((raw / "docs").iterdir()).write_text("changed")
+    with pytest.raises(UserError, match="changed since download"):
+        tokenize(tmp_path, raw)
+    assert not (tmp_path / "tokens").exists()
+
+
+def test_jsonl_documents_are_tokenized_one_per_line(tmp_path):
+    src = tmp_path / "d.jsonl"
+    src.write_text("".join(json.dumps({"text": f"doc number {i}\n"}) + "\n" for i in range(30)))
+    raw = raw_from(tmp_path, src)
+    meta, out = tokenize(tmp_path, raw, chunk_kb=1)
+    assert meta["splits"]["train"]["documents"] == 27 and meta["splits"]["val"]["documents"] == 3
+    tokens = open_tokens(out, "train")
+    assert int((tokens == EOT_ID).sum()) == 27

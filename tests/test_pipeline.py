@@ -1,0 +1,124 @@
+"""End to end: the real DVC pipeline in a temporary git repo, on a small corpus."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import make_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
+
+
+def run(cwd: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def set_params(root: Path, **changes: dict) -> None:
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    for section, values in changes.items():
+        params.setdefault(section, {}).update(values)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def new_project(base: Path) -> Path:
+    root = base / "project"
+    root.mkdir()
+    for name in ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore"):
+        shutil.copy(ROOT / name, root / name)
+    for name in ("stages", "gpt2"):
+        shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    run(root, "git", "init", "-q")
+    run(root, sys.executable, "-m", "dvc", "init", "-q")
+    set_params(root, download={"source": str(make_corpus(base / "corpus", n_docs=10))})
+    return root
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    root = new_project(tmp_path_factory.mktemp("e2e"))
+    run(root, sys.executable, "-m", "dvc", "repro")
+    return root
+
+
+def dvc(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run(root, sys.executable, "-m", "dvc", *args, check=check)
+
+
+def test_repro_produces_every_output(project):
+    manifest = json.loads((project / "data/raw/manifest.json").read_text())
+    meta = json.loads((project / "data/tokens/meta.json").read_text())
+    metrics = json.loads((project / "reports/stats/metrics.json").read_text())
+    assert manifest["documents"] == 10
+    assert meta["dtype"] == "uint16"
+    assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == 10
+    assert metrics["tokens"]["total"] == meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"]
+    for name in ("doc_lengths.tsv", "rank_frequency.tsv", "doc_lengths.png", "rank_frequency.png"):
+        assert (project / "reports/stats" / name).stat().st_size > 0
+
+
+def test_second_repro_does_nothing(project):
+    out = dvc(project, "repro").stdout
+    assert "Running stage" not in out
+    assert "Data and pipelines are up to date" in dvc(project, "status").stdout
+
+
+def test_metrics_show_lists_the_stats(project):
+    out = dvc(project, "metrics", "show").stdout
+    assert "tokens.total" in out and "bytes_per_token" in out and "vocab_coverage" in out
+
+
+def test_speed_only_params_do_not_rerun_but_split_params_do(project):
+    set_params(project, tokenize={"workers": 1, "chunk_kb": 64})
+    assert "Running stage" not in dvc(project, "repro").stdout
+    set_params(project, tokenize={"val_fraction": 0.3})
+    out = dvc(project, "repro").stdout
+    assert "Running stage 'tokenize'" in out and "Running stage 'stats'" in out
+    assert "Running stage 'download'" not in out
+    assert json.loads((project / "data/tokens/meta.json").read_text())["splits"]["val"]["documents"] == 3
+
+
+def test_bad_param_stops_the_pipeline_with_one_clear_message(tmp_path):
+    root = new_project(tmp_path)
+    set_params(root, tokenize={"val_fraction": 0.9})
+    result = dvc(root, "repro", check=False)
+    assert result.returncode != 0
+    assert "tokenize.val_fraction = 0.9 is not allowed; expected a number in (0, 0.5]" in result.stderr + result.stdout
+    assert not (root / "data" / "raw").exists()  # checked before the first stage wrote anything
+
+
+def test_stage_script_error_exit_code_and_no_traceback(tmp_path):
+    root = new_project(tmp_path)
+    set_params(root, download={"source": str(tmp_path / "missing")})
+    result = run(root, sys.executable, "-m", "stages.download", check=False)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: download.source: no such file or directory")
+    assert "Traceback" not in result.stderr
+    assert not (root / "data" / "raw").exists()
+
+
+def test_dvc_exp_run_and_show(project):
+    run(project, "git", "add", "-A")
+    run(project, "git", "commit", "-qm", "baseline")
+    dvc(project, "exp", "run", "-n", "seed2", "--set-param", "tokenize.seed=2")
+    shown = dvc(project, "exp", "show", "--csv").stdout
+    header, *rows = shown.splitlines()
+    assert "tokens.total" in header and "tokenize.seed" in header
+    assert any(row.startswith("seed2,") for row in rows)

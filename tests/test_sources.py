@@ -1,0 +1,160 @@
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import sys
+import tarfile
+import types
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from gpt2.config import DownloadConfig
+from gpt2.errors import UserError
+from gpt2.sources import download
+
+
+def fetch(tmp_path: Path, source: str | Path, **kwargs) -> tuple[dict, Path]:
+    out = tmp_path / "raw"
+    return download(DownloadConfig(source=str(source), **kwargs), out), out
+
+
+def test_directory_source_copies_every_document_with_manifest(tmp_path, corpus):
+    manifest, out = fetch(tmp_path, corpus)
+    assert manifest["documents"] == 12
+    assert len(manifest["files"]) == 12
+    assert json.loads((out / "manifest.json").read_text()) == manifest
+    for entry in manifest["files"]:
+        data = (out / entry["path"]).read_bytes()
+        assert len(data) == entry["bytes"]
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+    assert manifest["bytes"] == sum(p.stat().st_size for p in corpus.iterdir())
+
+
+def test_single_file_and_glob(tmp_path, corpus):
+    manifest, _ = fetch(tmp_path, corpus / "doc03.txt")
+    assert manifest["documents"] == 1
+    manifest, _ = fetch(tmp_path, f"{corpus}/doc0*.txt")
+    assert manifest["documents"] == 10
+
+
+def test_jsonl_one_document_per_line(tmp_path):
+    src = tmp_path / "docs.jsonl"
+    src.write_text('{"body": "first doc"}\n\n{"body": "second doc"}\n{"body": ""}\n')
+    manifest, out = fetch(tmp_path, src, text_field="body")
+    assert manifest["documents"] == 2
+    lines = (out / manifest["files"][0]["path"]).read_text().splitlines()
+    assert [json.loads(line)["text"] for line in lines] == ["first doc", "second doc"]
+
+
+def test_jsonl_without_the_field_is_a_clear_error(tmp_path):
+    src = tmp_path / "docs.jsonl"
+    src.write_text('{"body": "first doc"}\n')
+    with pytest.raises(UserError, match="line 1 has no string field 'text'.*download.text_field"):
+        fetch(tmp_path, src)
+    assert not (tmp_path / "raw").exists()
+
+
+def test_archives_and_gzip(tmp_path, corpus):
+    tar_path = tmp_path / "c.tar.gz"
+    with tarfile.open(tar_path, "w:gz") as archive:
+        archive.add(corpus, arcname="corpus")
+    zip_path = tmp_path / "c.zip"
+    with zipfile.ZipFile(zip_path, "w") as archive:
+        for file in sorted(corpus.iterdir()):
+            archive.write(file, f"corpus/{file.name}")
+    gz_path = tmp_path / "one.txt.gz"
+    gz_path.write_bytes(gzip.compress((corpus / "doc00.txt").read_bytes()))
+    assert fetch(tmp_path, tar_path)[0]["documents"] == 12
+    assert fetch(tmp_path, zip_path)[0]["documents"] == 12
+    manifest, out = fetch(tmp_path, gz_path)
+    assert (out / manifest["files"][0]["path"]).read_bytes() == (corpus / "doc00.txt").read_bytes()
+
+
+def test_empty_files_in_a_directory_are_skipped(tmp_path, corpus):
+    (corpus / "empty.txt").write_text("")
+    (corpus / ".hidden.txt").write_text("secret")
+    assert fetch(tmp_path, corpus)[0]["documents"] == 12
+
+
+def _zero_byte_file(d: Path) -> Path:
+    (d / "zero.txt").write_text("")
+    return d / "zero.txt"
+
+
+def _empty_dir(d: Path) -> Path:
+    (d / "emptydir").mkdir()
+    return d / "emptydir"
+
+
+def _dir_of_empty_files(d: Path) -> Path:
+    (d / "blanks").mkdir()
+    (d / "blanks" / "a.txt").write_text("")
+    return d / "blanks"
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda d: d / "nope.txt", "no such file or directory"),
+    (lambda d: str(d / "*.nothing"), "matched no files"),
+    (_zero_byte_file, r"is empty \(0 bytes\)"),
+    (_empty_dir, "has no files"),
+    (_dir_of_empty_files, "empty corpus"),
+    (lambda d: "ftp://example.org/x.txt", "unsupported scheme"),
+])
+def test_bad_sources_fail_cleanly_and_write_nothing(tmp_path, make, match):
+    source = make(tmp_path)
+    with pytest.raises(UserError, match=match):
+        fetch(tmp_path, source)
+    assert not (tmp_path / "raw").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".raw")]
+
+
+def test_failed_run_keeps_the_previous_output(tmp_path, corpus):
+    fetch(tmp_path, corpus)
+    before = (tmp_path / "raw" / "manifest.json").read_text()
+    with pytest.raises(UserError):
+        fetch(tmp_path, tmp_path / "nope")
+    assert (tmp_path / "raw" / "manifest.json").read_text() == before
+
+
+def test_hf_without_datasets_package_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(UserError, match=r"pip install -e '.\[hf\]'"):
+        fetch(tmp_path, "hf:tiny_shakespeare")
+
+
+def fake_datasets(monkeypatch, load):
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load))
+
+
+def test_hf_unreachable_hub_is_a_clear_error(tmp_path, monkeypatch):
+    def load(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'x' on the Hub (LocalEntryNotFoundError)")
+
+    fake_datasets(monkeypatch, load)
+    with pytest.raises(UserError, match="could not read Hugging Face dataset 'x:cfg'.*hub may be unreachable"):
+        fetch(tmp_path, "hf:x:cfg")
+    assert not (tmp_path / "raw").exists()
+
+
+def test_hf_rows_are_sharded_into_jsonl(tmp_path, monkeypatch):
+    calls = []
+
+    def load(name, config, split, streaming):
+        calls.append((name, config, split, streaming))
+        return iter({"text": f"document {i}", "id": i} for i in range(25))
+
+    fake_datasets(monkeypatch, load)
+    manifest, out = fetch(tmp_path, "hf:org/set", hf_docs_per_shard=10)
+    assert calls == [("org/set", None, "train", True)]
+    assert manifest["documents"] == 25
+    assert [f["documents"] for f in manifest["files"]] == [10, 10, 5]
+    assert manifest["hf_dataset"] == "org/set"
+
+
+def test_hf_missing_field(tmp_path, monkeypatch):
+    fake_datasets(monkeypatch, lambda *a, **k: iter([{"content": "x"}]))
+    with pytest.raises(UserError, match="no field 'text'.*content"):
+        fetch(tmp_path, "hf:x")
