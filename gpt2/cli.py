@@ -80,5 +80,19 @@ def stats(params_path: str, tokens: str, out: str) -> None:
     dataset_stats(load_params(params_path).stats, tokens, out)
 
 
+@main.command()
+@PARAMS
+@click.option("--tokens", default="data/tokens", show_default=True, help="token files folder")
+@click.option("--checkpoint", "ckpt", default="checkpoints/ckpt.pt", show_default=True, help="checkpoint file")
+@click.option("--out", default="reports/train", show_default=True, help="report folder (metrics.json, plots/)")
+@user_errors
+def train(params_path: str, tokens: str, ckpt: str, out: str) -> None:
+    """Train GPT-2 on data/tokens/ as params.yaml says; resume an interrupted run."""
+    from gpt2.config import load_params
+    from gpt2.trainer import train as run
+
+    run(load_params(params_path), tokens, ckpt, out)
+
+
 if __name__ == "__main__":
     main()

@@ -86,12 +86,98 @@ class StatsConfig:
 
 
 @dataclass(frozen=True)
+class ModelParams:
+    """A named GPT-2 size, with any dimension overridable (null: the size's value)."""
+
+    size: Literal["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"] = "tiny"
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    block_size: int | None = None  # longest context the model can see (position embeddings)
+    dropout: float = 0.0
+    bias: bool = True
+
+    def check(self, at: str) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "block_size"):
+            value = getattr(self, name)
+            require(value is None or value >= 1, f"{at}.{name}", value, "null or an integer >= 1")
+        require(0.0 <= self.dropout < 1.0, f"{at}.dropout", self.dropout, "a number in [0, 1)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training loop and every optimization switch (README, "Training switches")."""
+
+    # where and in what precision
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    tf32: bool = True
+    compile: bool = False
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    attention: Literal["flash", "manual"] = "flash"
+    pad_vocab: bool = True
+    fused_adamw: bool = True
+    keep_host_memory: bool = True  # CPU: glibc keeps freed big blocks for reuse instead of re-faulting them
+    # data
+    data_loading: Literal["preload", "memmap"] = "preload"
+    batching: Literal["vectorized", "loop"] = "vectorized"
+    micro_batch_size: int = 8
+    block_size: int | None = None  # sequence length; null = the model's block_size
+    grad_accum_steps: int = 1
+    # length and schedule
+    max_steps: int | None = 400
+    max_tokens: int | None = None  # alternative to max_steps: steps = ceil(max_tokens / tokens per step)
+    lr: float = 2.0e-3
+    lr_schedule: Literal["cosine", "constant"] = "cosine"  # cosine: linear warmup, then cosine decay to min_lr
+    min_lr: float = 2.0e-4
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0  # 0 = no clipping
+    seed: int = 1337
+    # measuring
+    eval_interval: int = 50
+    eval_iters: int = 10
+    log_interval: int = 10
+    checkpoint_interval: int = 50
+    timing_warmup_steps: int = 5
+    peak_tflops: float | None = None  # peak FLOP/s of this device for MFU; null = look it up by name
+    resume: Literal["auto", "never"] = "auto"
+    # tracking
+    mlflow: bool = True
+    experiment: str = "gpt2"
+
+    def check(self, at: str) -> None:
+        positive = "an integer >= 1"
+        for name in ("micro_batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval",
+                     "checkpoint_interval"):
+            require(getattr(self, name) >= 1, f"{at}.{name}", getattr(self, name), positive)
+        for name in ("block_size", "max_steps", "max_tokens"):
+            value = getattr(self, name)
+            require(value is None or value >= 1, f"{at}.{name}", value, "null or an integer >= 1")
+        require((self.max_steps is None) != (self.max_tokens is None), f"{at}.max_steps", self.max_steps,
+                "exactly one of train.max_steps and train.max_tokens set (the other null)")
+        require(self.lr > 0, f"{at}.lr", self.lr, "a number > 0")
+        require(0 <= self.min_lr <= self.lr, f"{at}.min_lr", self.min_lr, "a number in [0, train.lr]")
+        require(self.warmup_steps >= 0, f"{at}.warmup_steps", self.warmup_steps, "an integer >= 0")
+        require(self.weight_decay >= 0, f"{at}.weight_decay", self.weight_decay, "a number >= 0")
+        require(all(0 <= b < 1 for b in self.betas), f"{at}.betas", list(self.betas), "two numbers in [0, 1)")
+        require(self.grad_clip >= 0, f"{at}.grad_clip", self.grad_clip, "a number >= 0 (0 = off)")
+        require(self.timing_warmup_steps >= 0, f"{at}.timing_warmup_steps", self.timing_warmup_steps,
+                "an integer >= 0")
+        require(self.peak_tflops is None or self.peak_tflops > 0, f"{at}.peak_tflops", self.peak_tflops,
+                "null or a number > 0")
+
+
+@dataclass(frozen=True)
 class Params:
     """All of params.yaml. A missing section takes its defaults."""
 
     download: DownloadConfig = field(default_factory=DownloadConfig)
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
+    model: ModelParams = field(default_factory=ModelParams)
+    train: TrainConfig = field(default_factory=TrainConfig)
 
 
 # --------------------------------------------------------------------------- loading

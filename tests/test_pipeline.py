@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import make_corpus
+from conftest import MICRO_MODEL, MICRO_TRAIN, make_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -47,7 +48,8 @@ def new_project(base: Path) -> Path:
         shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
     run(root, "git", "init", "-q")
     run(root, sys.executable, "-m", "dvc", "init", "-q")
-    set_params(root, download={"source": str(make_corpus(base / "corpus", n_docs=10))})
+    set_params(root, download={"source": str(make_corpus(base / "corpus", n_docs=10))},
+               model=MICRO_MODEL, train={**MICRO_TRAIN, "block_size": 8, "micro_batch_size": 2})
     return root
 
 
@@ -72,6 +74,10 @@ def test_repro_produces_every_output(project):
     assert metrics["tokens"]["total"] == meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"]
     for name in ("doc_lengths.tsv", "rank_frequency.tsv", "doc_lengths.png", "rank_frequency.png"):
         assert (project / "reports/stats" / name).stat().st_size > 0
+    train = json.loads((project / "reports/train/metrics.json").read_text())
+    assert train["steps"] == 12 and train["val"]["loss"] > 0
+    assert (project / "reports/train/plots/train.tsv").read_text().startswith("step\tloss")
+    assert (project / "checkpoints/ckpt.pt").stat().st_size > 0
 
 
 def test_second_repro_does_nothing(project):
@@ -83,6 +89,7 @@ def test_second_repro_does_nothing(project):
 def test_metrics_show_lists_the_stats(project):
     out = dvc(project, "metrics", "show").stdout
     assert "tokens.total" in out and "bytes_per_token" in out and "vocab_coverage" in out
+    assert "perf.step_ms" in out and "val.loss" in out
 
 
 def test_speed_only_params_do_not_rerun_but_split_params_do(project):
@@ -90,7 +97,7 @@ def test_speed_only_params_do_not_rerun_but_split_params_do(project):
     assert "Running stage" not in dvc(project, "repro").stdout
     set_params(project, tokenize={"val_fraction": 0.3})
     out = dvc(project, "repro").stdout
-    assert "Running stage 'tokenize'" in out and "Running stage 'stats'" in out
+    assert "Running stage 'tokenize'" in out and "Running stage 'stats'" in out and "Running stage 'train'" in out
     assert "Running stage 'download'" not in out
     assert json.loads((project / "data/tokens/meta.json").read_text())["splits"]["val"]["documents"] == 3
 
@@ -114,11 +121,58 @@ def test_stage_script_error_exit_code_and_no_traceback(tmp_path):
     assert not (root / "data" / "raw").exists()
 
 
-def test_dvc_exp_run_and_show(project):
-    run(project, "git", "add", "-A")
-    run(project, "git", "commit", "-qm", "baseline")
-    dvc(project, "exp", "run", "-n", "seed2", "--set-param", "tokenize.seed=2")
-    shown = dvc(project, "exp", "show", "--csv").stdout
-    header, *rows = shown.splitlines()
-    assert "tokens.total" in header and "tokenize.seed" in header
-    assert any(row.startswith("seed2,") for row in rows)
+def commit_all(root: Path) -> None:
+    run(root, "git", "add", "-A")
+    run(root, "git", "commit", "-qm", "baseline")
+
+
+def exp_rows(root: Path) -> list[dict[str, str]]:
+    import csv
+    import io
+
+    return list(csv.DictReader(io.StringIO(dvc(root, "exp", "show", "--csv").stdout)))
+
+
+def test_dvc_exp_run_compares_a_switch(project):
+    commit_all(project)
+    dvc(project, "exp", "run", "-n", "manual-attn", "--set-param", "train.attention=manual")
+    rows = {row["Experiment"]: row for row in exp_rows(project)}
+    assert rows["manual-attn"]["train.attention"] == "manual"
+    assert float(rows["manual-attn"]["perf.step_ms"]) > 0 and float(rows["manual-attn"]["val.loss"]) > 0
+
+
+def test_queued_grid_runs_and_logs_to_the_root_mlflow_db(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    root = new_project(tmp_path)
+    set_params(root, train={"mlflow": True})
+    commit_all(root)
+    dvc(root, "exp", "run", "--queue", "-S", "train.attention=flash,manual")
+    dvc(root, "exp", "run", "--run-all")
+    rows = [r for r in exp_rows(root) if r["Experiment"] and r["perf.step_ms"] not in ("", "-")]
+    assert sorted(r["train.attention"] for r in rows) == ["flash", "manual"]
+    client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
+    assert sorted(r.data.params["train.attention"] for r in runs) == ["flash", "manual"]
+    assert {r.data.tags.get("dvc_exp_name") for r in runs} == {r["Experiment"] for r in rows}
+    assert not list((root / ".dvc" / "tmp").rglob("mlflow.db"))  # nothing landed in the temp copies
+
+
+def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tmp_path):
+    root = new_project(tmp_path)
+    set_params(root, train={"max_steps": 100000, "eval_interval": 100000, "checkpoint_interval": 100000})
+    dvc(root, "repro", "stats")
+    process = subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=root, env=env(), text=True,
+                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    for line in process.stderr:
+        if line.startswith("step 3/"):
+            process.send_signal(signal.SIGTERM)
+            break
+    err = process.stderr.read()
+    assert process.wait(timeout=120) == 143
+    assert "error: interrupted by SIGTERM at step" in err and "checkpoint saved to checkpoints/ckpt.pt" in err
+    stopped_at = int(err.split("at step ")[1].split("/")[0])
+    set_params(root, train={"max_steps": stopped_at + 2})  # a longer run would pass too, just slower
+    result = run(root, sys.executable, "-m", "stages.train", check=False)
+    assert result.returncode == 0, result.stderr
+    assert f"resuming checkpoints/ckpt.pt at step {stopped_at}/{stopped_at + 2}" in result.stderr
+    assert "train.max_steps changed: 100000 → " in result.stderr

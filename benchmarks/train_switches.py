@@ -1,0 +1,148 @@
+"""Step time, tokens/s, MFU and memory for the baseline config and each switch flipped.
+
+    python benchmarks/train_switches.py                          # tiny on this machine, every switch
+    python benchmarks/train_switches.py --set model.size=gpt2 --set train.micro_batch_size=16 \\
+        --set train.compile=true --steps 40 --variants baseline,train.attention=manual
+
+Each variant runs in a fresh process (compile caches, allocator settings and peak-memory
+counters do not leak between runs), with MLflow off, on ``data/tokens`` if present, else on a
+synthetic token file. The numbers are the trainer's own: medians over the steps after
+``timing_warmup_steps``, with the device synchronized before every clock read.
+Needs only torch, numpy, click and pyyaml (no dvc, no mlflow).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CPU_VARIANTS = [
+    "baseline",
+    "train.compile=true",
+    "train.attention=manual",
+    "train.pad_vocab=false",
+    "train.fused_adamw=false",
+    "train.keep_host_memory=false",
+    "train.data_loading=memmap",
+    "train.batching=loop",
+    "train.dtype=bf16",
+]
+GPU_VARIANTS = [
+    "baseline",
+    "train.compile=false",
+    "train.attention=manual",
+    "train.pad_vocab=false",
+    "train.fused_adamw=false",
+    "train.dtype=fp32",
+    "train.dtype=fp32,train.tf32=false",
+    "train.data_loading=memmap",
+    "train.batching=loop",
+]
+
+
+def parse_overrides(items: list[str]) -> dict[str, dict]:
+    tree: dict[str, dict] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        section, _, name = key.partition(".")
+        tree.setdefault(section, {})[name] = yaml.safe_load(value)
+    return tree
+
+
+def merge(base: dict, extra: dict) -> dict:
+    return {s: {**base.get(s, {}), **extra.get(s, {})} for s in {*base, *extra}}
+
+
+def synthetic_tokens(folder: Path, n_tokens: int = 2_000_000) -> Path:
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    splits = {}
+    for name, n in (("train", n_tokens), ("val", n_tokens // 10)):
+        ids = rng.integers(0, 50257, size=n, dtype=np.uint16)
+        ids[-1] = 50256
+        ids.tofile(folder / f"{name}.bin")
+        splits[name] = {"file": f"{name}.bin", "tokens": n, "documents": 1, "bytes": 3 * n}
+    meta = {"format": "gpt2-tokens/1", "dtype": "uint16", "vocab_size": 50257, "eot_id": 50256,
+            "manifest_sha256": "synthetic", "split": {"mode": "documents"}, "splits": splits}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def child(spec: str) -> None:
+    from gpt2.config import Params, build
+    from gpt2.trainer import train
+
+    job = json.loads(spec)
+    params = build(Params, job["params"], "")
+    metrics = train(params, job["tokens"], Path(job["out"]) / "ckpt.pt", Path(job["out"]) / "reports")
+    print("RESULT " + json.dumps(metrics))
+
+
+@click.command()
+@click.option("--set", "sets", multiple=True, help="base override, e.g. train.micro_batch_size=16 (repeatable)")
+@click.option("--variants", default=None, help="comma-free list separated by ';' of overrides per run "
+              "(default: every switch for this device)")
+@click.option("--steps", default=30, show_default=True, help="steps per run")
+@click.option("--tokens", default=None, help="token folder (default: data/tokens, else synthetic)")
+@click.option("--child-spec", hidden=True)
+def main(sets: tuple[str, ...], variants: str | None, steps: int, tokens: str | None, child_spec: str | None) -> None:
+    if child_spec:
+        child(child_spec)
+        return
+    import torch
+
+    gpu = torch.cuda.is_available()
+    names = variants.split(";") if variants else (GPU_VARIANTS if gpu else CPU_VARIANTS)
+    base = merge({"train": {"max_steps": steps, "eval_interval": 10**9, "eval_iters": 1, "log_interval": 10,
+                            "checkpoint_interval": 10**9, "mlflow": False, "resume": "never"}},
+                 parse_overrides(list(sets)))
+    with tempfile.TemporaryDirectory() as tmp:
+        token_dir = tokens or (str(ROOT / "data/tokens") if (ROOT / "data/tokens/meta.json").exists()
+                               else str(synthetic_tokens(Path(tmp) / "tokens")))
+        rows = []
+        for name in names:
+            extra = {} if name == "baseline" else parse_overrides(name.split(","))
+            spec = json.dumps({"params": merge(base, extra), "tokens": token_dir, "out": f"{tmp}/{len(rows)}"})
+            result = subprocess.run([sys.executable, __file__, "--child-spec", spec], capture_output=True, text=True,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+            if result.returncode != 0 or not lines:
+                print(f"{name}: failed\n{result.stderr[-2000:]}", file=sys.stderr)
+                rows.append((name, None))
+                continue
+            metrics = json.loads(lines[-1][len("RESULT "):])
+            rows.append((name, metrics))
+            print(f"{name}: {metrics['perf']['step_ms']:.1f} ms/step, {metrics['perf']['tokens_per_s']:.0f} tok/s",
+                  file=sys.stderr)
+    device = torch.cuda.get_device_name() if gpu else f"{platform.processor() or platform.machine()} CPU"
+    print(f"\nDevice: {device}, {os.cpu_count()} cores, torch {torch.__version__}. "
+          f"Base: {' '.join(sets) or 'params defaults'}; {steps} steps per run.\n")
+    print("| variant | ms/step (median) | tokens/s | MFU | peak mem (GB) | vs baseline |")
+    print("|---|---|---|---|---|---|")
+    reference = rows[0][1]["perf"]["step_ms"] if rows and rows[0][1] else None
+    for name, m in rows:
+        if m is None:
+            print(f"| {name} | failed | | | | |")
+            continue
+        perf = m["perf"]
+        mfu = f"{100 * perf['mfu']:.1f}%" if perf["mfu"] is not None else "n/a"
+        ratio = f"{reference / perf['step_ms']:.2f}× speed" if reference else ""
+        print(f"| {name} | {perf['step_ms']:.1f} | {perf['tokens_per_s']:,.0f} | {mfu} | {m['mem']['peak_gb']:.2f} "
+              f"| {ratio} |")
+
+
+if __name__ == "__main__":
+    main()

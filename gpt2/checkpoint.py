@@ -1,0 +1,70 @@
+"""Checkpoints: everything needed to continue a run exactly, written atomically.
+
+A checkpoint holds the model (without torch.compile's ``_orig_mod.`` prefix),
+the optimizer, the GradScaler, the step, every RNG state (python, numpy,
+torch, cuda), the batch sampler's position, the configuration and the
+history of logged measures. Loading never shows a traceback from inside
+torch: a damaged file is reported as such, with what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpt2.atomic import atomic_file
+from gpt2.errors import UserError
+
+FORMAT = "gpt2-checkpoint/1"
+COMPILED_PREFIX = "_orig_mod."
+
+
+def clean_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Strip torch.compile's wrapper prefix so the weights load into a plain model."""
+    return {k.removeprefix(COMPILED_PREFIX): v for k, v in state.items()}
+
+
+def rng_states() -> dict[str, Any]:
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    states = {"python": random.getstate(), "numpy": (name, keys.tolist(), pos, has_gauss, gauss),
+              "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    name, keys, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save(path: str | os.PathLike, state: dict[str, Any]) -> None:
+    with atomic_file(path) as tmp:
+        torch.save({"format": FORMAT, **state}, tmp)
+
+
+def load(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a checkpoint onto the CPU, or raise :class:`UserError` saying why it cannot be used."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} not found; train first (dvc repro train) or pass the right path")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as exc:
+        raise UserError(f"checkpoint {path} is corrupt or truncated (torch.load raised {exc.__class__.__name__}); "
+                        "delete it to start over or restore a good copy") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UserError(f"{path} is not a checkpoint of this pipeline (format {FORMAT!r} expected); "
+                        "point to a checkpoint written by gpt2 train")
+    return state

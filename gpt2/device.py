@@ -1,0 +1,137 @@
+"""Device honesty: what was asked for, what actually runs, and what is inert here.
+
+``device: cuda`` on a machine without CUDA is an error, never a silent CPU
+run. ``dtype: auto`` means bf16 on CUDA with bf16 support, fp16 (with a
+GradScaler) on older CUDA, and fp32 on CPU, where bf16 matmuls are about 20×
+slower than fp32 on AVX2 machines without AMX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import platform
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from gpt2.config import TrainConfig
+from gpt2.errors import UserError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Runtime:
+    """The resolved execution settings, logged at start and tagged on the run."""
+
+    device: torch.device
+    device_name: str
+    dtype: str  # fp32 | bf16 | fp16: what autocast really uses
+    tf32: bool  # whether TF32 matmuls are enabled (CUDA only)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def autocast_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so that a clock read afterwards is honest."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
+
+
+def resolve(cfg: TrainConfig) -> Runtime:
+    device = _device(cfg.device)
+    warnings: list[str] = []
+    dtype = _dtype(cfg.dtype, device, warnings)
+    tf32 = cfg.tf32 and device.type == "cuda"
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine() or device.type
+        if cfg.tf32:
+            warnings.append("train.tf32 is inert on this device: TF32 is a CUDA (Ampere+) matmul mode")
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    if cfg.keep_host_memory and device.type == "cpu" and not keep_host_memory():
+        warnings.append("train.keep_host_memory is inert here: it needs Linux with glibc")
+    if cfg.fused_adamw and device.type == "mps":
+        warnings.append("train.fused_adamw may be unsupported on mps; PyTorch falls back or errors")
+    return Runtime(device=device, device_name=name, dtype=dtype, tf32=tf32, warnings=warnings)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_host_memory() -> bool:
+    """Tell glibc to serve big blocks from its heap and never give them back to the OS.
+
+    By default glibc mmaps every block above a few MB and unmaps it on free, so a
+    CPU training step that allocates ~1 GB of logits and their gradients pays for
+    zero-filled page faults on all of it, every step (half the step time of the
+    tiny model here: the "sys" time). Kept, the memory is reused; RSS stays at its peak.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        limit = 2**31 - 1  # mallopt takes an int
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, limit)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, limit))
+    except (OSError, AttributeError):
+        return False
+
+
+def _device(asked: str) -> torch.device:
+    if asked == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if asked == "cuda" and not torch.cuda.is_available():
+        raise UserError("train.device is cuda but this machine has no usable CUDA device "
+                        f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); "
+                        "set train.device: auto or cpu, or install a CUDA build of torch")
+    if asked == "mps" and not torch.backends.mps.is_available():
+        raise UserError("train.device is mps but MPS is not available here; set train.device: auto or cpu")
+    return torch.device(asked)
+
+
+def _dtype(asked: str, device: torch.device, warnings: list[str]) -> str:
+    if asked == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "fp32"
+    if device.type == "cpu" and asked == "bf16":
+        warnings.append("train.dtype bf16 on CPU: correct but usually far slower than fp32 without AMX")
+    if device.type == "cpu" and asked == "fp16":
+        warnings.append("train.dtype fp16 on CPU: emulated and slow; it exists for testing the GradScaler path")
+    if device.type == "cuda" and asked == "bf16" and not torch.cuda.is_bf16_supported():
+        raise UserError("train.dtype is bf16 but this GPU does not support bf16; use fp16 or auto")
+    return asked
+
+
+def sdpa_backend(runtime: Runtime, n_head: int, head_dim: int, seq_len: int) -> str:
+    """The kernel PyTorch's dispatcher picks for the ``flash`` path with these shapes and dtype.
+
+    One of flash_attention, efficient_attention, cudnn_attention, overrideable or math
+    (math means no fused kernel: slow, and a sign that shapes or dtype rule the others out).
+    """
+    from torch.nn.attention import SDPBackend
+
+    dtype = torch.float32 if runtime.dtype == "fp32" else runtime.autocast_dtype
+    q = torch.zeros(1, n_head, seq_len, head_dim, device=runtime.device, dtype=dtype)
+    try:
+        return SDPBackend(torch._fused_sdp_choice(q, q, q, None, 0.0, True)).name.lower()
+    except (AttributeError, RuntimeError, ValueError):  # private API: absent in some builds
+        return "unknown"

@@ -1,0 +1,83 @@
+"""Batches of (input, target) token windows, with the loading and batching switches.
+
+- ``data_loading``: ``preload`` reads the split into RAM once; ``memmap`` opens
+  the file afresh for every batch (RAM does not grow with the corpus, and a
+  fresh map sidesteps the page-cache growth nanoGPT works around the same way).
+- ``batching``: ``vectorized`` gathers the whole batch with one fancy index and
+  copies it to the device once (pinned memory, non_blocking on CUDA);
+  ``loop`` is the per-sample Python baseline: a slice, a tensor and a copy per row.
+
+Both modes draw the same random offsets from the same seeded generator, so
+they yield identical batches and differ only in speed. The generator state is
+part of the checkpoint, which is what makes a resumed run continue exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from gpt2.errors import UserError
+from gpt2.tokens import DTYPE, open_tokens, read_meta
+
+
+class TokenSplit:
+    """One split's tokens, held in RAM (``preload``) or mapped per use (``memmap``)."""
+
+    def __init__(self, tokens_dir: str | Path, split: str, mode: Literal["preload", "memmap"],
+                 meta: dict[str, Any] | None = None) -> None:
+        meta = meta or read_meta(tokens_dir)
+        checked = open_tokens(tokens_dir, split, meta)  # validates dtype and length
+        self.name, self.mode, self.length = split, mode, len(checked)
+        self.path = Path(tokens_dir) / meta["splits"][split]["file"]
+        self._ram = np.fromfile(self.path, dtype=DTYPE) if mode == "preload" else None
+        del checked
+
+    def array(self) -> np.ndarray:
+        if self._ram is not None:
+            return self._ram
+        return np.memmap(self.path, dtype=DTYPE, mode="r")
+
+
+class BatchSampler:
+    """Random windows of ``block_size + 1`` tokens; ``x`` is the window, ``y`` the window shifted by one."""
+
+    def __init__(self, data: TokenSplit, batch_size: int, block_size: int, seed: int,
+                 batching: Literal["vectorized", "loop"], device: torch.device) -> None:
+        if data.length < block_size + 1:
+            raise UserError(f"{data.name}.bin has {data.length} tokens, fewer than block_size + 1 = {block_size + 1}; "
+                            "lower train.block_size or use a larger corpus")
+        self.data, self.batch_size, self.block_size = data, batch_size, block_size
+        self.batching, self.device = batching, device
+        self.rng = np.random.default_rng(seed)
+        self._window = np.arange(block_size + 1)
+
+    def state(self) -> dict[str, Any]:
+        return self.rng.bit_generator.state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = self.rng.integers(0, self.data.length - self.block_size, size=self.batch_size)
+        tokens = self.data.array()
+        if self.batching == "vectorized":
+            return self._vectorized(tokens, starts)
+        return self._loop(tokens, starts)
+
+    def _vectorized(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = torch.from_numpy(tokens[starts[:, None] + self._window].astype(np.int64))
+        if self.device.type == "cuda":
+            batch = batch.pin_memory().to(self.device, non_blocking=True)
+        else:
+            batch = batch.to(self.device)
+        return batch[:, :-1], batch[:, 1:]
+
+    def _loop(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        T = self.block_size
+        x = torch.stack([torch.from_numpy(tokens[i:i + T].astype(np.int64)) for i in starts])
+        y = torch.stack([torch.from_numpy(tokens[i + 1:i + 1 + T].astype(np.int64)) for i in starts])
+        return x.to(self.device), y.to(self.device)

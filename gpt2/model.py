@@ -1,0 +1,174 @@
+"""GPT-2 in one readable file (after nanoGPT): pre-LN blocks, GELU MLP, tied embeddings.
+
+Two switches change what runs here, both for speed comparisons:
+- ``attention``: ``flash`` calls ``F.scaled_dot_product_attention(is_causal=True)``
+  (a fused kernel: flash / memory-efficient on CUDA); ``manual`` materializes the
+  T×T score matrix, masks and softmaxes it in separate kernels.
+- ``vocab_size`` may be padded (50257 → 50304, a multiple of 64) for friendlier
+  matmul shapes; the padded logits are masked to -inf so they never win a
+  sample and never take probability mass in the loss.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),  # 7.3M, most of it the embedding
+    "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),  # 124M
+    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024, block_size=1024),  # 350M
+    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280, block_size=1024),  # 774M
+    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600, block_size=1024),  # 1558M
+}
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The resolved architecture: what the checkpoint needs to rebuild the model."""
+
+    n_layer: int
+    n_head: int
+    n_embd: int
+    block_size: int
+    vocab_size: int = 50257  # real tokens; ids >= this never occur
+    padded_vocab_size: int = 50257  # rows of the embedding / columns of the logits
+    dropout: float = 0.0
+    bias: bool = True
+    attention: Literal["flash", "manual"] = "flash"
+
+
+def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
+    return math.ceil(vocab_size / multiple) * multiple
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        assert cfg.n_embd % cfg.n_head == 0, "n_embd must be divisible by n_head"
+        self.n_head, self.n_embd, self.dropout = cfg.n_head, cfg.n_embd, cfg.dropout
+        self.attention = cfg.attention
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_proj.residual_scaled = True
+        self.attn_dropout = nn.Dropout(cfg.dropout)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.attention == "flash":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               dropout_p=self.dropout if self.training else 0.0)
+        else:
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            scores = scores.masked_fill(~mask, float("-inf"))
+            y = self.attn_dropout(F.softmax(scores, dim=-1)) @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's GELU
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_proj.residual_scaled = True
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),
+            wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
+            drop=nn.Dropout(cfg.dropout),
+            h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
+            ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
+        ))
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied: one matrix, counted once
+        self.apply(self._init_weights)
+        if cfg.padded_vocab_size > cfg.vocab_size:
+            # -inf on padded logits: they never win a sample and never take mass in the loss
+            bias = torch.zeros(cfg.padded_vocab_size)
+            bias[cfg.vocab_size:] = float("-inf")
+            self.register_buffer("logit_mask", bias, persistent=False)
+        else:
+            self.logit_mask = None
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "residual_scaled", False):
+                std /= math.sqrt(2 * self.cfg.n_layer)  # GPT-2: residual projections scaled by 1/sqrt(2·n_layer)
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, exclude_position_embedding: bool = False) -> int:
+        """Parameters with tied weights counted once (``parameters()`` already deduplicates)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if exclude_position_embedding else n
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, T = idx.shape
+        if T > self.cfg.block_size:
+            raise ValueError(f"sequence length {T} exceeds the model's block_size {self.cfg.block_size}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        if targets is None:
+            logits = self.lm_head(x[:, [-1], :])  # generation needs only the last position
+        else:
+            logits = self.lm_head(x)
+        if self.logit_mask is not None:
+            logits = logits + self.logit_mask.to(logits.dtype)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+
+def gpt_config(size: str, overrides: dict[str, int | float | bool | None], vocab_size: int,
+               pad_vocab_to_64: bool, attention: str) -> GPTConfig:
+    """A named size with non-null ``overrides`` applied (params.yaml ``model`` section)."""
+    from gpt2.errors import UserError
+
+    dims = {**SIZES[size], **{k: v for k, v in overrides.items() if v is not None}}
+    if dims["n_embd"] % dims["n_head"]:
+        raise UserError(f"model.n_embd {dims['n_embd']} is not divisible by model.n_head {dims['n_head']}; "
+                        "pick dimensions where it is")
+    padded = pad_vocab(vocab_size) if pad_vocab_to_64 else vocab_size
+    return GPTConfig(vocab_size=vocab_size, padded_vocab_size=padded, attention=attention, **dims)

@@ -1,0 +1,108 @@
+"""Where measures go: MLflow (one run per training) and DVC's metrics/plots files.
+
+MLflow is imported only here and only when tracking is on: the import costs
+~1.7 s, and the library must run on machines without it (GPU boxes, CI).
+The default store is an absolute SQLite DB at the project root, found through
+``DVC_ROOT`` so that ``dvc exp run --queue/--temp`` (which run in a temporary
+copy of the repo) write to the same DB as a plain ``dvc repro``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpt2.errors import UserError
+
+
+def project_root() -> Path:
+    return Path(os.environ.get("DVC_ROOT") or os.getcwd()).resolve()
+
+
+def tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<project root>/mlflow.db``."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"lr": 1e-3}}`` → ``{"train.lr": 1e-3}``."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project_root(), capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+class Tracker:
+    """No-op tracker: used when ``train.mlflow`` is false."""
+
+    run_id: str | None = None
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def set_tags(self, tags: dict[str, Any]) -> None: ...
+
+    def log_artifact(self, path: str | Path) -> None: ...
+
+    def end(self, status: str = "FINISHED") -> None: ...
+
+
+class MlflowTracker(Tracker):
+    """One MLflow run; resuming a training resumes its run (same run id)."""
+
+    def __init__(self, experiment: str, run_id: str | None = None, run_name: str | None = None) -> None:
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        try:
+            import mlflow
+        except ImportError:
+            raise UserError("train.mlflow is true but mlflow is not installed; install the project "
+                            "(pip install -c constraints.txt -e .) or set train.mlflow: false") from None
+        self.mlflow = mlflow
+        mlflow.set_tracking_uri(tracking_uri())
+        mlflow.set_experiment(experiment)
+        try:
+            self.run = mlflow.start_run(run_id=run_id, run_name=run_name, log_system_metrics=True)
+        except mlflow.exceptions.MlflowException:
+            if run_id is None:
+                raise
+            print(f"mlflow: run {run_id} from the checkpoint is not in {tracking_uri()}; starting a new run",
+                  file=sys.stderr)
+            self.run = mlflow.start_run(run_name=run_name, log_system_metrics=True)
+        self.run_id = self.run.info.run_id
+        print(f"mlflow: run {self.run_id} in {tracking_uri()} (mlflow ui --backend-store-uri {tracking_uri()})",
+              file=sys.stderr)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        existing = self.mlflow.get_run(self.run_id).data.params
+        fresh = {k: v for k, v in params.items() if k not in existing}  # a resumed run keeps its params
+        if fresh:
+            self.mlflow.log_params(fresh)
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.mlflow.log_metrics({k: v for k, v in metrics.items() if v is not None}, step=step)
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        self.mlflow.set_tags({k: str(v) for k, v in tags.items() if v is not None})
+
+    def log_artifact(self, path: str | Path) -> None:
+        self.mlflow.log_artifact(str(path))
+
+    def end(self, status: str = "FINISHED") -> None:
+        self.mlflow.end_run(status=status)

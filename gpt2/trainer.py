@@ -1,0 +1,419 @@
+"""The training loop: AMP, compile, accumulation, clipping, checkpoints and honest timing.
+
+Timing: the device is synchronized before every clock read, so a step's time
+is the time its work really took (data loading included); the first
+``timing_warmup_steps`` steps (compilation, autotuning) are left out of the
+summaries, which are medians.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpt2 import checkpoint
+from gpt2.atomic import atomic_dir, write_json
+from gpt2.config import Params, to_dict
+from gpt2.device import Runtime, resolve, sdpa_backend
+from gpt2.errors import UserError
+from gpt2.flops import flops_per_token, peak_flops
+from gpt2.loader import BatchSampler, TokenSplit
+from gpt2.model import GPT, GPTConfig, gpt_config
+from gpt2.optim import build_optimizer, lr_at
+from gpt2.progress import _clock
+from gpt2.tokens import read_meta
+from gpt2.tracking import MlflowTracker, Tracker, flatten, git_commit
+
+TRAIN_COLUMNS = ("step", "loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "mfu", "mem_gb")
+VAL_COLUMNS = ("step", "val_loss")
+
+
+class TrainingInterrupted(UserError):
+    """SIGINT/SIGTERM: the step finished, a checkpoint was saved, the run can be resumed."""
+
+
+class Diverged(UserError):
+    """The loss became NaN or infinite."""
+
+
+@dataclass
+class History:
+    """Logged rows (for the DVC plot files) and every step time (for the summaries)."""
+
+    train: list[dict[str, float]] = field(default_factory=list)
+    val: list[dict[str, float]] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    fp16_skipped: int = 0
+
+
+@dataclass
+class Setup:
+    """Everything the loop needs, built once from params."""
+
+    params: Params
+    runtime: Runtime
+    model_cfg: GPTConfig
+    model: GPT
+    step_model: torch.nn.Module  # the compiled wrapper, or the model itself
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    sampler: BatchSampler
+    train_data: TokenSplit
+    val_data: TokenSplit
+    seq_len: int
+    total_steps: int
+    flops_per_token: float
+    peak_flops: float | None
+    meta: dict[str, Any]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build(params: Params, tokens_dir: str | Path) -> Setup:
+    cfg = params.train
+    runtime = resolve(cfg)
+    meta = read_meta(tokens_dir)
+    seed_everything(cfg.seed)
+    overrides = {k: v for k, v in to_dict(params.model).items() if k != "size"}
+    model_cfg = gpt_config(params.model.size, overrides, meta["vocab_size"], cfg.pad_vocab, cfg.attention)
+    seq_len = cfg.block_size or model_cfg.block_size
+    if seq_len > model_cfg.block_size:
+        raise UserError(f"train.block_size {seq_len} exceeds the model's block_size {model_cfg.block_size}; "
+                        "lower train.block_size or raise model.block_size")
+    model = GPT(model_cfg).to(runtime.device)
+    optimizer = build_optimizer(model, cfg)
+    scaler = torch.amp.GradScaler(runtime.device.type, enabled=runtime.dtype == "fp16")
+    train_data = TokenSplit(tokens_dir, "train", cfg.data_loading, meta)
+    val_data = TokenSplit(tokens_dir, "val", cfg.data_loading, meta)
+    sampler = BatchSampler(train_data, cfg.micro_batch_size, seq_len, cfg.seed, cfg.batching, runtime.device)
+    BatchSampler(val_data, cfg.micro_batch_size, seq_len, cfg.seed, cfg.batching, runtime.device)  # length check
+    tokens_per_step = cfg.micro_batch_size * seq_len * cfg.grad_accum_steps
+    total = cfg.max_steps or math.ceil(cfg.max_tokens / tokens_per_step)
+    step_model = model
+    if cfg.compile:
+        step_model = torch.compile(model, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)
+    return Setup(
+        params=params, runtime=runtime, model_cfg=model_cfg, model=model, step_model=step_model,
+        optimizer=optimizer, scaler=scaler, sampler=sampler, train_data=train_data, val_data=val_data,
+        seq_len=seq_len, total_steps=total,
+        flops_per_token=flops_per_token(model_cfg, model.num_params(exclude_position_embedding=True), seq_len),
+        peak_flops=peak_flops(runtime.device_name, runtime.dtype, runtime.tf32, cfg.peak_tflops), meta=meta,
+    )
+
+
+def inert_switch_warnings(s: Setup) -> list[str]:
+    cfg, device = s.params.train, s.runtime.device.type
+    warnings = list(s.runtime.warnings)
+    if not cfg.compile and cfg.compile_mode != "default":
+        warnings.append(f"train.compile_mode {cfg.compile_mode} is inert: train.compile is false")
+    if cfg.compile and device != "cuda" and cfg.compile_mode in ("reduce-overhead",):
+        warnings.append("train.compile_mode reduce-overhead uses CUDA graphs: inert on this device")
+    if device != "cuda" and cfg.batching == "vectorized":
+        warnings.append("pinned memory and non_blocking copies (part of batching: vectorized) are inert off CUDA")
+    if s.peak_flops is None:
+        warnings.append(f"no peak FLOP/s known for {s.runtime.device_name!r} in {s.runtime.dtype}: MFU is not "
+                        "reported; set train.peak_tflops to get it")
+    return warnings
+
+
+def backward_micro_batches(model: torch.nn.Module, batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+                           steps: int, runtime: Runtime, scaler: torch.amp.GradScaler) -> torch.Tensor:
+    """Forward and backward ``steps`` micro-batches; each loss is divided by ``steps``, so the
+    accumulated gradient equals the gradient of one batch ``steps`` times larger. Returns the mean loss."""
+    total = torch.zeros((), device=runtime.device)
+    for _ in range(steps):
+        x, y = next(batches)
+        with runtime.autocast():
+            _, loss = model(x, y)
+        loss = loss / steps
+        total += loss.detach()
+        scaler.scale(loss).backward()
+    return total
+
+
+def optimizer_step(s: Setup) -> tuple[float, bool]:
+    """Unscale, measure (and clip) the gradient norm, step. Returns (grad norm, skipped by GradScaler)."""
+    cfg = s.params.train
+    s.scaler.unscale_(s.optimizer)
+    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm)
+    scale = s.scaler.get_scale() if s.scaler.is_enabled() else None
+    s.scaler.step(s.optimizer)
+    s.scaler.update()
+    s.optimizer.zero_grad(set_to_none=True)
+    skipped = scale is not None and s.scaler.get_scale() < scale
+    return float(norm), skipped
+
+
+@torch.no_grad()
+def estimate_loss(s: Setup, split: TokenSplit) -> float:
+    """Mean loss over ``eval_iters`` batches drawn with a fixed seed: the same windows at every eval."""
+    cfg = s.params.train
+    sampler = BatchSampler(split, cfg.micro_batch_size, s.seq_len, cfg.seed + 1, cfg.batching, s.runtime.device)
+    s.step_model.eval()
+    total = torch.zeros((), device=s.runtime.device)
+    for _ in range(cfg.eval_iters):
+        x, y = sampler.next()
+        with s.runtime.autocast():
+            _, loss = s.step_model(x, y)
+        total += loss.float()
+    s.step_model.train()
+    return float(total) / cfg.eval_iters
+
+
+def memory_gb(runtime: Runtime) -> dict[str, float]:
+    if runtime.device.type == "cuda":
+        return {"mem/allocated_gb": torch.cuda.memory_allocated(runtime.device) / 1e9,
+                "mem/peak_gb": torch.cuda.max_memory_allocated(runtime.device) / 1e9}
+    return {"mem/rss_gb": rss_bytes() / 1e9}
+
+
+def rss_bytes() -> int:
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+    except ImportError:  # minimal environments: Linux's /proc
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[dict[str, int | None]]:
+    """The first SIGINT/SIGTERM asks the loop to stop after the current step; a second SIGINT aborts."""
+    flag: dict[str, int | None] = {"signal": None}
+
+    def handler(signum: int, frame: Any) -> None:
+        if flag["signal"] is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        flag["signal"] = signum
+        print(f"\n{signal.Signals(signum).name}: finishing the current step, then saving a checkpoint "
+              "(Ctrl-C again to abort without saving)", file=sys.stderr)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield flag
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def checkpoint_state(s: Setup, step: int, history: History, run_id: str | None) -> dict[str, Any]:
+    return {
+        "model": checkpoint.clean_state_dict(s.model.state_dict()),
+        "optimizer": s.optimizer.state_dict(),
+        "scaler": s.scaler.state_dict(),
+        "step": step,
+        "total_steps": s.total_steps,
+        "rng": checkpoint.rng_states(),
+        "sampler": s.sampler.state(),
+        "model_config": dataclasses.asdict(s.model_cfg),
+        "params": {"model": to_dict(s.params.model), "train": to_dict(s.params.train)},
+        "data": {"manifest_sha256": s.meta.get("manifest_sha256"), "tokens": s.meta["splits"]["train"]["tokens"]},
+        "history": dataclasses.asdict(history),
+        "mlflow_run_id": run_id,
+    }
+
+
+# Model fields that do not change the weights' shapes or meaning: a checkpoint may resume across them.
+_RESUMABLE_MODEL_FIELDS = {"attention", "dropout"}
+
+
+def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
+    """The checkpoint to continue from, None for a fresh start, or a refusal (UserError)."""
+    if s.params.train.resume == "never" or not path.exists():
+        return None
+    state = checkpoint.load(path)
+    if state["step"] >= state["total_steps"]:
+        print(f"train: {path} is a finished run ({state['step']} steps); starting a new run", file=sys.stderr)
+        return None
+    old, new = state["model_config"], dataclasses.asdict(s.model_cfg)
+    diffs = [f"{k} {old.get(k)} → {v}" for k, v in new.items() if k not in _RESUMABLE_MODEL_FIELDS and old.get(k) != v]
+    new_data = {"manifest_sha256": s.meta.get("manifest_sha256"), "tokens": s.meta["splits"]["train"]["tokens"]}
+    if state["data"] != new_data:
+        diffs.append("training data (data/tokens changed)")
+    if diffs:
+        raise UserError(f"{path} holds an unfinished run (step {state['step']}/{state['total_steps']}) of another "
+                        f"model or data: {', '.join(diffs)}; restore those params to resume it, or set "
+                        f"train.resume: never (or delete {path}) to start over")
+    changed = {k: (v, getattr(s.params.train, k)) for k, v in state["params"]["train"].items()
+               if k in {f.name for f in dataclasses.fields(s.params.train)}
+               and _normal(v) != _normal(getattr(s.params.train, k))}
+    for key, (was, now) in changed.items():
+        print(f"train: resuming with train.{key} changed: {was} → {now}", file=sys.stderr)
+    return state
+
+
+def _normal(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def restore(s: Setup, state: dict[str, Any]) -> tuple[int, History, str | None]:
+    s.model.load_state_dict(state["model"])
+    s.optimizer.load_state_dict(state["optimizer"])
+    s.scaler.load_state_dict(state["scaler"])
+    s.sampler.load_state(state["sampler"])
+    checkpoint.restore_rng_states(state["rng"])
+    return state["step"], History(**state["history"]), state["mlflow_run_id"]
+
+
+def summarize(s: Setup, history: History, step: int, wall_s: float) -> dict[str, Any]:
+    cfg = s.params.train
+    timed = history.step_s[cfg.timing_warmup_steps:] or history.step_s
+    step_s = statistics.median(timed)
+    tokens_per_step = cfg.micro_batch_size * s.seq_len * cfg.grad_accum_steps
+    tokens_per_s = tokens_per_step / step_s
+    last_train = history.train[-1] if history.train else {}
+    last_val = history.val[-1]["val_loss"] if history.val else None
+    mem = memory_gb(s.runtime)
+    return {
+        "train": {"loss": last_train.get("loss")},
+        "val": {"loss": last_val, "ppl": math.exp(last_val) if last_val is not None else None},
+        "perf": {
+            "step_ms": round(1000 * step_s, 3),
+            "tokens_per_s": round(tokens_per_s, 1),
+            "mfu": round(s.flops_per_token * tokens_per_s / s.peak_flops, 5) if s.peak_flops else None,
+            "timed_steps": len(timed),
+        },
+        "mem": {"peak_gb": round(mem.get("mem/peak_gb", mem.get("mem/rss_gb", 0.0)), 4)},
+        "steps": step,
+        "tokens": step * tokens_per_step,
+        "params": s.model.num_params(),
+        "fp16_skipped_steps": history.fp16_skipped,
+        "wall_s": round(wall_s, 2),
+    }
+
+
+def write_reports(report_dir: Path, metrics: dict[str, Any], history: History) -> None:
+    report_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_dir(report_dir / "plots") as tmp:
+        for name, columns, rows in (("train.tsv", TRAIN_COLUMNS, history.train), ("val.tsv", VAL_COLUMNS, history.val)):
+            lines = ["\t".join(columns)] + ["\t".join(_fmt(row.get(c)) for c in columns) for row in rows]
+            (tmp / name).write_text("\n".join(lines) + "\n")
+    write_json(report_dir / "metrics.json", metrics)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    return str(value) if isinstance(value, int) else f"{value:.6g}"
+
+
+def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str | Path = "checkpoints/ckpt.pt",
+          report_dir: str | Path = "reports/train") -> dict[str, Any]:
+    """Train (or resume) as params say; write the checkpoint and the reports; return the summary metrics."""
+    cfg = params.train
+    ckpt_path, report_dir = Path(ckpt_path), Path(report_dir)
+    s = build(params, tokens_dir)
+    history, step, run_id = History(), 0, None
+    state = load_for_resume(ckpt_path, s)
+    if state is not None:
+        step, history, run_id = restore(s, state)
+        print(f"train: resuming {ckpt_path} at step {step}/{s.total_steps}", file=sys.stderr)
+    del state
+    backend = sdpa_backend(s.runtime, s.model_cfg.n_head, s.model_cfg.n_embd // s.model_cfg.n_head, s.seq_len)
+    info = {
+        "device": str(s.runtime.device), "device_name": s.runtime.device_name, "dtype": s.runtime.dtype,
+        "tf32": s.runtime.tf32, "compile": cfg.compile, "attention": cfg.attention,
+        "sdpa_backend": backend if cfg.attention == "flash" else "manual (no SDPA)",
+        "params": s.model.num_params(), "torch": torch.__version__,
+    }
+    print("train: " + ", ".join(f"{k}={v}" for k, v in info.items()), file=sys.stderr)
+    for warning in inert_switch_warnings(s):
+        print(f"warning: {warning}", file=sys.stderr)
+    tracker: Tracker = (MlflowTracker(cfg.experiment, run_id, os.environ.get("DVC_EXP_NAME"))
+                        if cfg.mlflow else Tracker())
+    tracker.log_params(flatten({"model": to_dict(params.model), "train": to_dict(params.train)}))
+    tracker.set_tags({"git_commit": git_commit(), "dvc_exp_name": os.environ.get("DVC_EXP_NAME"),
+                      "device": s.runtime.device_name, "torch_version": torch.__version__, **info})
+    status = "FAILED"
+    try:
+        metrics = _loop(s, step, history, ckpt_path, tracker)
+        write_reports(report_dir, metrics, history)
+        tracker.log_metrics({"summary/" + k: v for k, v in flatten(metrics).items()
+                             if isinstance(v, int | float)}, step=metrics["steps"])
+        tracker.log_artifact(report_dir / "metrics.json")
+        status = "FINISHED"
+        return metrics
+    except TrainingInterrupted:
+        status = "KILLED"
+        raise
+    finally:
+        tracker.end(status)
+
+
+def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Tracker) -> dict[str, Any]:
+    cfg = s.params.train
+    tokens_per_step = cfg.micro_batch_size * s.seq_len * cfg.grad_accum_steps
+    batches = iter(s.sampler.next, None)
+    started = time.perf_counter()
+    last_saved = step if ckpt_path.exists() else None
+    s.step_model.train()
+    with stop_on_signals() as stop:
+        while step < s.total_steps:
+            lr = lr_at(step, cfg, s.total_steps)
+            for group in s.optimizer.param_groups:
+                group["lr"] = lr
+            s.runtime.synchronize()
+            t0 = time.perf_counter()
+            loss = backward_micro_batches(s.step_model, batches, cfg.grad_accum_steps, s.runtime, s.scaler)
+            norm, skipped = optimizer_step(s)
+            loss_value = float(loss)  # synchronizes
+            s.runtime.synchronize()
+            dt = time.perf_counter() - t0
+            if not math.isfinite(loss_value):
+                where = f"{ckpt_path} (step {last_saved})" if last_saved is not None else "none was saved yet"
+                raise Diverged(f"loss is {loss_value} at step {step}: training diverged; last good checkpoint: "
+                               f"{where}; lower train.lr, set train.grad_clip, or use bf16 instead of fp16")
+            history.fp16_skipped += skipped
+            step += 1
+            history.step_s.append(dt)
+            if step % cfg.log_interval == 0 or step == s.total_steps or step == 1:
+                tps = tokens_per_step / dt
+                row = {"step": step, "loss": loss_value, "lr": lr, "grad_norm": norm, "step_ms": 1000 * dt,
+                       "tokens_per_s": tps,
+                       "mfu": s.flops_per_token * tps / s.peak_flops if s.peak_flops else None}
+                mem = memory_gb(s.runtime)
+                row["mem_gb"] = mem.get("mem/allocated_gb", mem.get("mem/rss_gb"))
+                history.train.append(row)
+                tracker.log_metrics({"train/loss": loss_value, "train/lr": lr, "train/grad_norm": norm,
+                                     "perf/step_ms": row["step_ms"], "perf/tokens_per_s": tps, "perf/mfu": row["mfu"],
+                                     "perf/fp16_skipped_steps": history.fp16_skipped, **mem}, step=step)
+                eta = (s.total_steps - step) * statistics.median(history.step_s[-20:])
+                mfu = f" | MFU {100 * row['mfu']:.1f}%" if row["mfu"] is not None else ""
+                print(f"step {step}/{s.total_steps} | loss {loss_value:.4f} | lr {lr:.2e} | norm {norm:.2f} | "
+                      f"{1000 * dt:.0f} ms | {tps / 1000:.1f}K tok/s{mfu} | ETA {_clock(eta)}", file=sys.stderr)
+            if step % cfg.eval_interval == 0 or step == s.total_steps:
+                val = estimate_loss(s, s.val_data)
+                history.val.append({"step": step, "val_loss": val})
+                tracker.log_metrics({"val/loss": val, "val/ppl": math.exp(min(val, 50))}, step=step)
+                print(f"step {step}/{s.total_steps} | val loss {val:.4f}", file=sys.stderr)
+            if step % cfg.checkpoint_interval == 0 or step == s.total_steps or stop["signal"]:
+                checkpoint.save(ckpt_path, checkpoint_state(s, step, history, tracker.run_id))
+                last_saved = step
+            if stop["signal"]:
+                code = 128 + stop["signal"]
+                error = TrainingInterrupted(f"interrupted by {signal.Signals(stop['signal']).name} at step "
+                                            f"{step}/{s.total_steps}; checkpoint saved to {ckpt_path}; run the "
+                                            "stage again to resume (train.resume: auto)")
+                error.exit_code = code
+                raise error
+    return summarize(s, history, step, time.perf_counter() - started)

@@ -1,0 +1,194 @@
+"""Each optimization switch must change what runs, not just a config value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from conftest import micro_params
+from gpt2 import loader, trainer
+from gpt2.config import TrainConfig
+from gpt2.device import resolve
+from gpt2.loader import BatchSampler, TokenSplit
+from gpt2.model import GPT, GPTConfig
+from gpt2.optim import build_optimizer, lr_at
+
+
+def setup(tokens, **train):
+    return trainer.build(micro_params(**train), tokens)
+
+
+def ops_in_forward(model: torch.nn.Module, idx: torch.Tensor) -> set[str]:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(idx, idx)
+    return {event.key for event in prof.key_averages()}
+
+
+def test_attention_switch_changes_the_kernels():
+    cfg = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=100, padded_vocab_size=100)
+    idx = torch.randint(0, 100, (2, 16))
+    flash = ops_in_forward(GPT(GPTConfig(**cfg, attention="flash")), idx)
+    manual = ops_in_forward(GPT(GPTConfig(**cfg, attention="manual")), idx)
+    assert "aten::scaled_dot_product_attention" in flash and "aten::softmax" not in flash
+    assert "aten::scaled_dot_product_attention" not in manual
+    assert {"aten::softmax", "aten::masked_fill"} <= manual
+
+
+def test_pad_vocab_switch_changes_the_embedding_shape(tokens):
+    assert setup(tokens, pad_vocab=True).model.transformer.wte.weight.shape[0] == 50304
+    assert setup(tokens, pad_vocab=False).model.transformer.wte.weight.shape[0] == 50257
+
+
+@pytest.mark.parametrize("dtype, expected", [("fp32", torch.float32), ("bf16", torch.bfloat16),
+                                             ("fp16", torch.float16)])
+def test_dtype_switch_changes_the_compute_dtype(tokens, dtype, expected):
+    s = setup(tokens, dtype=dtype)
+    x, y = s.sampler.next()
+    with s.runtime.autocast():
+        logits, _ = s.model(x, y)
+    assert logits.dtype == expected
+    assert s.scaler.is_enabled() == (dtype == "fp16")
+
+
+def test_auto_dtype_is_fp32_on_cpu():
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only check")
+    assert resolve(TrainConfig(dtype="auto")).dtype == "fp32"
+
+
+def test_tf32_switch_sets_matmul_precision_and_is_declared_inert_on_cpu():
+    runtime = resolve(TrainConfig(tf32=True))
+    if runtime.device.type == "cuda":
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.get_float32_matmul_precision() == "high"
+        resolve(TrainConfig(tf32=False))
+        assert not torch.backends.cuda.matmul.allow_tf32
+    else:
+        assert not runtime.tf32 and torch.get_float32_matmul_precision() == "highest"
+        assert any("tf32 is inert" in w for w in runtime.warnings)
+
+
+def test_fused_adamw_switch_selects_the_fused_kernel(tokens):
+    assert setup(tokens, fused_adamw=True).optimizer.defaults["fused"] is True
+    assert not setup(tokens, fused_adamw=False).optimizer.defaults["fused"]
+
+
+def test_weight_decay_only_on_matrices():
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=4, vocab_size=10, padded_vocab_size=10))
+    decay, no_decay = build_optimizer(model, TrainConfig(weight_decay=0.1)).param_groups
+    assert decay["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and all(p.dim() == 1 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_data_loading_preload_holds_ram_memmap_maps_per_batch(tokens):
+    preload = TokenSplit(tokens, "train", "preload")
+    assert type(preload.array()) is np.ndarray and preload.array() is preload.array()
+    mapped = TokenSplit(tokens, "train", "memmap")
+    first, second = mapped.array(), mapped.array()
+    assert isinstance(first, np.memmap) and first is not second
+    assert np.array_equal(np.asarray(first), preload.array())
+
+
+def test_batching_loop_makes_python_calls_per_sample_vectorized_one(tokens, monkeypatch):
+    calls = {"n": 0}
+    original = torch.from_numpy
+
+    def counting(array):
+        calls["n"] += 1
+        return original(array)
+
+    monkeypatch.setattr(loader.torch, "from_numpy", counting)
+    data = TokenSplit(tokens, "train", "preload")
+    batches = {}
+    for mode in ("vectorized", "loop"):
+        calls["n"] = 0
+        batches[mode] = BatchSampler(data, 8, 16, seed=3, batching=mode, device=torch.device("cpu")).next()
+        batches[mode + "_calls"] = calls["n"]
+    assert batches["vectorized_calls"] == 1 and batches["loop_calls"] == 16
+    for a, b in zip(batches["vectorized"], batches["loop"]):
+        assert torch.equal(a, b)  # same windows, different cost
+    x, y = batches["vectorized"]
+    assert torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_compile_switch_wraps_the_model(tokens, monkeypatch):
+    compiled = []
+
+    def fake_compile(model, mode=None):
+        compiled.append(mode)
+        return model
+
+    monkeypatch.setattr(trainer.torch, "compile", fake_compile)
+    setup(tokens, compile=True, compile_mode="max-autotune")
+    setup(tokens, compile=False)
+    assert compiled == ["max-autotune"]
+
+
+@pytest.mark.slow
+def test_compiled_training_really_compiles_and_checkpoints_clean_names(tmp_path, tokens):
+    params = micro_params(compile=True, max_steps=3, eval_interval=3, model={"n_layer": 1})
+    s = trainer.build(params, tokens)
+    assert hasattr(s.step_model, "_orig_mod")
+    metrics = trainer.train(params, tokens, tmp_path / "ckpt.pt", tmp_path / "reports")
+    assert metrics["steps"] == 3
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert not any(k.startswith("_orig_mod.") for k in state["model"])
+
+
+def test_grad_accumulation_equals_one_big_batch(tokens):
+    s = setup(tokens)
+    data = TokenSplit(tokens, "train", "preload")
+    x, y = BatchSampler(data, 8, 16, seed=0, batching="vectorized", device=torch.device("cpu")).next()
+
+    def grads(batches, steps):
+        s.model.zero_grad()
+        trainer.backward_micro_batches(s.model, iter(batches), steps, s.runtime, s.scaler)
+        return [p.grad.clone() for p in s.model.parameters()]
+
+    big = grads([(x, y)], 1)
+    accumulated = grads([(x[:2], y[:2]), (x[2:4], y[2:4]), (x[4:6], y[4:6]), (x[6:], y[6:])], 4)
+    for a, b in zip(big, accumulated):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_cosine_schedule_with_warmup():
+    cfg = TrainConfig(lr=1.0e-3, min_lr=1.0e-4, warmup_steps=10)
+    assert lr_at(0, cfg, 100) == pytest.approx(1e-4)  # never 0 at step 0
+    assert lr_at(9, cfg, 100) == pytest.approx(1e-3)
+    assert lr_at(10, cfg, 100) == pytest.approx(1e-3)
+    assert lr_at(55, cfg, 100) == pytest.approx(5.5e-4)
+    assert lr_at(100, cfg, 100) == pytest.approx(1e-4)
+    steps = [lr_at(i, cfg, 100) for i in range(10, 101)]
+    assert steps == sorted(steps, reverse=True)
+    constant = TrainConfig(lr=1.0e-3, warmup_steps=0, lr_schedule="constant")
+    assert {lr_at(i, constant, 100) for i in range(100)} == {1e-3}
+
+
+def test_grad_clip_switch_clips_the_update(tokens, monkeypatch):
+    seen, updates = [], {}
+    original = torch.nn.utils.clip_grad_norm_
+
+    def recording(params, max_norm):
+        seen.append(max_norm)
+        return original(params, max_norm)
+
+    monkeypatch.setattr(trainer.torch.nn.utils, "clip_grad_norm_", recording)
+    for clip in (1.0e-3, 0.0):
+        s = setup(tokens, grad_clip=clip, fused_adamw=False, lr_schedule="constant", warmup_steps=0)
+        before = [p.detach().clone() for p in s.model.parameters()]
+        trainer.backward_micro_batches(s.model, iter([s.sampler.next()]), 1, s.runtime, s.scaler)
+        norm, _ = trainer.optimizer_step(s)
+        updates[clip] = [p.detach() - b for p, b in zip(s.model.parameters(), before)]
+        assert norm > 1.0e-3  # the logged norm is the norm before clipping
+    assert seen == [1.0e-3, float("inf")]
+    assert any(not torch.equal(a, b) for a, b in zip(updates[1.0e-3], updates[0.0]))
+
+
+def test_requested_inert_switches_are_warned(tokens):
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only check")
+    warnings = trainer.inert_switch_warnings(setup(tokens, compile_mode="max-autotune"))
+    text = " ".join(warnings)
+    assert "tf32 is inert" in text and "compile_mode max-autotune is inert" in text and "MFU is not reported" in text

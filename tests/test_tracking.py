@@ -1,0 +1,66 @@
+"""MLflow tracking: one run per training, resumed with the run, in a DB at the project root."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from conftest import micro_params
+from gpt2 import tracking, trainer
+from gpt2.trainer import TrainingInterrupted, train
+
+pytest.importorskip("mlflow")
+
+
+def test_default_uri_is_an_absolute_sqlite_db_at_the_dvc_root(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.chdir("/")
+    assert tracking.tracking_uri() == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert tracking.tracking_uri() == "http://127.0.0.1:5000"
+
+
+def test_flatten():
+    assert tracking.flatten({"train": {"lr": 1.0, "betas": (0.9, 0.95)}, "x": 1}) == {
+        "train.lr": 1.0, "train.betas": (0.9, 0.95), "x": 1}
+
+
+def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkeypatch):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("DVC_EXP_NAME", "my-exp")
+    params = micro_params(mlflow=True, max_steps=6, eval_interval=3, log_interval=2)
+    original = trainer.lr_at
+
+    def lr_at(step, cfg, total):  # interrupt once, at step 3, to check that resuming reuses the run
+        if step == 3 and not os.environ.get("STOPPED"):
+            os.environ["STOPPED"] = "1"
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(step, cfg, total)
+
+    monkeypatch.setattr(trainer, "lr_at", lr_at)
+    monkeypatch.delenv("STOPPED", raising=False)
+    with pytest.raises(TrainingInterrupted):
+        train(params, tokens, tmp_path / "ckpt.pt", tmp_path / "reports")
+    train(params, tokens, tmp_path / "ckpt.pt", tmp_path / "reports")
+
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
+    assert len(runs) == 1  # the resumed training continued the same run
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.info.run_name == "my-exp"
+    assert run.data.params["train.lr"] == "0.01" and run.data.params["model.n_layer"] == "2"
+    assert run.data.tags["dvc_exp_name"] == "my-exp"
+    assert run.data.tags["torch_version"] and run.data.tags["device"] and run.data.tags["dtype"] == "fp32"
+    assert run.data.tags["sdpa_backend"]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert steps == [1, 2, 4, 6]  # step 1, every log_interval, the last step; none twice
+    for name in ("train/lr", "train/grad_norm", "perf/step_ms", "perf/tokens_per_s", "mem/rss_gb", "val/loss"):
+        assert client.get_metric_history(run.info.run_id, name), name
+    artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert "metrics.json" in artifacts

@@ -1,0 +1,181 @@
+"""The training loop on a micro model: results, reports, resume, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+
+import pytest
+import torch
+
+from conftest import micro_params
+from gpt2 import checkpoint, trainer
+from gpt2.errors import UserError
+from gpt2.trainer import Diverged, TrainingInterrupted, train
+
+
+def run(tmp_path, tokens, params, name="run"):
+    return train(params, tokens, tmp_path / name / "ckpt.pt", tmp_path / name / "reports")
+
+
+def losses(tmp_path, name="run"):
+    rows = (tmp_path / name / "reports/plots/train.tsv").read_text().splitlines()
+    return [float(r.split("\t")[1]) for r in rows[1:]]
+
+
+def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
+    metrics = run(tmp_path, tokens, micro_params(max_steps=30, eval_interval=10))
+    assert metrics["steps"] == 30 and metrics["tokens"] == 30 * 4 * 16
+    assert metrics["val"]["loss"] < 10.0 < math.log(50257)  # starts at about ln(50257) = 10.8
+    assert metrics["val"]["ppl"] == pytest.approx(math.exp(metrics["val"]["loss"]))
+    assert metrics["perf"]["step_ms"] > 0 and metrics["perf"]["tokens_per_s"] > 0
+    assert metrics["perf"]["timed_steps"] == 29  # the first (warm-up) step is excluded
+    assert metrics["mem"]["peak_gb"] > 0
+    report = tmp_path / "run/reports"
+    assert json.loads((report / "metrics.json").read_text()) == metrics
+    train_rows = (report / "plots/train.tsv").read_text().splitlines()
+    assert train_rows[0].split("\t") == list(trainer.TRAIN_COLUMNS)
+    assert len(train_rows) == 31
+    val_rows = (report / "plots/val.tsv").read_text().splitlines()
+    assert [r.split("\t")[0] for r in val_rows[1:]] == ["10", "20", "30"]
+    state = checkpoint.load(tmp_path / "run/ckpt.pt")
+    assert state["step"] == 30 and set(state) >= {"model", "optimizer", "scaler", "rng", "sampler", "model_config"}
+
+
+def test_same_seed_same_losses(tmp_path, tokens):
+    run(tmp_path, tokens, micro_params(), "a")
+    run(tmp_path, tokens, micro_params(), "b")
+    assert losses(tmp_path, "a") == losses(tmp_path, "b")
+
+
+def interrupt_at(monkeypatch, step_to_stop: int, sig=signal.SIGINT):
+    """Send ``sig`` to this process while step ``step_to_stop`` runs, as Ctrl-C or a scheduler would."""
+    original = trainer.lr_at
+
+    def lr_at(step, cfg, total):
+        if step == step_to_stop:
+            os.kill(os.getpid(), sig)
+        return original(step, cfg, total)
+
+    monkeypatch.setattr(trainer, "lr_at", lr_at)
+
+
+def test_interrupted_and_resumed_run_matches_an_uninterrupted_one_exactly(tmp_path, tokens, monkeypatch):
+    params = micro_params(grad_accum_steps=2, model={"dropout": 0.1})  # dropout: the torch RNG must resume too
+    run(tmp_path, tokens, params, "straight")
+    interrupt_at(monkeypatch, 5)
+    with pytest.raises(TrainingInterrupted, match=r"SIGINT at step 6/12; checkpoint saved .*resume") as info:
+        run(tmp_path, tokens, params, "resumed")
+    assert info.value.exit_code == 130
+    assert checkpoint.load(tmp_path / "resumed/ckpt.pt")["step"] == 6
+    assert not (tmp_path / "resumed/reports").exists()  # no partial reports
+    monkeypatch.undo()
+    metrics = run(tmp_path, tokens, params, "resumed")
+    assert losses(tmp_path, "resumed") == losses(tmp_path, "straight")  # every step, bit for bit
+    assert metrics["steps"] == 12
+
+
+def test_sigterm_exit_code(tmp_path, tokens, monkeypatch):
+    interrupt_at(monkeypatch, 2, signal.SIGTERM)
+    with pytest.raises(TrainingInterrupted, match="SIGTERM") as info:
+        run(tmp_path, tokens, micro_params())
+    assert info.value.exit_code == 143
+
+
+def test_finished_checkpoint_starts_a_new_run(tmp_path, tokens, capsys):
+    run(tmp_path, tokens, micro_params(max_steps=4))
+    run(tmp_path, tokens, micro_params(max_steps=4, lr=1.0e-3))
+    assert "is a finished run (4 steps); starting a new run" in capsys.readouterr().err
+
+
+def test_unfinished_checkpoint_of_another_model_is_refused(tmp_path, tokens, monkeypatch):
+    interrupt_at(monkeypatch, 2)
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path, tokens, micro_params())
+    monkeypatch.undo()
+    with pytest.raises(UserError, match=r"unfinished run \(step 3/12\) of another model or data: n_layer 2 → 3.*"
+                                        r"train.resume: never"):
+        run(tmp_path, tokens, micro_params(model={"n_layer": 3}))
+    metrics = run(tmp_path, tokens, micro_params(model={"n_layer": 3}, resume="never"))
+    assert metrics["steps"] == 12
+
+
+def test_resume_with_a_changed_setting_says_so(tmp_path, tokens, monkeypatch, capsys):
+    interrupt_at(monkeypatch, 2)
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path, tokens, micro_params())
+    monkeypatch.undo()
+    run(tmp_path, tokens, micro_params(max_steps=14))
+    err = capsys.readouterr().err
+    assert "resuming" in err and "train.max_steps changed: 12 → 14" in err
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "foreign"])
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tokens, damage):
+    run(tmp_path, tokens, micro_params(max_steps=2))
+    path = tmp_path / "run/ckpt.pt"
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"not a checkpoint" * 100)
+    else:
+        torch.save({"weights": torch.zeros(2)}, path)
+    with pytest.raises(UserError, match="corrupt or truncated|not a checkpoint of this pipeline"):
+        run(tmp_path, tokens, micro_params(max_steps=2))
+
+
+def test_nan_loss_stops_with_step_and_last_checkpoint(tmp_path, tokens, monkeypatch):
+    original = trainer.backward_micro_batches
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = original(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 6 else loss
+
+    monkeypatch.setattr(trainer, "backward_micro_batches", poisoned)
+    with pytest.raises(Diverged, match=r"loss is nan at step 5: training diverged; last good checkpoint: .*ckpt.pt "
+                                       r"\(step 4\)"):
+        run(tmp_path, tokens, micro_params(checkpoint_interval=2))
+
+
+def test_fp16_overflow_steps_are_skipped_and_counted(tmp_path, tokens, monkeypatch):
+    original = trainer.build
+
+    def huge_scale(*args, **kwargs):
+        setup = original(*args, **kwargs)
+        setup.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)  # overflows fp16 grads for a few steps
+        return setup
+
+    monkeypatch.setattr(trainer, "build", huge_scale)
+    metrics = run(tmp_path, tokens, micro_params(dtype="fp16", max_steps=8))
+    assert metrics["fp16_skipped_steps"] >= 1
+    state = checkpoint.load(tmp_path / "run/ckpt.pt")
+    assert state["scaler"]["scale"] < 2.0**40  # the GradScaler's state is checkpointed
+
+
+def test_max_tokens_sets_the_number_of_steps(tmp_path, tokens):
+    metrics = run(tmp_path, tokens, micro_params(max_steps=None, max_tokens=64 * 5 + 1))
+    assert metrics["steps"] == 6
+
+
+def test_block_size_longer_than_the_model_is_refused(tmp_path, tokens):
+    with pytest.raises(UserError, match="train.block_size 64 exceeds the model's block_size 32"):
+        run(tmp_path, tokens, micro_params(block_size=64))
+
+
+def test_cuda_without_cuda_is_an_error(tmp_path, tokens):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(UserError, match="train.device is cuda but this machine has no usable CUDA device"):
+        run(tmp_path, tokens, micro_params(device="cuda"))
+
+
+def test_split_shorter_than_a_window_is_refused(tmp_path):
+    from conftest import make_tokens
+
+    small = make_tokens(tmp_path / "t", n_train=2000, n_val=8)
+    with pytest.raises(UserError, match="val.bin has 8 tokens, fewer than block_size \\+ 1 = 17"):
+        run(tmp_path, small, micro_params())
