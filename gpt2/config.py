@@ -125,7 +125,7 @@ class TrainConfig:
     block_size: int | None = None  # sequence length; null = the model's block_size
     grad_accum_steps: int = 1
     # length and schedule
-    max_steps: int | None = 400
+    max_steps: int | None = 320
     max_tokens: int | None = None  # alternative to max_steps: steps = ceil(max_tokens / tokens per step)
     lr: float = 2.0e-3
     lr_schedule: Literal["cosine", "constant"] = "cosine"  # cosine: linear warmup, then cosine decay to min_lr
@@ -136,10 +136,10 @@ class TrainConfig:
     grad_clip: float = 1.0  # 0 = no clipping
     seed: int = 1337
     # measuring
-    eval_interval: int = 50
+    eval_interval: int = 40
     eval_iters: int = 10
     log_interval: int = 10
-    checkpoint_interval: int = 50
+    checkpoint_interval: int = 40
     timing_warmup_steps: int = 5
     peak_tflops: float | None = None  # peak FLOP/s of this device for MFU; null = look it up by name
     resume: Literal["auto", "never"] = "auto"
@@ -170,6 +170,37 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """Validation loss of the trained checkpoint, and samples from it."""
+
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    batch_size: int = 16
+    max_tokens: int | None = 1_000_000  # a larger val split is scored on a seeded subset of windows; null = all
+    seed: int = 1337  # the subset of windows, and sampling
+    prompts: tuple[str, ...] = ("ROMEO:", "To be, or not to be", "KING HENRY:")
+    max_new_tokens: int = 100
+    temperature: float = 0.8  # 0 = greedy
+    top_k: int = 200  # 0 = off
+    top_p: float = 0.95  # 1.0 = off
+    num_samples: int = 2
+    stop_at_eot: bool = True
+    kv_cache: bool = True
+    keep_host_memory: bool = True  # as train.keep_host_memory
+    mlflow: bool = True
+
+    def check(self, at: str) -> None:
+        require(self.batch_size >= 1, f"{at}.batch_size", self.batch_size, "an integer >= 1")
+        require(self.max_tokens is None or self.max_tokens >= 1, f"{at}.max_tokens", self.max_tokens,
+                "null or an integer >= 1")
+        require(self.max_new_tokens >= 0, f"{at}.max_new_tokens", self.max_new_tokens, "an integer >= 0")
+        require(self.temperature >= 0, f"{at}.temperature", self.temperature, "a number >= 0 (0 = greedy)")
+        require(self.top_k >= 0, f"{at}.top_k", self.top_k, "an integer >= 0 (0 = off)")
+        require(0 < self.top_p <= 1, f"{at}.top_p", self.top_p, "a number in (0, 1]")
+        require(self.num_samples >= 1, f"{at}.num_samples", self.num_samples, "an integer >= 1")
+
+
+@dataclass(frozen=True)
 class Params:
     """All of params.yaml. A missing section takes its defaults."""
 
@@ -178,6 +209,7 @@ class Params:
     stats: StatsConfig = field(default_factory=StatsConfig)
     model: ModelParams = field(default_factory=ModelParams)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 # --------------------------------------------------------------------------- loading

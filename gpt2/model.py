@@ -47,10 +47,32 @@ def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
     return math.ceil(vocab_size / multiple) * multiple
 
 
+class KVCache:
+    """Keys and values of the positions seen so far, per layer, preallocated to ``block_size``.
+
+    With it, generating a token costs one position's work instead of a re-run over the
+    whole context. ``length`` is how many positions are filled.
+    """
+
+    def __init__(self, cfg: GPTConfig, batch: int, device: torch.device, dtype: torch.dtype) -> None:
+        shape = (batch, cfg.n_head, cfg.block_size, cfg.n_embd // cfg.n_head)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.length = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this call's keys/values after the cached ones; return all of them."""
+        start, end = self.length, self.length + k.size(2)
+        self.k[layer][:, :, start:end] = k
+        self.v[layer][:, :, start:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         assert cfg.n_embd % cfg.n_head == 0, "n_embd must be divisible by n_head"
+        self.layer = layer
         self.n_head, self.n_embd, self.dropout = cfg.n_head, cfg.n_embd, cfg.dropout
         self.attention = cfg.attention
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
@@ -59,16 +81,23 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = nn.Dropout(cfg.dropout)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if self.attention == "flash":
+        past = 0
+        if cache is not None:
+            past = cache.length
+            k, v = cache.update(self.layer, k, v)
+        if self.attention == "flash" and past == 0:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                dropout_p=self.dropout if self.training else 0.0)
+        elif self.attention == "flash" and T == 1:  # one new query sees every cached position
+            y = F.scaled_dot_product_attention(q, k, v)
         else:
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            # query i (absolute position past + i) may see keys 0 .. past + i
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
             scores = scores.masked_fill(~mask, float("-inf"))
             y = self.attn_dropout(F.softmax(scores, dim=-1)) @ v
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -89,15 +118,15 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTConfig, layer: int = 0) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = CausalSelfAttention(cfg, layer)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -109,7 +138,7 @@ class GPT(nn.Module):
             wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),
             wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
             drop=nn.Dropout(cfg.dropout),
-            h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
+            h=nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layer)),
             ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
         ))
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
@@ -139,15 +168,23 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if exclude_position_embedding else n
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (all positions with ``targets``, else the last one) and the mean loss.
+
+        With ``cache``, ``idx`` holds only the new positions; their keys and values are
+        appended to the cache, whose length then advances.
+        """
         B, T = idx.shape
-        if T > self.cfg.block_size:
-            raise ValueError(f"sequence length {T} exceeds the model's block_size {self.cfg.block_size}")
-        pos = torch.arange(T, device=idx.device)
+        past = cache.length if cache is not None else 0
+        if past + T > self.cfg.block_size:
+            raise ValueError(f"sequence length {past + T} exceeds the model's block_size {self.cfg.block_size}")
+        pos = torch.arange(past, past + T, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
-            x = block(x)
+            x = block(x, cache)
+        if cache is not None:
+            cache.length += T
         x = self.transformer.ln_f(x)
         if targets is None:
             logits = self.lm_head(x[:, [-1], :])  # generation needs only the last position

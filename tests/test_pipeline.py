@@ -49,7 +49,8 @@ def new_project(base: Path) -> Path:
     run(root, "git", "init", "-q")
     run(root, sys.executable, "-m", "dvc", "init", "-q")
     set_params(root, download={"source": str(make_corpus(base / "corpus", n_docs=10))},
-               model=MICRO_MODEL, train={**MICRO_TRAIN, "block_size": 8, "micro_batch_size": 2})
+               model=MICRO_MODEL, train={**MICRO_TRAIN, "block_size": 8, "micro_batch_size": 2},
+               eval={"mlflow": False, "max_new_tokens": 10, "num_samples": 1})
     return root
 
 
@@ -78,6 +79,10 @@ def test_repro_produces_every_output(project):
     assert train["steps"] == 12 and train["val"]["loss"] > 0
     assert (project / "reports/train/plots/train.tsv").read_text().startswith("step\tloss")
     assert (project / "checkpoints/ckpt.pt").stat().st_size > 0
+    evaluation = json.loads((project / "reports/eval/metrics.json").read_text())
+    assert evaluation["val"]["tokens"] == meta["splits"]["val"]["tokens"] - 1
+    assert evaluation["baseline"]["unigram_loss"] > 0
+    assert (project / "reports/eval/samples.md").read_text().startswith("# Samples")
 
 
 def test_second_repro_does_nothing(project):
@@ -90,6 +95,7 @@ def test_metrics_show_lists_the_stats(project):
     out = dvc(project, "metrics", "show").stdout
     assert "tokens.total" in out and "bytes_per_token" in out and "vocab_coverage" in out
     assert "perf.step_ms" in out and "val.loss" in out
+    assert "reports/eval/metrics.json" in out and "baseline.unigram_loss" in out
 
 
 def test_speed_only_params_do_not_rerun_but_split_params_do(project):
@@ -97,7 +103,7 @@ def test_speed_only_params_do_not_rerun_but_split_params_do(project):
     assert "Running stage" not in dvc(project, "repro").stdout
     set_params(project, tokenize={"val_fraction": 0.3})
     out = dvc(project, "repro").stdout
-    assert "Running stage 'tokenize'" in out and "Running stage 'stats'" in out and "Running stage 'train'" in out
+    assert all(f"Running stage '{name}'" in out for name in ("tokenize", "stats", "train", "evaluate"))
     assert "Running stage 'download'" not in out
     assert json.loads((project / "data/tokens/meta.json").read_text())["splits"]["val"]["documents"] == 3
 
@@ -138,13 +144,16 @@ def test_dvc_exp_run_compares_a_switch(project):
     dvc(project, "exp", "run", "-n", "manual-attn", "--set-param", "train.attention=manual")
     rows = {row["Experiment"]: row for row in exp_rows(project)}
     assert rows["manual-attn"]["train.attention"] == "manual"
-    assert float(rows["manual-attn"]["perf.step_ms"]) > 0 and float(rows["manual-attn"]["val.loss"]) > 0
+    row = rows["manual-attn"]
+    assert float(row["perf.step_ms"]) > 0
+    # both metrics files have val.loss (training's estimate, evaluate's full pass): DVC qualifies the names
+    assert float(row["reports/train/metrics.json:val.loss"]) > 0 and float(row["reports/eval/metrics.json:val.loss"]) > 0
 
 
 def test_queued_grid_runs_and_logs_to_the_root_mlflow_db(tmp_path):
     mlflow = pytest.importorskip("mlflow")
     root = new_project(tmp_path)
-    set_params(root, train={"mlflow": True})
+    set_params(root, train={"mlflow": True}, eval={"mlflow": True})
     commit_all(root)
     dvc(root, "exp", "run", "--queue", "-S", "train.attention=flash,manual")
     dvc(root, "exp", "run", "--run-all")
@@ -153,6 +162,7 @@ def test_queued_grid_runs_and_logs_to_the_root_mlflow_db(tmp_path):
     client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
     assert sorted(r.data.params["train.attention"] for r in runs) == ["flash", "manual"]
+    assert all("eval/val_loss" in r.data.metrics for r in runs)  # evaluate logged into each training run
     assert {r.data.tags.get("dvc_exp_name") for r in runs} == {r["Experiment"] for r in rows}
     assert not list((root / ".dvc" / "tmp").rglob("mlflow.db"))  # nothing landed in the temp copies
 

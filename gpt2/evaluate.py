@@ -1,0 +1,223 @@
+"""Turn a checkpoint into numbers and text: val loss, perplexity, a unigram baseline, samples.
+
+The val loss is over non-overlapping windows of the model's context covering the
+whole split (the last, shorter window included), or over a seeded subset of whole
+windows when the split is larger than ``eval.max_tokens``: the same windows every
+run, so two evaluations of one checkpoint give identical numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpt2 import checkpoint
+from gpt2.atomic import atomic_file, write_json
+from gpt2.config import EvalConfig, TrainConfig
+from gpt2.device import Runtime, resolve
+from gpt2.errors import UserError
+from gpt2.model import GPT, GPTConfig
+from gpt2.sample import SamplingConfig, TextStream, generate_ids
+from gpt2.tokens import open_tokens, read_meta
+
+
+@dataclass
+class Loaded:
+    model: GPT
+    state: dict[str, Any]
+    runtime: Runtime
+
+
+def eval_runtime(device: str, dtype: str, keep_host_memory: bool = True) -> Runtime:
+    return resolve(TrainConfig(device=device, dtype=dtype, tf32=True, keep_host_memory=keep_host_memory))
+
+
+def load_model(ckpt_path: str | Path, runtime: Runtime) -> Loaded:
+    """Rebuild the model from a checkpoint (compiled or not) on ``runtime.device``."""
+    state = checkpoint.load(ckpt_path)
+    try:
+        cfg = GPTConfig(**state["model_config"])
+        model = GPT(cfg)
+        model.load_state_dict(checkpoint.clean_state_dict(state["model"]))
+    except (KeyError, TypeError, RuntimeError) as exc:
+        raise UserError(f"checkpoint {ckpt_path} does not hold a model this code can rebuild "
+                        f"({exc.__class__.__name__}); retrain it (dvc repro train)") from None
+    model.to(runtime.device).eval()
+    return Loaded(model=model, state=state, runtime=runtime)
+
+
+def windows(n_tokens: int, block: int, max_tokens: int | None, seed: int) -> list[tuple[int, int]]:
+    """(start, length) of each scored window: length positions predict the next token each."""
+    predictions = n_tokens - 1
+    full = predictions // block
+    spans = [(i * block, block) for i in range(full)]
+    rest = predictions - full * block
+    if max_tokens is not None and predictions > max_tokens and full > 0:
+        keep = max(1, min(full, max_tokens // block))
+        chosen = np.sort(np.random.default_rng(seed).choice(full, size=keep, replace=False))
+        return [spans[i] for i in chosen]
+    if rest > 0:
+        spans.append((full * block, rest))
+    return spans
+
+
+@torch.no_grad()
+def val_loss(loaded: Loaded, tokens: np.ndarray, spans: list[tuple[int, int]], batch_size: int) -> tuple[float, int]:
+    """Token-weighted mean cross-entropy over the windows, and the number of predicted tokens."""
+    model, runtime = loaded.model, loaded.runtime
+    total, count = 0.0, 0
+    by_length: dict[int, list[int]] = {}
+    for start, length in spans:
+        by_length.setdefault(length, []).append(start)
+    for length, starts in by_length.items():
+        for lo in range(0, len(starts), batch_size):
+            batch = np.stack([tokens[s:s + length + 1] for s in starts[lo:lo + batch_size]]).astype(np.int64)
+            x = torch.from_numpy(batch[:, :-1]).to(runtime.device)
+            y = torch.from_numpy(batch[:, 1:]).to(runtime.device)
+            with runtime.autocast():
+                _, loss = model(x, y)
+            total += float(loss) * y.numel()
+            count += y.numel()
+    return total / count, count
+
+
+def unigram_loss(train: np.ndarray, val: np.ndarray, spans: list[tuple[int, int]], vocab_size: int) -> float:
+    """Cross-entropy of predicting every val target from train's token frequencies (add-one smoothed)."""
+    counts = np.zeros(vocab_size, dtype=np.float64)
+    for lo in range(0, len(train), 1 << 24):
+        counts += np.bincount(np.asarray(train[lo:lo + (1 << 24)]), minlength=vocab_size)[:vocab_size]
+    log_p = np.log((counts + 1) / (counts.sum() + vocab_size))
+    total, n = 0.0, 0
+    for start, length in spans:
+        targets = np.asarray(val[start + 1:start + 1 + length]).astype(np.int64)
+        total -= float(log_p[targets].sum())
+        n += len(targets)
+    return total / n
+
+
+def samples(loaded: Loaded, cfg: EvalConfig, eot_id: int) -> tuple[str, float]:
+    """samples.md text and the generation speed in tokens/s."""
+    from gpt2.tokenizer import gpt2_encoding
+
+    encoding = gpt2_encoding()
+    sampling = SamplingConfig(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_at_eot, cfg.kv_cache)
+    block = loaded.model.cfg.block_size
+    encoded = [encoding.encode_ordinary(p) for p in cfg.prompts]
+    for prompt, ids in zip(cfg.prompts, encoded):
+        check_prompt(prompt, ids, block)
+    state = loaded.state
+    lines = ["# Samples", "",
+             f"Checkpoint step {state['step']}; temperature {cfg.temperature}, top_k {cfg.top_k}, top_p {cfg.top_p}, "
+             f"seed {cfg.seed}, KV cache {'on' if cfg.kv_cache else 'off'}.", ""]
+    generated, seconds = 0, 0.0
+    for p, (prompt, ids) in enumerate(zip(cfg.prompts, encoded)):
+        lines += [f"## {prompt}", ""]
+        for i in range(cfg.num_samples):
+            generator = torch.Generator().manual_seed(cfg.seed + 1000 * p + i)
+            start = time.perf_counter()
+            new = list(generate_ids(loaded.model, ids, sampling, generator, eot_id, loaded.runtime.autocast,
+                                    _cache_dtype(loaded.runtime)))
+            seconds += time.perf_counter() - start
+            generated += len(new)
+            text = encoding.decode([t for t in new if t != eot_id])
+            lines += [f"### Sample {i + 1}", "", "```text", prompt + text, "```", ""]
+    return "\n".join(lines), generated / seconds if seconds else 0.0
+
+
+def check_prompt(prompt: str, ids: list[int], block: int) -> None:
+    if len(ids) > block:
+        raise UserError(f"prompt {prompt[:40]!r}... is {len(ids)} tokens, longer than the model's context of {block}; "
+                        "shorten it")
+    if not ids:
+        raise UserError("a prompt is empty; give each prompt some text")
+
+
+def _cache_dtype(runtime: Runtime) -> torch.dtype:
+    return torch.float32 if runtime.dtype == "fp32" else runtime.autocast_dtype
+
+
+def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tokens_dir: str | Path = "data/tokens",
+             out_dir: str | Path = "reports/eval") -> dict[str, Any]:
+    """Score and sample the checkpoint; write metrics.json and samples.md (each atomically, both or none)."""
+    runtime = eval_runtime(cfg.device, cfg.dtype, cfg.keep_host_memory)
+    loaded = load_model(ckpt_path, runtime)
+    meta = read_meta(tokens_dir)
+    model_vocab = loaded.model.cfg.vocab_size
+    if model_vocab != meta["vocab_size"]:
+        raise UserError(f"checkpoint {ckpt_path} was trained on a vocab of {model_vocab} but {tokens_dir} has "
+                        f"{meta['vocab_size']}; evaluate it on the tokens it was trained with, or retrain")
+    val = open_tokens(tokens_dir, "val", meta)
+    if len(val) < 2:
+        raise UserError(f"{tokens_dir}/val.bin has {len(val)} tokens: nothing to score; use a larger corpus")
+    top = int(np.max(val))
+    if top >= model_vocab:
+        raise UserError(f"{tokens_dir}/val.bin holds token id {top}, outside the checkpoint's vocab of {model_vocab}; "
+                        "the tokens do not match this checkpoint: re-run tokenize or retrain")
+    spans = windows(len(val), loaded.model.cfg.block_size, cfg.max_tokens, cfg.seed)
+    started = time.perf_counter()
+    loss, n = val_loss(loaded, val, spans, cfg.batch_size)
+    baseline = unigram_loss(open_tokens(tokens_dir, "train", meta), val, spans, meta["vocab_size"])
+    print(f"evaluate: val loss {loss:.4f} (ppl {math.exp(loss):.1f}) over {n:,} tokens in "
+          f"{time.perf_counter() - started:.1f} s; unigram baseline {baseline:.4f}", file=sys.stderr)
+    text, tokens_per_s = samples(loaded, cfg, meta["eot_id"])
+    metrics = {
+        "val": {"loss": loss, "ppl": math.exp(loss), "tokens": n},
+        "baseline": {"unigram_loss": baseline},
+        "sample": {"tokens_per_s": round(tokens_per_s, 1)},
+        "checkpoint_step": loaded.state["step"],
+    }
+    out = Path(out_dir)
+    with atomic_file(out / "samples.md") as tmp:
+        tmp.write_text(text)
+    write_json(out / "metrics.json", metrics)
+    if cfg.mlflow:
+        log_to_training_run(loaded.state, metrics, out)
+    return metrics
+
+
+def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Path) -> None:
+    from gpt2.tracking import MlflowTracker
+
+    experiment = state.get("params", {}).get("train", {}).get("experiment", "gpt2")
+    tracker = MlflowTracker(experiment, state.get("mlflow_run_id"), run_name="evaluate")
+    tracker.set_tags({"training_run_id": state.get("mlflow_run_id")})
+    tracker.log_metrics({"eval/val_loss": metrics["val"]["loss"], "eval/val_ppl": metrics["val"]["ppl"],
+                         "eval/val_tokens": metrics["val"]["tokens"],
+                         "eval/unigram_loss": metrics["baseline"]["unigram_loss"],
+                         "eval/sample_tokens_per_s": metrics["sample"]["tokens_per_s"]}, step=state["step"])
+    tracker.log_artifact(out / "samples.md")
+    tracker.log_artifact(out / "metrics.json")
+    tracker.end()
+
+
+def stream_sample(ckpt_path: str | Path, prompt: str, sampling: SamplingConfig, num_samples: int, seed: int,
+                  device: str, dtype: str) -> None:
+    """``gpt2 sample``: print each continuation token by token as it is generated."""
+    from gpt2.tokenizer import EOT_ID, gpt2_encoding
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    loaded = load_model(ckpt_path, eval_runtime(device, dtype))
+    encoding = gpt2_encoding()
+    ids = encoding.encode_ordinary(prompt)
+    check_prompt(prompt, ids, loaded.model.cfg.block_size)
+    for i in range(num_samples):
+        if num_samples > 1:
+            write(f"--- sample {i + 1} ---\n")
+        write(prompt)
+        stream = TextStream(encoding)
+        generator = torch.Generator().manual_seed(seed + i)
+        for token in generate_ids(loaded.model, ids, sampling, generator, EOT_ID, loaded.runtime.autocast,
+                                  _cache_dtype(loaded.runtime)):
+            if token != EOT_ID:
+                write(stream.push(token))
+        write(stream.flush() + "\n")

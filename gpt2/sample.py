@@ -1,0 +1,98 @@
+"""Text generation: temperature, top-k, top-p, EOT stop, with or without a KV cache.
+
+With the cache, each new token runs the model on one position. Once the text
+is longer than the model's context, the context is cropped from the left;
+since GPT-2's position embeddings are absolute, every cropped window is a new
+prefix, so past that point each token re-encodes the window (exactly what the
+no-cache path does). Greedy decoding gives the same tokens either way (tested).
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from gpt2.model import GPT, KVCache
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    max_new_tokens: int = 100
+    temperature: float = 0.8  # 0 = greedy
+    top_k: int = 200  # 0 = no top-k filter
+    top_p: float = 0.95  # 1.0 = no nucleus filter
+    stop_at_eot: bool = True
+    kv_cache: bool = True
+
+
+def filter_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """Temperature, then keep the top-k, then the smallest set whose probability reaches top-p."""
+    logits = logits.float() / cfg.temperature
+    if cfg.top_k > 0:
+        k = min(cfg.top_k, logits.size(-1))
+        kth = torch.topk(logits, k, dim=-1).values[..., -1, None]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= cfg.top_p  # keep the token that crosses top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return logits
+
+
+def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> int:
+    logits = logits.float().cpu()  # the seeded generator lives on the CPU: same samples on any device
+    if cfg.temperature == 0:
+        return int(torch.argmax(logits, dim=-1))
+    probs = torch.softmax(filter_logits(logits, cfg), dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@torch.no_grad()
+def generate_ids(model: GPT, prompt: list[int], cfg: SamplingConfig, generator: torch.Generator | None = None,
+                 eot_id: int | None = None, autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+                 cache_dtype: torch.dtype | None = None) -> Iterator[int]:
+    """Yield new token ids one by one (so callers can stream them)."""
+    device = next(model.parameters()).device
+    autocast = autocast or contextlib.nullcontext
+    block = model.cfg.block_size
+    tokens = list(prompt)
+    cache: KVCache | None = None
+    pending = tokens[-block:]  # what the model has not seen yet
+    model.eval()
+    for _ in range(cfg.max_new_tokens):
+        if cfg.kv_cache and len(tokens) <= block:
+            if cache is None:
+                cache = KVCache(model.cfg, 1, device, cache_dtype or next(model.parameters()).dtype)
+            idx = torch.tensor([pending], device=device)
+            with autocast():
+                logits, _ = model(idx, cache=cache)
+        else:  # no cache, or the window slid: encode the last block tokens afresh
+            idx = torch.tensor([tokens[-block:]], device=device)
+            with autocast():
+                logits, _ = model(idx)
+        token = next_token(logits[0, -1], cfg, generator)
+        tokens.append(token)
+        pending = [token]
+        yield token
+        if cfg.stop_at_eot and eot_id is not None and token == eot_id:
+            return
+
+
+class TextStream:
+    """Turn token ids into text incrementally: a multi-byte character split over tokens prints once whole."""
+
+    def __init__(self, encoding) -> None:
+        self.encoding = encoding
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> str:
+        return self.decoder.decode(self.encoding.decode_single_token_bytes(token))
+
+    def flush(self) -> str:
+        return self.decoder.decode(b"", final=True)

@@ -1,0 +1,213 @@
+"""Evaluation (val loss, baseline, samples) and generation (KV cache, filters, streaming)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import micro_params, write_params
+from gpt2.cli import main
+from gpt2.config import EvalConfig
+from gpt2.errors import UserError
+from gpt2.evaluate import evaluate, windows
+from gpt2.model import GPT, GPTConfig
+from gpt2.sample import SamplingConfig, filter_logits, generate_ids
+from gpt2.trainer import train
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from conftest import make_tokens
+
+    root = tmp_path_factory.mktemp("trained")
+    tokens = make_tokens(root / "tokens")
+    train(micro_params(max_steps=20, eval_interval=20), tokens, root / "ckpt.pt", root / "reports")
+    return root
+
+
+def quick(**overrides) -> EvalConfig:
+    base = dict(max_new_tokens=8, num_samples=2, prompts=("Hello", "The king"), mlflow=False)
+    return EvalConfig(**{**base, **overrides})
+
+
+def run_eval(trained, tmp_path, **overrides):
+    return evaluate(quick(**overrides), trained / "ckpt.pt", trained / "tokens", tmp_path / "eval")
+
+
+def test_windows_cover_the_split_with_a_last_partial_window():
+    assert windows(11, 4, None, 0) == [(0, 4), (4, 4), (8, 2)]
+    assert windows(9, 4, None, 0) == [(0, 4), (4, 4)]
+    subset = windows(10_001, 100, 1000, 7)
+    assert len(subset) == 10 and all(length == 100 for _, length in subset)
+    assert subset == windows(10_001, 100, 1000, 7) != windows(10_001, 100, 1000, 8)
+
+
+def test_evaluation_is_deterministic_and_beats_nothing_trivially(trained, tmp_path):
+    a = run_eval(trained, tmp_path)
+    first_samples = (tmp_path / "eval/samples.md").read_text()
+    b = run_eval(trained, tmp_path)
+    speed = "sample"  # generation speed is a measurement, not a result
+    assert {k: v for k, v in a.items() if k != speed} == {k: v for k, v in b.items() if k != speed}
+    assert (tmp_path / "eval/samples.md").read_text() == first_samples
+    assert a["val"]["tokens"] == 4000 - 1
+    assert a["val"]["ppl"] == pytest.approx(math.exp(a["val"]["loss"]))
+    assert 0 < a["baseline"]["unigram_loss"] < math.log(50257)
+    assert json.loads((tmp_path / "eval/metrics.json").read_text()) == b
+    text = (tmp_path / "eval/samples.md").read_text()
+    assert text.count("### Sample") == 4 and "## The king" in text
+
+
+def test_val_loss_matches_a_direct_computation(trained, tmp_path):
+    from gpt2.evaluate import eval_runtime, load_model
+
+    metrics = run_eval(trained, tmp_path)
+    loaded = load_model(trained / "ckpt.pt", eval_runtime("cpu", "fp32"))
+    val = np.fromfile(trained / "tokens/val.bin", dtype=np.uint16).astype(np.int64)
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, len(val) - 1, 32):
+            chunk = torch.from_numpy(val[start:start + 33])
+            logits, loss = loaded.model(chunk[None, :-1], chunk[None, 1:])
+            total += loss.item() * (len(chunk) - 1)
+    assert metrics["val"]["loss"] == pytest.approx(total / (len(val) - 1), rel=1e-5)
+
+
+def test_subset_when_the_split_is_large(trained, tmp_path):
+    metrics = run_eval(trained, tmp_path, max_tokens=320)
+    assert metrics["val"]["tokens"] == 320
+
+
+def micro_model(attention="flash", block=16) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=block, vocab_size=50, padded_vocab_size=64,
+                         attention=attention))
+
+
+@pytest.mark.parametrize("attention", ["flash", "manual"])
+def test_kv_cache_greedy_equals_no_cache_also_past_the_context(attention):
+    model = micro_model(attention)
+    greedy = dict(max_new_tokens=30, temperature=0.0, stop_at_eot=False)  # 3 + 30 > block 16: the window slides
+    with_cache = list(generate_ids(model, [1, 2, 3], SamplingConfig(**greedy, kv_cache=True)))
+    without = list(generate_ids(model, [1, 2, 3], SamplingConfig(**greedy, kv_cache=False)))
+    assert with_cache == without and len(with_cache) == 30
+
+
+def test_kv_cache_logits_equal_full_forward():
+    from gpt2.model import KVCache
+
+    model = micro_model().eval()
+    idx = torch.randint(0, 50, (1, 10))
+    full, _ = model(idx, idx)
+    cache = KVCache(model.cfg, 1, torch.device("cpu"), torch.float32)
+    model(idx[:, :6], cache=cache)
+    for t in range(6, 10):
+        step, _ = model(idx[:, t:t + 1], cache=cache)
+        torch.testing.assert_close(step[0, -1], full[0, t], rtol=1e-4, atol=1e-5)
+
+
+def test_padded_rows_are_never_sampled_and_seeds_repeat():
+    model = micro_model()
+    cfg = SamplingConfig(max_new_tokens=200, temperature=5.0, top_k=0, top_p=1.0, stop_at_eot=False)
+    a = list(generate_ids(model, [1], cfg, torch.Generator().manual_seed(1)))
+    b = list(generate_ids(model, [1], cfg, torch.Generator().manual_seed(1)))
+    assert a == b and max(a) < 50
+
+
+def test_stop_at_eot():
+    model = micro_model()
+    model.logit_mask[7] = 100.0  # make token 7 (our "EOT") the likeliest
+    out = list(generate_ids(model, [1], SamplingConfig(max_new_tokens=20, temperature=0.0), eot_id=7))
+    assert out == [7]
+
+
+def test_top_k_and_top_p_filters():
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
+    kept = torch.isfinite(filter_logits(logits, SamplingConfig(temperature=1.0, top_k=2, top_p=1.0)))
+    assert kept.tolist() == [True, True, False, False, False]
+    probs = torch.softmax(logits, dim=-1)  # 0.64, 0.24, 0.09, ...
+    kept = torch.isfinite(filter_logits(logits, SamplingConfig(temperature=1.0, top_k=0, top_p=0.8)))
+    assert kept.tolist() == [True, True, False, False, False] and probs[0] < 0.8 < probs[:2].sum()
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"temperature": -0.1}, r"eval.temperature = -0.1 .*>= 0"),
+    ({"top_p": 0.0}, r"eval.top_p = 0.0 .*\(0, 1\]"),
+    ({"top_p": 1.5}, r"eval.top_p = 1.5"),
+    ({"top_k": -1}, r"eval.top_k = -1"),
+])
+def test_bad_sampling_params_are_refused_before_anything_is_written(tmp_path, trained, runner, overrides, match):
+    params = write_params(tmp_path / "p.yaml", eval={"mlflow": False, **overrides})
+    result = runner.invoke(main, ["evaluate", "--params", str(params), "--checkpoint", str(trained / "ckpt.pt"),
+                                  "--tokens", str(trained / "tokens"), "--out", str(tmp_path / "eval")])
+    assert result.exit_code == 2 and __import__("re").search(match, result.output)
+    assert not (tmp_path / "eval").exists()
+
+
+def test_missing_and_corrupt_checkpoints(tmp_path, trained):
+    with pytest.raises(UserError, match="not found; train first"):
+        evaluate(quick(), tmp_path / "none.pt", trained / "tokens", tmp_path / "eval")
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes((trained / "ckpt.pt").read_bytes()[:1000])
+    with pytest.raises(UserError, match="corrupt or truncated"):
+        evaluate(quick(), bad, trained / "tokens", tmp_path / "eval")
+    assert not (tmp_path / "eval").exists()
+
+
+def test_vocab_mismatch_with_the_token_files(tmp_path, trained):
+    meta = json.loads((trained / "tokens/meta.json").read_text())
+    other = tmp_path / "tokens"
+    other.mkdir()
+    for name in ("train.bin", "val.bin"):
+        (other / name).write_bytes((trained / "tokens" / name).read_bytes())
+    (other / "meta.json").write_text(json.dumps({**meta, "vocab_size": 60000}))
+    with pytest.raises(UserError, match="trained on a vocab of 50257 but .* has 60000"):
+        evaluate(quick(), trained / "ckpt.pt", other, tmp_path / "eval")
+    assert not (tmp_path / "eval").exists()
+
+
+def test_prompt_longer_than_the_context(tmp_path, trained):
+    with pytest.raises(UserError, match="longer than the model's context of 32; shorten it"):
+        run_eval(trained, tmp_path, prompts=("word " * 100,))
+    assert not (tmp_path / "eval").exists()
+
+
+def test_sample_command_streams_text(runner, trained):
+    result = runner.invoke(main, ["sample", "--checkpoint", str(trained / "ckpt.pt"), "--prompt", "Hello",
+                                  "--max-new-tokens", "5", "--num-samples", "2", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("Hello") == 2 and "--- sample 2 ---" in result.output
+
+
+def test_sample_command_rejects_bad_values(runner, trained):
+    result = runner.invoke(main, ["sample", "--checkpoint", str(trained / "ckpt.pt"), "--prompt", "x",
+                                  "--top-p", "2"])
+    assert result.exit_code == 2 and "sample.top_p = 2.0" in result.output
+
+
+def test_compiled_checkpoint_evaluates(tmp_path):
+    from conftest import make_tokens
+
+    tokens = make_tokens(tmp_path / "tokens")
+    train(micro_params(compile=True, max_steps=2, eval_interval=2, model={"n_layer": 1}), tokens,
+          tmp_path / "ckpt.pt", tmp_path / "r")
+    metrics = evaluate(quick(), tmp_path / "ckpt.pt", tokens, tmp_path / "eval")
+    assert metrics["checkpoint_step"] == 2
+
+
+def test_evaluation_logs_into_the_training_run(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    from conftest import make_tokens
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    tokens = make_tokens(tmp_path / "tokens")
+    train(micro_params(mlflow=True, max_steps=2, eval_interval=2), tokens, tmp_path / "ckpt.pt", tmp_path / "r")
+    evaluate(quick(mlflow=True), tmp_path / "ckpt.pt", tokens, tmp_path / "eval")
+    client = mlflow.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
+    assert "eval/val_loss" in run.data.metrics and "eval/unigram_loss" in run.data.metrics
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"samples.md", "metrics.json"}

@@ -1,0 +1,41 @@
+"""CUDA paths. Skipped without a GPU; run them where one exists (see docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import micro_params
+from gpt2 import trainer
+from gpt2.config import TrainConfig
+from gpt2.device import resolve, sdpa_backend
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def test_auto_picks_cuda_and_bf16_with_tf32():
+    runtime = resolve(TrainConfig())
+    assert runtime.device.type == "cuda"
+    assert runtime.dtype == ("bf16" if torch.cuda.is_bf16_supported() else "fp16")
+    assert runtime.tf32 and torch.backends.cuda.matmul.allow_tf32
+
+
+def test_flash_path_gets_a_fused_kernel_in_bf16():
+    runtime = resolve(TrainConfig(dtype="bf16"))
+    assert sdpa_backend(runtime, n_head=12, head_dim=64, seq_len=1024) in {"flash_attention", "cudnn_attention",
+                                                                           "efficient_attention"}
+
+
+def test_cuda_training_reports_gpu_memory_and_pins_batches(tmp_path, tokens):
+    s = trainer.build(micro_params(device="cuda"), tokens)
+    x, y = s.sampler.next()
+    assert x.is_cuda and y.is_cuda
+    metrics = trainer.train(micro_params(device="cuda", max_steps=4), tokens, tmp_path / "c.pt", tmp_path / "r")
+    assert metrics["mem"]["peak_gb"] > 0
+    assert "mem/peak_gb" in trainer.memory_gb(s.runtime)
+
+
+def test_compiled_bf16_training_on_cuda(tmp_path, tokens):
+    metrics = trainer.train(micro_params(device="cuda", dtype="bf16", compile=True, max_steps=6), tokens,
+                            tmp_path / "c.pt", tmp_path / "r")
+    assert metrics["steps"] == 6
