@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 @click.option("--dtype", default="auto", show_default=True)
 def main(checkpoint: str, size: str | None, prompt_tokens: int, new_tokens: int, repeats: int, device: str,
          dtype: str) -> None:
-    from gpt2.evaluate import _cache_dtype, eval_runtime, load_model
+    from gpt2.evaluate import eval_runtime, load_model
     from gpt2.model import GPT, gpt_config
     from gpt2.sample import SamplingConfig, generate_ids
 
@@ -55,7 +55,7 @@ def main(checkpoint: str, size: str | None, prompt_tokens: int, new_tokens: int,
             runtime.synchronize()
             start = time.perf_counter()
             outputs[cache] = list(generate_ids(model, prompt, cfg, autocast=runtime.autocast,
-                                               cache_dtype=_cache_dtype(runtime)))
+                                               cache_dtype=runtime.autocast_dtype))
             runtime.synchronize()
             if run:  # the first run warms up kernels and allocator
                 times.append(time.perf_counter() - start)

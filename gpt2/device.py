@@ -34,6 +34,7 @@ class Runtime:
 
     @property
     def autocast_dtype(self) -> torch.dtype:
+        """The dtype matmuls run in (float32 for fp32, where autocast is off)."""
         return DTYPES[self.dtype]
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -129,8 +130,7 @@ def sdpa_backend(runtime: Runtime, n_head: int, head_dim: int, seq_len: int) -> 
     """
     from torch.nn.attention import SDPBackend
 
-    dtype = torch.float32 if runtime.dtype == "fp32" else runtime.autocast_dtype
-    q = torch.zeros(1, n_head, seq_len, head_dim, device=runtime.device, dtype=dtype)
+    q = torch.zeros(1, n_head, seq_len, head_dim, device=runtime.device, dtype=runtime.autocast_dtype)
     try:
         return SDPBackend(torch._fused_sdp_choice(q, q, q, None, 0.0, True)).name.lower()
     except (AttributeError, RuntimeError, ValueError):  # private API: absent in some builds

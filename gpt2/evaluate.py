@@ -123,7 +123,7 @@ def samples(loaded: Loaded, cfg: EvalConfig, eot_id: int) -> tuple[str, float]:
             generator = torch.Generator().manual_seed(cfg.seed + 1000 * p + i)
             start = time.perf_counter()
             new = list(generate_ids(loaded.model, ids, sampling, generator, eot_id, loaded.runtime.autocast,
-                                    _cache_dtype(loaded.runtime)))
+                                    loaded.runtime.autocast_dtype))
             seconds += time.perf_counter() - start
             generated += len(new)
             text = encoding.decode([t for t in new if t != eot_id])
@@ -137,10 +137,6 @@ def check_prompt(prompt: str, ids: list[int], block: int) -> None:
                         "shorten it")
     if not ids:
         raise UserError("a prompt is empty; give each prompt some text")
-
-
-def _cache_dtype(runtime: Runtime) -> torch.dtype:
-    return torch.float32 if runtime.dtype == "fp32" else runtime.autocast_dtype
 
 
 def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tokens_dir: str | Path = "data/tokens",
@@ -217,7 +213,7 @@ def stream_sample(ckpt_path: str | Path, prompt: str, sampling: SamplingConfig, 
         stream = TextStream(encoding)
         generator = torch.Generator().manual_seed(seed + i)
         for token in generate_ids(loaded.model, ids, sampling, generator, EOT_ID, loaded.runtime.autocast,
-                                  _cache_dtype(loaded.runtime)):
+                                  loaded.runtime.autocast_dtype):
             if token != EOT_ID:
                 write(stream.push(token))
         write(stream.flush() + "\n")

@@ -19,7 +19,7 @@ def _si(value: float) -> str:
     return f"{value:.1f}P"
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
@@ -60,9 +60,9 @@ class Progress:
             text += f"/{_si(self.total)}{self.unit} ({100 * self.done / self.total:.0f}%)"
         text += f" {_si(rate)}{self.unit}/s"
         if self.total and rate > 0 and self.done < self.total:
-            text += f" ETA {_clock((self.total - self.done) / rate)}"
+            text += f" ETA {clock((self.total - self.done) / rate)}"
         else:
-            text += f" in {_clock(elapsed)}"
+            text += f" in {clock(elapsed)}"
         return text
 
     def _print(self, final: bool) -> None:

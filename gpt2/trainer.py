@@ -34,7 +34,7 @@ from gpt2.flops import flops_per_token, peak_flops
 from gpt2.loader import BatchSampler, TokenSplit
 from gpt2.model import GPT, GPTConfig, gpt_config
 from gpt2.optim import build_optimizer, lr_at
-from gpt2.progress import _clock
+from gpt2.progress import clock
 from gpt2.tokens import read_meta
 from gpt2.tracking import MlflowTracker, Tracker, flatten, git_commit
 
@@ -400,7 +400,7 @@ def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Track
                 eta = (s.total_steps - step) * statistics.median(history.step_s[-20:])
                 mfu = f" | MFU {100 * row['mfu']:.1f}%" if row["mfu"] is not None else ""
                 print(f"step {step}/{s.total_steps} | loss {loss_value:.4f} | lr {lr:.2e} | norm {norm:.2f} | "
-                      f"{1000 * dt:.0f} ms | {tps / 1000:.1f}K tok/s{mfu} | ETA {_clock(eta)}", file=sys.stderr)
+                      f"{1000 * dt:.0f} ms | {tps / 1000:.1f}K tok/s{mfu} | ETA {clock(eta)}", file=sys.stderr)
             if step % cfg.eval_interval == 0 or step == s.total_steps:
                 val = estimate_loss(s, s.val_data)
                 history.val.append({"step": step, "val_loss": val})
