@@ -25,3 +25,15 @@ def test_every_dvc_stage_has_its_thin_entry_point():
     for name, stage in stages.items():
         assert stage["cmd"] == f"python -m stages.{name}"
         assert (ROOT / "stages" / f"{name}.py").is_file()
+
+
+def test_every_param_key_is_documented_in_the_readme():
+    import dataclasses
+    import typing
+
+    from gpt2.config import Params
+
+    text = (ROOT / "README.md").read_text()
+    for section, cls in typing.get_type_hints(Params).items():
+        for field in dataclasses.fields(cls):
+            assert f"`{field.name}`" in text or f"`{section}.{field.name}`" in text, (section, field.name)

@@ -192,3 +192,22 @@ def test_requested_inert_switches_are_warned(tokens):
     warnings = trainer.inert_switch_warnings(setup(tokens, compile_mode="max-autotune"))
     text = " ".join(warnings)
     assert "tf32 is inert" in text and "compile_mode max-autotune is inert" in text and "MFU is not reported" in text
+
+
+def test_keep_host_memory_switch_sets_the_allocator_only_when_on(monkeypatch):
+    from gpt2 import device
+
+    calls = []
+    monkeypatch.setattr(device, "keep_host_memory", lambda: calls.append("mallopt") or True)
+    device.resolve(TrainConfig(device="cpu", keep_host_memory=False))
+    assert calls == []
+    device.resolve(TrainConfig(device="cpu", keep_host_memory=True))
+    assert calls == ["mallopt"]
+
+
+def test_keep_host_memory_really_reaches_glibc():
+    import sys
+
+    from gpt2.device import keep_host_memory
+
+    assert keep_host_memory() is sys.platform.startswith("linux")
