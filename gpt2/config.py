@@ -140,6 +140,7 @@ class TrainConfig:
     eval_iters: int = 10
     log_interval: int = 10
     checkpoint_interval: int = 40
+    save_checkpoint: bool = True  # false: measurement runs (the ladder) write no checkpoint
     timing_warmup_steps: int = 5
     peak_tflops: float | None = None  # peak FLOP/s of this device for MFU; null = look it up by name
     resume: Literal["auto", "never"] = "auto"

@@ -30,6 +30,7 @@ class Runtime:
     device_name: str
     dtype: str  # fp32 | bf16 | fp16: what autocast really uses
     tf32: bool  # whether TF32 matmuls are enabled (CUDA only)
+    keep_host_memory: bool = False  # whether glibc was told to keep big blocks (CPU on Linux only)
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -64,11 +65,13 @@ def resolve(cfg: TrainConfig) -> Runtime:
         if cfg.tf32:
             warnings.append("train.tf32 is inert on this device: TF32 is a CUDA (Ampere+) matmul mode")
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    if cfg.keep_host_memory and device.type == "cpu" and not keep_host_memory():
-        warnings.append("train.keep_host_memory is inert here: it needs Linux with glibc")
+    kept = cfg.keep_host_memory and device.type == "cpu" and keep_host_memory()
+    if cfg.keep_host_memory and not kept:
+        where = "it needs Linux with glibc" if device.type == "cpu" else "it acts on CPU training only"
+        warnings.append(f"train.keep_host_memory is inert here: {where}")
     if cfg.fused_adamw and device.type == "mps":
         warnings.append("train.fused_adamw may be unsupported on mps; PyTorch falls back or errors")
-    return Runtime(device=device, device_name=name, dtype=dtype, tf32=tf32, warnings=warnings)
+    return Runtime(device=device, device_name=name, dtype=dtype, tf32=tf32, keep_host_memory=kept, warnings=warnings)
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3

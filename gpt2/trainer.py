@@ -334,7 +334,7 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
         "device": str(s.runtime.device), "device_name": s.runtime.device_name, "dtype": s.runtime.dtype,
         "tf32": s.runtime.tf32, "compile": cfg.compile, "attention": cfg.attention,
         "sdpa_backend": backend if cfg.attention == "flash" else "manual (no SDPA)",
-        "params": s.model.num_params(), "torch": torch.__version__,
+        "keep_host_memory": s.runtime.keep_host_memory, "params": s.model.num_params(), "torch": torch.__version__,
     }
     print("train: " + ", ".join(f"{k}={v}" for k, v in info.items()), file=sys.stderr)
     for warning in inert_switch_warnings(s):
@@ -346,7 +346,10 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
                       "device": s.runtime.device_name, "torch_version": torch.__version__, **info})
     status = "FAILED"
     try:
+        if not cfg.save_checkpoint:
+            ckpt_path.parent.mkdir(parents=True, exist_ok=True)  # the stage's DVC out exists, empty
         metrics = _loop(s, step, history, ckpt_path, tracker)
+        metrics["runtime"] = {k: v for k, v in info.items() if k != "params"}  # what really ran (the ladder reads it)
         write_reports(report_dir, metrics, history)
         tracker.log_metrics({"summary/" + k: v for k, v in flatten(metrics).items()
                              if isinstance(v, int | float)}, step=metrics["steps"])
@@ -406,14 +409,16 @@ def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Track
                 history.val.append({"step": step, "val_loss": val})
                 tracker.log_metrics({"val/loss": val, "val/ppl": math.exp(min(val, 50))}, step=step)
                 print(f"step {step}/{s.total_steps} | val loss {val:.4f}", file=sys.stderr)
-            if step % cfg.checkpoint_interval == 0 or step == s.total_steps or stop["signal"]:
+            due = step % cfg.checkpoint_interval == 0 or step == s.total_steps or stop["signal"]
+            if due and cfg.save_checkpoint:
                 checkpoint.save(ckpt_path, checkpoint_state(s, step, history, tracker.run_id))
                 last_saved = step
             if stop["signal"]:
                 code = 128 + stop["signal"]
+                saved = (f"checkpoint saved to {ckpt_path}; run the stage again to resume (train.resume: auto)"
+                         if cfg.save_checkpoint else "no checkpoint saved (train.save_checkpoint is false)")
                 error = TrainingInterrupted(f"interrupted by {signal.Signals(stop['signal']).name} at step "
-                                            f"{step}/{s.total_steps}; checkpoint saved to {ckpt_path}; run the "
-                                            "stage again to resume (train.resume: auto)")
+                                            f"{step}/{s.total_steps}; {saved}")
                 error.exit_code = code
                 raise error
     return summarize(s, history, step, time.perf_counter() - started)

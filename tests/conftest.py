@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +98,59 @@ def micro_params(model: dict | None = None, **train):
 @pytest.fixture
 def tokens(tmp_path: Path) -> Path:
     return make_tokens(tmp_path / "tokens")
+
+
+# --------------------------------------------------------------------------- DVC projects in a temp git repo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
+            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
+
+
+def run(cwd: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def set_params(root: Path, **changes: dict) -> None:
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    for section, values in changes.items():
+        params.setdefault(section, {}).update(values)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def new_project(base: Path) -> Path:
+    root = base / "project"
+    root.mkdir()
+    for name in ("dvc.yaml", "params.yaml", "ladder.yaml", ".dvcignore", ".gitignore"):
+        shutil.copy(ROOT / name, root / name)
+    for name in ("stages", "gpt2"):
+        shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    run(root, "git", "init", "-q")
+    run(root, sys.executable, "-m", "dvc", "init", "-q")
+    set_params(root, download={"source": str(make_corpus(base / "corpus", n_docs=10))},
+               model=MICRO_MODEL, train={**MICRO_TRAIN, "block_size": 8, "micro_batch_size": 2},
+               eval={"mlflow": False, "max_new_tokens": 10, "num_samples": 1})
+    return root
+
+
+def dvc(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run(root, sys.executable, "-m", "dvc", *args, check=check)
+
+
+def commit_all(root: Path) -> None:
+    run(root, "git", "add", "-A")
+    run(root, "git", "commit", "-qm", "baseline")
+
+
+def exp_rows(root: Path) -> list[dict[str, str]]:
+    import csv
+    import io
+
+    return list(csv.DictReader(io.StringIO(dvc(root, "exp", "show", "--csv").stdout)))

@@ -39,3 +39,24 @@ def test_compiled_bf16_training_on_cuda(tmp_path, tokens):
     metrics = trainer.train(micro_params(device="cuda", dtype="bf16", compile=True, max_steps=6), tokens,
                             tmp_path / "c.pt", tmp_path / "r")
     assert metrics["steps"] == 6
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_memory_estimate_matches_the_cuda_peak(amp):
+    """gpt2 plan's estimate against torch's own count of the peak, GPT-2 124M at batch 4 x 1024."""
+    from gpt2 import plan
+    from gpt2.model import GPT, gpt_config
+
+    torch.manual_seed(0)
+    torch.cuda.reset_peak_memory_stats()
+    model = GPT(gpt_config("gpt2", {}, 50257, True, "flash")).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    idx = torch.randint(0, 50257, (4, 1024), device="cuda")
+    for _ in range(2):
+        with torch.autocast("cuda", torch.bfloat16, enabled=amp):
+            _, loss = model(idx, idx)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    estimate = plan.memory(plan.shape("gpt2"), 4, 1024, amp=amp, flash=True).total
+    assert torch.cuda.max_memory_allocated() == pytest.approx(estimate, rel=0.25)

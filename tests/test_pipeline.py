@@ -3,55 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import MICRO_MODEL, MICRO_TRAIN, make_corpus
+from conftest import commit_all, dvc, env, exp_rows, new_project, run, set_params
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
-            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
-
-
-def run(cwd: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
-    return result
-
-
-def set_params(root: Path, **changes: dict) -> None:
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    for section, values in changes.items():
-        params.setdefault(section, {}).update(values)
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-
-
-def new_project(base: Path) -> Path:
-    root = base / "project"
-    root.mkdir()
-    for name in ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore"):
-        shutil.copy(ROOT / name, root / name)
-    for name in ("stages", "gpt2"):
-        shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    run(root, "git", "init", "-q")
-    run(root, sys.executable, "-m", "dvc", "init", "-q")
-    set_params(root, download={"source": str(make_corpus(base / "corpus", n_docs=10))},
-               model=MICRO_MODEL, train={**MICRO_TRAIN, "block_size": 8, "micro_batch_size": 2},
-               eval={"mlflow": False, "max_new_tokens": 10, "num_samples": 1})
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +21,6 @@ def project(tmp_path_factory) -> Path:
     root = new_project(tmp_path_factory.mktemp("e2e"))
     run(root, sys.executable, "-m", "dvc", "repro")
     return root
-
-
-def dvc(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return run(root, sys.executable, "-m", "dvc", *args, check=check)
 
 
 def test_repro_produces_every_output(project):
@@ -125,18 +83,6 @@ def test_stage_script_error_exit_code_and_no_traceback(tmp_path):
     assert result.stderr.startswith("error: download.source: no such file or directory")
     assert "Traceback" not in result.stderr
     assert not (root / "data" / "raw").exists()
-
-
-def commit_all(root: Path) -> None:
-    run(root, "git", "add", "-A")
-    run(root, "git", "commit", "-qm", "baseline")
-
-
-def exp_rows(root: Path) -> list[dict[str, str]]:
-    import csv
-    import io
-
-    return list(csv.DictReader(io.StringIO(dvc(root, "exp", "show", "--csv").stdout)))
 
 
 def test_dvc_exp_run_compares_a_switch(project):

@@ -44,6 +44,15 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
     assert state["step"] == 30 and set(state) >= {"model", "optimizer", "scaler", "rng", "sampler", "model_config"}
 
 
+def test_measurement_run_writes_no_checkpoint_but_records_what_ran(tmp_path, tokens):
+    metrics = run(tmp_path, tokens, micro_params(save_checkpoint=False, tf32=True, dtype="auto"))
+    assert (tmp_path / "run").is_dir() and not (tmp_path / "run/ckpt.pt").exists()  # the DVC out exists, empty
+    runtime = metrics["runtime"]
+    assert runtime["device"] == "cpu" and runtime["dtype"] == "fp32"  # auto on CPU is fp32
+    assert runtime["tf32"] is False  # asked for, inert on CPU: recorded as what ran
+    assert runtime["sdpa_backend"] != "manual (no SDPA)"
+
+
 def test_same_seed_same_losses(tmp_path, tokens):
     run(tmp_path, tokens, micro_params(), "a")
     run(tmp_path, tokens, micro_params(), "b")

@@ -1,0 +1,135 @@
+"""DVC experiments driven from Python: queue them, run the queue, read the results back.
+
+Through DVC's own command line, not its Python internals: the CLI and ``dvc exp show
+--json`` are what DVC keeps stable, and every experiment made here is one a user can
+list, compare, apply or remove with the usual ``dvc exp`` commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpt2.errors import UserError
+
+_REPRODUCING = re.compile(r"Reproducing experiment '([^']+)'")
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One finished experiment on the current commit, as ``dvc exp show`` reports it."""
+
+    name: str
+    rev: str
+    timestamp: str
+    params: dict[str, Any]  # params.yaml's content
+    metrics: dict[str, Any]  # metrics file path -> its content
+
+
+def dvc(root: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run ``dvc ARGS`` in ``root``; a failure is a :class:`UserError` with DVC's own message."""
+    try:
+        result = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True, text=True,
+                                env=_env())
+    except OSError as exc:
+        raise UserError(f"cannot run dvc ({exc}); install the project: pip install -c constraints.txt -e .") from None
+    if result.returncode != 0:
+        output = (result.stderr.strip() or result.stdout.strip())[-1500:]
+        raise UserError(f"`dvc {' '.join(args[:3])} ...` failed (exit {result.returncode}): {output}")
+    return result
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "DVC_NO_ANALYTICS": "1"}
+
+
+def check_repo(root: Path) -> None:
+    """DVC experiments need a git repo with a commit, a DVC project and (to queue) a git identity."""
+    if not (root / "dvc.yaml").is_file():
+        raise UserError(f"{root} has no dvc.yaml; run from the project root")
+    head = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=root, capture_output=True, text=True)
+    if head.returncode != 0:
+        raise UserError(f"{root} is not a git repository with a commit; DVC experiments are based on one: "
+                        "git init && git add -A && git commit -m init")
+    ident = subprocess.run(["git", "var", "GIT_COMMITTER_IDENT"], cwd=root, capture_output=True, text=True)
+    if ident.returncode != 0:
+        raise UserError("queued DVC experiments need a git identity: git config user.name NAME && "
+                        "git config user.email EMAIL")
+
+
+def pending(root: Path) -> list[str]:
+    """Names of experiments already queued or running (``dvc queue status``)."""
+    out = dvc(root, "queue", "status").stdout
+    names = []
+    for line in out.splitlines():
+        cells = line.split()
+        if len(cells) >= 3 and cells[-1] in ("Queued", "Running"):
+            names.append(cells[1])
+    return names
+
+
+def queue(root: Path, name: str, sets: dict[str, Any], target: str) -> None:
+    """``dvc exp run --queue -n NAME -S key=value ... TARGET``. Values are JSON, which DVC reads as YAML."""
+    args = ["exp", "run", "--queue", "-n", name]
+    for key, value in sets.items():
+        args += ["-S", f"{key}={json.dumps(value)}"]
+    dvc(root, *args, target)
+
+
+def run_queue(root: Path, on_start: Callable[[str], None], log: Path) -> int:
+    """``dvc exp run --run-all``, one at a time; ``on_start(name)`` as each experiment starts.
+
+    The whole output goes to ``log``. Returns DVC's exit status (a failed experiment does not
+    stop the others; it is missing from :func:`finished` afterwards).
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "dvc", "exp", "run", "--run-all", "--jobs", "1"],
+                                   cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+        assert process.stdout is not None
+        try:
+            for line in process.stdout:
+                sink.write(line)
+                sink.flush()
+                match = _REPRODUCING.search(line)
+                if match:
+                    on_start(match.group(1))
+        except KeyboardInterrupt:
+            process.terminate()  # stops following; the queue's worker would go on without cancel()
+            raise
+        return process.wait()
+
+
+def cancel(root: Path) -> None:
+    """Remove the queued experiments and kill the running one (after Ctrl-C); finished ones stay."""
+    for args in (("queue", "remove", "--queued"), ("queue", "stop", "--kill")):
+        subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True, env=_env())
+
+
+def finished(root: Path) -> list[Experiment]:
+    """The successful experiments based on the current commit (``dvc exp show --json``)."""
+    data = json.loads(dvc(root, "exp", "show", "--json").stdout or "[]")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    return [exp for baseline in data if baseline.get("rev") == head for exp in _experiments(baseline)]
+
+
+def _experiments(baseline: dict[str, Any]) -> Iterator[Experiment]:
+    for entry in baseline.get("experiments") or []:
+        executor = entry.get("executor") or {}
+        if executor.get("state") not in (None, "success"):
+            continue  # queued, running or failed
+        for rev in entry.get("revs") or []:
+            data = rev.get("data") or {}
+            if rev.get("error") or not data:
+                continue
+            params = ((data.get("params") or {}).get("params.yaml") or {}).get("data") or {}
+            metrics = {path: (content or {}).get("data") or {} for path, content in (data.get("metrics") or {}).items()}
+            yield Experiment(name=rev.get("name") or entry.get("name") or rev["rev"][:7], rev=rev["rev"],
+                             timestamp=str(data.get("timestamp") or ""), params=params, metrics=metrics)

@@ -1,0 +1,244 @@
+"""Compute-budget plan: parameters, FLOPs, memory, the largest micro-batch that fits, time and cost.
+
+The memory model counts what this project's eager model (``gpt2/model.py``) keeps for the
+backward pass, tensor by tensor, per token and layer (h = n_embd, a = n_head, T = sequence):
+
+* fp32: LayerNorm inputs (2), attention and MLP linear inputs (1 + 1 + 1 + 4), q/k/v (3), the
+  SDPA output (1) and GELU's input (4): 17·h floats = 68·h bytes. Manual attention keeps its T×T
+  softmax instead of the SDPA output: 64·h + 4·a·T bytes.
+* AMP (bf16/fp16 autocast): the residual stream and LayerNorm inputs stay fp32 (2 × 4·h), the rest
+  are 16-bit copies: 38·h bytes; manual attention 34·h + 6·a·T (an fp32 softmax and its 16-bit copy).
+* The head: ln_f's input and lm_head's input (8·h fp32, 6·h AMP), and the logits: the peak of the
+  loss's backward holds about four vocabulary-wide tensors per token (16·V bytes fp32, 14·V AMP).
+* Weights, gradients and AdamW's two moments in fp32 (16 bytes per parameter), plus autocast's
+  16-bit weight copies under AMP (2 bytes per parameter).
+
+``tests/test_plan.py`` checks the activation count against the bytes autograd really saves and the
+total against a measured peak. torch.compile fuses the loss and some activations away: there the
+estimate is an upper bound. Allocator caching and the CUDA context (~0.5 GB) are not included;
+the micro-batch search leaves 10% of the device's memory for them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from gpt2.errors import UserError
+from gpt2.flops import PEAK_TFLOPS
+
+VOCAB = 50257
+HEADROOM = 0.9  # share of device memory the plan fills; the rest is the CUDA context, allocator slack
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str  # as in the PEAK_TFLOPS table (a substring of torch's device name)
+    memory_gb: float
+    price_per_hour: float  # assumed on-demand USD per GPU-hour; --price-per-hour sets yours
+
+
+DEVICES: dict[str, Device] = {
+    "h100": Device("H100", 80, 2.50),
+    "h100-pcie": Device("H100 PCIe", 80, 2.20),
+    "h200": Device("H200", 141, 3.50),
+    "a100": Device("A100", 80, 1.50),
+    "a100-40gb": Device("A100", 40, 1.20),
+    "l4": Device("L4", 24, 0.80),
+    "v100": Device("V100", 32, 0.60),
+    "cpu": Device("cpu", 0, 0.0),  # memory: this machine's RAM; peak FLOP/s: --peak-tflops
+}
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes, for one micro-batch of ``batch`` sequences."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    weight_casts: float  # autocast's 16-bit copies of the weights
+    activations: float  # what the layers save for backward
+    logits: float  # the head's vocabulary-wide tensors at the loss's backward peak
+
+    @property
+    def total(self) -> float:
+        return sum(asdict(self).values())
+
+
+@dataclass(frozen=True)
+class Shape:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    padded_vocab: int
+    params: int  # all, tied embedding counted once
+    params_without_wpe: int
+
+
+def shape(size: str, pad_vocab: bool = True) -> Shape:
+    from gpt2.model import SIZES, pad_vocab as padded
+
+    if size not in SIZES:
+        raise UserError(f"unknown model size {size!r}; one of {', '.join(SIZES)}")
+    dims = SIZES[size]
+    L, h, ctx = dims["n_layer"], dims["n_embd"], dims["block_size"]
+    V = padded(VOCAB) if pad_vocab else VOCAB
+    per_layer = 12 * h * h + 13 * h  # qkv, proj, fc, proj weights and biases; two LayerNorms
+    without_wpe = V * h + L * per_layer + 2 * h  # tied wte/lm_head, blocks, ln_f
+    return Shape(L, dims["n_head"], h, V, without_wpe + ctx * h, without_wpe)
+
+
+def activation_bytes(s: Shape, batch: int, seq: int, amp: bool, flash: bool) -> tuple[float, float]:
+    """(saved by the layers, logits peak) in bytes for one micro-batch."""
+    h, a, n = s.n_embd, s.n_head, batch * seq
+    if amp:
+        per_layer = 38 * h if flash else 34 * h + 6 * a * seq
+        head, logits = 6 * h, 14 * s.padded_vocab
+    else:
+        per_layer = 68 * h if flash else 64 * h + 4 * a * seq
+        head, logits = 8 * h, 16 * s.padded_vocab
+    return float(n * (s.n_layer * per_layer + head)), float(n * logits)
+
+
+def memory(s: Shape, batch: int, seq: int, amp: bool, flash: bool) -> Memory:
+    saved, logits = activation_bytes(s, batch, seq, amp, flash)
+    return Memory(weights=4.0 * s.params, gradients=4.0 * s.params, optimizer=8.0 * s.params,
+                  weight_casts=2.0 * s.params if amp else 0.0, activations=saved, logits=logits)
+
+
+def largest_micro_batch(s: Shape, seq: int, amp: bool, flash: bool, memory_gb: float) -> int:
+    """The largest batch whose estimate fits ``HEADROOM`` of the memory (0 if not even one)."""
+    fixed = memory(s, 0, seq, amp, flash).total
+    per_sequence = memory(s, 1, seq, amp, flash).total - fixed
+    return max(0, int((HEADROOM * memory_gb * 1e9 - fixed) // per_sequence))
+
+
+def flops_per_token(s: Shape, seq: int) -> tuple[float, float]:
+    """(6·N, attention 12·L·h·T): nanoGPT's forward + backward estimate, as the trainer's MFU uses."""
+    return 6.0 * s.params_without_wpe, 12.0 * s.n_layer * s.n_embd * seq
+
+
+def measured_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
+    """MFU this project measured on ``device``: the ladder's report first, then MLflow's training runs."""
+    ladder = root / "reports/ladder/ladder.json"
+    if ladder.is_file():
+        rows = [r for r in json.loads(ladder.read_text()).get("rows", []) if r.get("mfu")]
+        rows = [r for r in rows if _same_device(r.get("runtime", {}).get("device_name", ""), device)]
+        if rows:
+            return rows[-1]["mfu"], f"measured: {ladder} (rung {rows[-1]['rung']!r}, {rows[-1]['runtime']['device_name']})"
+    return _mlflow_mfu(device, size, root)
+
+
+def _same_device(name: str, device: Device) -> bool:
+    """``name`` (torch's) is this device: the longest table key it contains is ``device.name``."""
+    keys = [k for k in PEAK_TFLOPS if k in name]
+    return bool(keys) and max(keys, key=len) == device.name
+
+
+def _mlflow_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
+    db = root / "mlflow.db"
+    if not db.is_file():
+        return None
+    try:
+        import mlflow
+    except ImportError:
+        return None
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    try:
+        runs = mlflow.search_runs(search_all_experiments=True, filter_string="attributes.status = 'FINISHED'",
+                                  order_by=["attributes.start_time DESC"], max_results=500)
+    except Exception:  # an unreadable or foreign store: no measurement, not a failure of the plan
+        return None
+    if runs.empty or "metrics.summary/perf.mfu" not in runs:
+        return None
+    for _, run in runs.iterrows():
+        mfu, name = run.get("metrics.summary/perf.mfu"), str(run.get("tags.device") or "")
+        if mfu and not math.isnan(mfu) and run.get("params.model.size") == size and _same_device(name, device):
+            return float(mfu), f"measured: MLflow run {run['run_id']} ({size} on {name})"
+    return None
+
+
+def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: int | None = None,
+         gpus: int = 1, dtype: str = "bf16", attention: str = "flash", mfu: float | None = None,
+         price_per_hour: float | None = None, memory_gb: float | None = None, peak_tflops: float | None = None,
+         root: Path = Path(".")) -> dict[str, Any]:
+    """Everything ``gpt2 plan`` prints, as a dict."""
+    if device not in DEVICES:
+        raise UserError(f"unknown device {device!r}; one of {', '.join(DEVICES)}")
+    dev = DEVICES[device]
+    s = shape(size)
+    from gpt2.model import SIZES
+
+    seq = seq_len or SIZES[size]["block_size"]
+    if seq > SIZES[size]["block_size"]:
+        raise UserError(f"--seq-len {seq} exceeds {size}'s context {SIZES[size]['block_size']}")
+    amp, flash = dtype != "fp32", attention == "flash"
+    dense, attn = flops_per_token(s, seq)
+    total_flops = (dense + attn) * tokens
+    mem_gb = memory_gb or dev.memory_gb or _ram_gb()
+    variants = {f"{'amp' if a else 'fp32'} {'flash' if f else 'manual'}": memory(s, micro_batch, seq, a, f)
+                for a in (False, True) for f in (False, True)}
+    fits = {name: largest_micro_batch(s, seq, "amp" in name, "flash" in name, mem_gb) for name in variants}
+    peak_kind = "tf32" if dtype == "fp32" else dtype
+    peak = (peak_tflops or PEAK_TFLOPS.get(dev.name, {}).get(peak_kind, 0.0)) * 1e12
+    if mfu is not None:
+        used_mfu, source = mfu, "given (--mfu)"
+    else:
+        found = measured_mfu(dev, size, root)
+        used_mfu, source = found or (0.40, "assumed: no measurement on this device found; --mfu sets it")
+    seconds = total_flops / (peak * used_mfu * gpus) if peak else None
+    price = price_per_hour if price_per_hour is not None else dev.price_per_hour
+    return {
+        "model": size, "params": s.params, "params_without_wpe": s.params_without_wpe, "seq_len": seq,
+        "tokens": tokens, "flops_per_token": {"dense_6N": dense, "attention": attn, "total": dense + attn},
+        "total_flops": total_flops, "device": dev.name, "gpus": gpus, "memory_gb": mem_gb, "dtype": dtype,
+        "attention": attention, "micro_batch": micro_batch,
+        "memory": {name: {**asdict(m), "total": m.total} for name, m in variants.items()},
+        "largest_micro_batch": fits, "peak_tflops": peak / 1e12, "mfu": used_mfu, "mfu_source": source,
+        "hours": seconds / 3600 if seconds else None, "price_per_hour": price,
+        "price_source": "given (--price-per-hour)" if price_per_hour is not None else "assumed on-demand price",
+        "cost": seconds / 3600 * gpus * price if seconds else None,
+    }
+
+
+def _ram_gb() -> float:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+
+
+def render(p: dict[str, Any]) -> str:
+    gb = 1e9
+    chosen = f"{'amp' if p['dtype'] != 'fp32' else 'fp32'} {'flash' if p['attention'] == 'flash' else 'manual'}"
+    f = p["flops_per_token"]
+    lines = [
+        f"Plan: {p['model']} on {p['gpus']} × {p['device']} ({p['memory_gb']:.0f} GB, "
+        f"{p['peak_tflops']:.0f} TFLOP/s {p['dtype']} peak), {p['tokens']:.3g} tokens at T={p['seq_len']}",
+        "",
+        f"parameters        {p['params']:,} ({p['params_without_wpe']:,} without position embeddings)",
+        f"FLOPs per token   6·N = {f['dense_6N'] / 1e6:,.0f}M + attention 12·L·h·T = {f['attention'] / 1e6:,.0f}M "
+        f"= {f['total'] / 1e6:,.0f}M (forward + backward)",
+        f"total FLOPs       {p['total_flops']:.3e}",
+        "",
+        f"memory per GPU (GB), micro-batch {p['micro_batch']} × {p['seq_len']}:",
+        "                  " + "".join(f"{name:>14}" for name in p["memory"]),
+    ]
+    for part in ("weights", "gradients", "optimizer", "weight_casts", "activations", "logits", "total"):
+        lines.append(f"  {part:<16}" + "".join(f"{m[part] / gb:>14.2f}" for m in p["memory"].values()))
+    lines.append(f"  {'largest batch':<16}" + "".join(f"{p['largest_micro_batch'][k]:>14}" for k in p["memory"]))
+    lines += [
+        "  (eager estimate, see gpt2/plan.py; torch.compile needs less; 10% of memory left for the CUDA context)",
+        "",
+        f"largest micro-batch that fits ({chosen}): {p['largest_micro_batch'][chosen]}",
+        f"MFU               {100 * p['mfu']:.1f}% ({p['mfu_source']})",
+    ]
+    if p["hours"] is not None:
+        lines += [f"time              {p['hours']:,.1f} h on {p['gpus']} GPU(s) ({p['hours'] / 24:,.2f} days)",
+                  f"cost              ${p['cost']:,.0f} at ${p['price_per_hour']:.2f}/GPU-hour ({p['price_source']})"]
+    else:
+        lines.append("time              unknown: no peak FLOP/s for this device and dtype; pass --peak-tflops")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,194 @@
+"""gpt2 ladder: the ladder file, the runs it plans, the table it draws, and a real run through DVC."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT, commit_all, dvc, exp_rows, new_project, run
+from gpt2 import ladder
+from gpt2.errors import UserError
+from gpt2.experiments import Experiment
+
+PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def load(tmp_path, text: str) -> ladder.Ladder:
+    path = tmp_path / "ladder.yaml"
+    path.write_text(text)
+    return ladder.load_ladder(path)
+
+
+def test_the_projects_ladder_is_the_documented_one():
+    spec = ladder.load_ladder(ROOT / "ladder.yaml")
+    names = [r.name for r in spec.rungs]
+    assert names == ["baseline", "ram preload", "vectorized batching", "keep host memory", "tf32", "amp", "compile",
+                     "flash attention", "padded vocab", "fused adamw", "grad accumulation"]
+    assert all(len(r.changes) == 1 for r in spec.rungs[1:])  # one switch per rung
+    assert set(spec.profiles) == {"cpu", "cuda"} and spec.profiles["cuda"].model == {"size": "gpt2"}
+
+
+def test_each_rung_is_the_one_above_plus_its_change():
+    spec = ladder.load_ladder(ROOT / "ladder.yaml")
+    p = ladder.plan(spec, PARAMS, "cpu")
+    trains = [s["train"] for s in p.sections]
+    assert trains[0]["dtype"] == "fp32" and trains[0]["data_loading"] == "memmap" and not trains[0]["compile"]
+    for rung, above, this in zip(spec.rungs[1:], trains, trains[1:]):
+        changed = {k for k in this if this[k] != above[k]}
+        assert changed == set(rung.changes), rung.name
+    assert trains[-1]["grad_accum_steps"] == 2048 // (8 * 128)  # "target": the profile's batch in micro-batches
+    assert all(t["max_steps"] == 12 and not t["save_checkpoint"] and t["resume"] == "never" for t in trains)
+    assert {s["model"]["size"] for s in p.sections} == {"tiny"}
+    assert p.sets[6]["train.compile"] is True and p.sets[6]["model.size"] == "tiny"
+
+
+def test_profile_follows_the_device_and_the_overrides():
+    spec = ladder.load_ladder(ROOT / "ladder.yaml")
+    cuda = ladder.plan(spec, PARAMS, "cuda")
+    assert cuda.sections[0]["model"]["size"] == "gpt2" and cuda.sections[0]["train"]["block_size"] == 1024
+    assert cuda.sections[-1]["train"]["grad_accum_steps"] == 32
+    mps = ladder.plan(spec, PARAMS, "mps", model="gpt2", steps=7, repeats=3)
+    assert mps.profile.steps == 7 and mps.profile.repeats == 3
+    assert mps.sections[-1]["train"]["grad_accum_steps"] == 2  # 2048 tokens < one micro-batch: still accumulates
+    assert mps.sections[0]["model"]["size"] == "gpt2" and mps.sections[0]["train"]["device"] == "mps"
+
+
+def test_schedule_alternates_direction_and_skips_runs_already_measured():
+    assert ladder.schedule(2, [0, 0, 0]) == [(0, 0), (1, 0), (2, 0), (2, 1), (1, 1), (0, 1)]
+    assert ladder.schedule(2, [2, 1, 0]) == [(2, 0), (2, 1), (1, 1)]
+    assert ladder.schedule(1, [1, 1]) == []
+
+
+@pytest.mark.parametrize("text, message", [
+    ("baseline: {}\nrungs: []\nprofile: {}\n", "unknown key 'profile'"),
+    ("rungs:\n  - name: x\n    set: {dtyp: bf16}\nprofiles: {cpu: {}}\n", "'dtyp' is not a params.yaml train key"),
+    ("rungs:\n  - name: x\n    set: {}\nprofiles: {cpu: {}}\n", "changes nothing"),
+    ("rungs:\n  - set: {compile: true}\nprofiles: {cpu: {}}\n", "needs a name"),
+    ("rungs: []\nprofiles: {cuda: {}}\n", "profiles.cpu"),
+    ("rungs: []\nprofiles: {cpu: {steps: 0}}\n", "profiles.cpu.steps"),
+    ("rungs: [\n", "not valid YAML"),
+])
+def test_bad_ladder_file_is_one_clear_error(tmp_path, text, message):
+    with pytest.raises(UserError, match=message):
+        load(tmp_path, text)
+
+
+def test_bad_value_names_the_rung(tmp_path):
+    spec = load(tmp_path, "rungs:\n  - name: half\n    set: {dtype: fp64}\nprofiles: {cpu: {}}\n")
+    with pytest.raises(UserError, match="rung 'half'.*train.dtype"):
+        ladder.plan(spec, PARAMS, "cpu")
+    spec = load(tmp_path, "rungs:\n  - name: acc\n    set: {grad_accum_steps: target}\n"
+                          "profiles: {cpu: {target_batch_tokens: 1000}}\n")
+    assert ladder.plan(spec, PARAMS, "cpu").sections[1]["train"]["grad_accum_steps"] == 2  # at least 2
+
+
+def test_missing_ladder_file(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        ladder.load_ladder(tmp_path / "nope.yaml")
+
+
+def fake_run(p: ladder.Plan, i: int, step_ms: float, runtime: dict, name: str = "", loss: float = 9.0) -> Experiment:
+    train = p.sections[i]["train"]
+    tokens = train["micro_batch_size"] * 128 * train["grad_accum_steps"]
+    metrics = {"perf": {"step_ms": step_ms, "tokens_per_s": tokens / step_ms * 1000, "mfu": None},
+               "mem": {"peak_gb": 1.0 + i}, "val": {"loss": loss}, "runtime": runtime}
+    return Experiment(name or f"ladder-{i:02d}-x-1", f"rev{i}", "t", {"model": p.sections[i]["model"],
+                      "train": p.sections[i]["train"]}, {ladder.TRAIN_METRICS: metrics})
+
+
+def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
+    spec = load(tmp_path, "baseline: {tf32: false, pad_vocab: false, grad_accum_steps: 1}\nrungs:\n"
+                          "  - {name: tf32, set: {tf32: true}}\n  - {name: pad, set: {pad_vocab: true}}\n"
+                          "  - {name: accumulate, set: {grad_accum_steps: 4}}\n"
+                          "profiles: {cpu: {repeats: 2}}\n")
+    p = ladder.plan(spec, PARAMS, "cpu")
+    cpu = {"device": "cpu", "dtype": "fp32", "tf32": False, "sdpa_backend": "flash_attention", "device_name": "x"}
+    runs = [[fake_run(p, 0, 100.0, cpu), fake_run(p, 0, 120.0, cpu)],
+            [fake_run(p, 1, 100.0, cpu)],  # tf32 asked, not on this device
+            [fake_run(p, 2, 50.0, cpu)],
+            [fake_run(p, 3, 100.0, cpu, loss=8.0)]]
+    rows = ladder.analyse(spec, p, runs)
+    assert rows[0]["step_ms"] == 110.0 and (rows[0]["step_ms_min"], rows[0]["step_ms_max"]) == (100.0, 120.0)
+    assert rows[1]["effect"] == "no effect on this device" and "tf32=true → false" in rows[1]["ran"]
+    assert rows[2]["effect"] == "acts" and rows[2]["vs_previous"] == pytest.approx(2.0)
+    # 4 micro-batches in 100 ms: twice the tokens/s of one in 50 ms, although the step is slower
+    assert rows[3]["vs_previous"] == pytest.approx(2.0) and rows[3]["cumulative"] == pytest.approx(40960 / ((10240 + 1024 / 0.12) / 2))
+    text = ladder.table(rows, 16)
+    assert "no effect on this device" in text and "110.0 (100.0–120.0)" in text and "4.36×" in text
+    assert ladder.render_png(rows, "test").startswith(b"\x89PNG")
+
+
+def test_failed_rung_is_marked_and_the_next_compares_with_the_last_measured(tmp_path):
+    spec = load(tmp_path, "rungs:\n  - {name: a, set: {compile: true}}\n  - {name: b, set: {pad_vocab: false}}\n"
+                          "profiles: {cpu: {}}\n")
+    p = ladder.plan(spec, PARAMS, "cpu")
+    cpu = {"device": "cpu", "dtype": "fp32", "tf32": False}
+    rows = ladder.analyse(spec, p, [[fake_run(p, 0, 100.0, cpu)], [], [fake_run(p, 2, 50.0, cpu)]])
+    assert rows[1]["effect"] == "failed" and rows[2]["vs_previous"] == pytest.approx(2.0)
+    assert "| 1 | a | | failed |" in ladder.table(rows, 16)
+
+
+def test_only_ladder_experiments_with_the_same_params_are_reused(tmp_path):
+    spec = ladder.load_ladder(ROOT / "ladder.yaml")
+    p = ladder.plan(spec, PARAMS, "cpu")
+    cpu = {"device": "cpu"}
+    same = fake_run(p, 3, 10.0, cpu, "ladder-03-keep-host-memory-1")
+    other_name = fake_run(p, 3, 10.0, cpu, "my-experiment")
+    other_steps = fake_run(ladder.plan(spec, PARAMS, "cpu", steps=5), 3, 10.0, cpu, "ladder-03-keep-host-memory-2")
+    found = ladder.measured(p, [same, other_name, other_steps])
+    assert [[e.name for e in runs] for runs in found] == [[], [], [], ["ladder-03-keep-host-memory-1"]] + [[]] * 7
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+TWO_RUNGS = """
+baseline: {attention: manual, pad_vocab: false}
+rungs:
+  - name: flash attention
+    set: {attention: flash}
+profiles:
+  cpu:
+    train: {micro_batch_size: 2, timing_warmup_steps: 1, eval_iters: 1}
+    steps: 3
+    repeats: 2
+"""
+
+
+@pytest.mark.slow
+def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    root = new_project(tmp_path)
+    (root / "two.yaml").write_text(TWO_RUNGS)
+    dvc(root, "repro", "tokenize")
+    commit_all(root)  # the experiments start from a commit with the tokens in its dvc.lock
+    command = [sys.executable, "-m", "gpt2.cli", "ladder", "--ladder", "two.yaml", "--device", "cpu", "--mlflow"]
+    first = run(root, *command)
+    assert "4 to run, 0 reused" in first.stderr and "[4/4] rung 0 'baseline', repeat 2/2" in first.stderr
+    report = root / "reports/ladder"
+    table = (report / "ladder.md").read_text()
+    assert "| 0 | baseline |" in table and "| 1 | flash attention | attention=flash → " in table
+    assert (report / "ladder.png").read_bytes().startswith(b"\x89PNG")
+    rows = json.loads((report / "ladder.json").read_text())["rows"]
+    assert [r["runs"] for r in rows] == [2, 2] and rows[1]["cumulative"] > 0
+    assert rows[0]["val_loss"] == rows[1]["val_loss"] or abs(rows[0]["val_loss"] - rows[1]["val_loss"]) < 1e-3
+    names = {r["Experiment"] for r in exp_rows(root)}
+    assert {"ladder-00-baseline-1", "ladder-00-baseline-2", "ladder-01-flash-attention-1",
+            "ladder-01-flash-attention-2"} <= names
+    client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
+    tagged = sorted(r.data.tags.get("ladder.rung", "") for r in runs if r.data.tags.get("dvc_exp_name"))
+    assert tagged == ["baseline", "baseline", "flash attention", "flash attention"]
+    summary = [r for r in runs if r.data.tags.get("kind") == "ladder"]
+    assert len(summary) == 1 and "ladder/cumulative_speedup" in summary[0].data.metrics
+
+    second = run(root, *command)
+    assert "0 to run, 4 reused" in second.stderr
+    assert len({r["Experiment"] for r in exp_rows(root)}) == len(names)
+
+    dvc(root, "exp", "run", "--queue", "-n", "waiting", "train")
+    refused = run(root, *command, check=False)
+    assert refused.returncode == 2 and "already queued" in refused.stderr and "waiting" in refused.stderr

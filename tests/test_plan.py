@@ -1,0 +1,136 @@
+"""gpt2 plan: parameter and FLOP counts, and the memory estimate against what really happens."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from gpt2 import plan
+from gpt2.cli import main
+from gpt2.model import GPT, gpt_config
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("size", ["tiny", "gpt2"])
+@pytest.mark.parametrize("pad", [False, True])
+def test_parameter_count_matches_the_model(size, pad):
+    with torch.device("meta"):
+        model = GPT(gpt_config(size, {}, 50257, pad, "flash"))
+    s = plan.shape(size, pad)
+    assert s.params == model.num_params()
+    assert s.params_without_wpe == model.num_params(exclude_position_embedding=True)
+
+
+def test_flops_per_token_of_gpt2_small():
+    dense, attention = plan.flops_per_token(plan.shape("gpt2"), 1024)
+    assert dense + attention == pytest.approx(855e6, rel=0.002)  # nanoGPT's figure for GPT-2 124M at T=1024
+
+
+def saved_activation_bytes(model: GPT, batch: int, seq: int) -> int:
+    """Bytes autograd keeps for backward (each storage once), parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    idx = torch.randint(0, 50257, (batch, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(idx, idx)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("attention", ["flash", "manual"])
+def test_activation_estimate_matches_what_autograd_saves(attention):
+    torch.manual_seed(0)
+    model = GPT(gpt_config("tiny", {}, 50257, True, attention))
+    batch, seq = 2, 128
+    saved, _ = plan.activation_bytes(plan.shape("tiny"), batch, seq, amp=False, flash=attention == "flash")
+    log_softmax_out = 4 * batch * seq * model.cfg.padded_vocab_size  # the one vocabulary-wide saved tensor
+    assert saved_activation_bytes(model, batch, seq) == pytest.approx(saved + log_softmax_out, rel=0.05)
+
+
+PEAK_SCRIPT = textwrap.dedent("""
+    import json, os, resource, sys
+    import torch
+    from gpt2.model import GPT, gpt_config
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    warm = GPT(gpt_config("tiny", dict(n_layer=1, n_embd=32, n_head=2), 256, True, "flash"))  # kernels, pools
+    warm(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))[1].backward()
+    del warm
+    batch, seq = int(sys.argv[1]), 128
+    idx = torch.randint(0, 50257, (batch, seq))
+    before = rss()
+    model = GPT(gpt_config("tiny", {}, 50257, True, "flash"))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        _, loss = model(idx, idx)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"before": before, "peak": peak}))
+""")
+
+
+def test_memory_estimate_matches_the_measured_cpu_peak():
+    batch = 16  # measured here: 2.05 GB peak over the baseline RSS, estimate 1.84 GB (glibc keeps some slack)
+    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(batch)], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
+    measured = json.loads(out.stdout)
+    estimate = plan.memory(plan.shape("tiny"), batch, 128, amp=False, flash=True).total
+    assert measured["peak"] - measured["before"] == pytest.approx(estimate, rel=0.25)
+
+
+def test_plan_for_gpt2_on_h100_prints_a_budget(runner, tmp_path):
+    result = runner.invoke(main, ["plan", "--model", "gpt2", "--tokens", "10e9", "--device", "h100",
+                                  "--root", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    for expected in ("124,475,904", "855M", "8.554e+18", "largest micro-batch", "assumed", "time", "cost"):
+        assert expected in result.output
+
+
+def test_plan_uses_the_mfu_measured_by_the_ladder(runner, tmp_path):
+    report = tmp_path / "reports/ladder"
+    report.mkdir(parents=True)
+    rows = [{"rung": "baseline", "mfu": 0.1, "runtime": {"device_name": "NVIDIA H100 80GB HBM3"}},
+            {"rung": "fused adamw", "mfu": 0.5, "runtime": {"device_name": "NVIDIA H100 80GB HBM3"}}]
+    (report / "ladder.json").write_text(json.dumps({"rows": rows}))
+    p = plan.plan("gpt2", 10e9, "h100", root=tmp_path)
+    assert p["mfu"] == 0.5 and "measured" in p["mfu_source"]
+    assert p["hours"] == pytest.approx(8.554e18 / (989e12 * 0.5) / 3600, rel=0.01)
+    assert plan.plan("gpt2", 10e9, "a100", root=tmp_path)["mfu_source"].startswith("assumed")  # another device
+    assert plan.plan("gpt2", 10e9, "h100-pcie", root=tmp_path)["mfu_source"].startswith("assumed")
+
+
+def test_largest_micro_batch_fits_and_the_next_does_not():
+    s = plan.shape("gpt2")
+    b = plan.largest_micro_batch(s, 1024, amp=True, flash=True, memory_gb=80)
+    assert plan.memory(s, b, 1024, True, True).total <= 0.9 * 80e9 < plan.memory(s, b + 1, 1024, True, True).total
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "tpu"], "tpu"),
+    (["--model", "gpt5"], "gpt5"),
+    (["--tokens", "-1"], "tokens"),
+    (["--seq-len", "4096"], "context"),
+])
+def test_bad_plan_arguments_are_one_clear_error(runner, args, message):
+    result = runner.invoke(main, ["plan", "--tokens", "1e9", *args])
+    assert result.exit_code != 0
+    assert message in result.output
