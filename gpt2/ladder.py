@@ -392,7 +392,9 @@ def describe(plan_: Plan, rows: list[dict[str, Any]]) -> str:
     first = next((r for r in rows if r["runs"]), None)
     runtime = first["runtime"] if first else {}
     model, train = plan_.sections[0]["model"], plan_.sections[0]["train"]
-    seq = train["block_size"] or "the model's context"
+    from gpt2.model import SIZES
+
+    seq = train["block_size"] or model["block_size"] or SIZES[model["size"]]["block_size"]
     return (f"Device: {runtime.get('device_name', plan_.device)} ({plan_.device}), torch {runtime.get('torch', '?')}. "
             f"Model {model['size']}, micro-batch {train['micro_batch_size']} × {seq} tokens, "
             f"{plan_.profile.steps} steps per run (the first {train['timing_warmup_steps']} untimed), "
@@ -403,7 +405,9 @@ def write_report(out: Path, rows: list[dict[str, Any]], plan_: Plan,
                  runs: list[list[experiments.Experiment]]) -> None:
     today = datetime.date.today().isoformat()
     text = (f"# Optimization ladder ({today})\n\n{describe(plan_, rows)}\n\n{table(rows, plan_.profile.steps)}\n"
-            "Each rung adds one change to the rung above (ladder.yaml). Experiments: "
+            "Each rung adds one change to the rung above (ladder.yaml). A rung marked \"no effect on this device\" "
+            "ran the same configuration as the rung above: its difference from it is this machine's run-to-run "
+            "noise, the floor under every other figure. Experiments: "
             + "; ".join(f"{row['rung']}: {', '.join(row['experiments']) or 'none'}" for row in rows)
             + ". Inspect them with `dvc exp show`.\n")
     log = out / "dvc.log"

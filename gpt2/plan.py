@@ -176,7 +176,6 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
     seq = seq_len or SIZES[size]["block_size"]
     if seq > SIZES[size]["block_size"]:
         raise UserError(f"--seq-len {seq} exceeds {size}'s context {SIZES[size]['block_size']}")
-    amp, flash = dtype != "fp32", attention == "flash"
     dense, attn = flops_per_token(s, seq)
     total_flops = (dense + attn) * tokens
     mem_gb = memory_gb or dev.memory_gb or _ram_gb()
