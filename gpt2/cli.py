@@ -88,10 +88,16 @@ def stats(params_path: str, tokens: str, out: str) -> None:
 @user_errors
 def train(params_path: str, tokens: str, ckpt: str, out: str) -> None:
     """Train GPT-2 on data/tokens/ as params.yaml says; resume an interrupted run."""
+    from gpt2 import distributed
     from gpt2.config import load_params
+
+    params = load_params(params_path)
+    if distributed.must_launch(params.train):  # train.distributed: ddp on N processes: torchrun runs this again
+        sys.exit(distributed.launch(params.train, ["train", "--params", params_path, "--tokens", tokens,
+                                                   "--checkpoint", ckpt, "--out", out]))
     from gpt2.trainer import train as run
 
-    run(load_params(params_path), tokens, ckpt, out)
+    run(params, tokens, ckpt, out)
 
 
 @main.command()

@@ -144,6 +144,10 @@ class TrainConfig:
     timing_warmup_steps: int = 5
     peak_tflops: float | None = None  # peak FLOP/s of this device for MFU; null = look it up by name
     resume: Literal["auto", "never"] = "auto"
+    # many processes (README, "Many GPUs")
+    distributed: Literal["off", "ddp"] = "off"  # ddp: DistributedDataParallel, launched by torchrun
+    nproc_per_node: int = 1  # processes on this machine when the stage launches torchrun itself
+    dist_timeout_s: float = 600.0  # a collective waiting longer (a peer died or hangs) fails every rank
     # tracking
     mlflow: bool = True
     experiment: str = "gpt2"
@@ -166,6 +170,10 @@ class TrainConfig:
         require(self.grad_clip >= 0, f"{at}.grad_clip", self.grad_clip, "a number >= 0 (0 = off)")
         require(self.timing_warmup_steps >= 0, f"{at}.timing_warmup_steps", self.timing_warmup_steps,
                 "an integer >= 0")
+        require(self.nproc_per_node >= 1, f"{at}.nproc_per_node", self.nproc_per_node, positive)
+        require(self.dist_timeout_s > 0, f"{at}.dist_timeout_s", self.dist_timeout_s, "a number > 0")
+        require(self.nproc_per_node == 1 or self.distributed == "ddp", f"{at}.nproc_per_node", self.nproc_per_node,
+                "1 unless train.distributed is ddp")
         require(self.peak_tflops is None or self.peak_tflops > 0, f"{at}.peak_tflops", self.peak_tflops,
                 "null or a number > 0")
 
@@ -274,6 +282,8 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
                 continue
         raise ParamError(f"params: {key} = {value!r} has the wrong type; expected {_describe(hint)}")
     if origin is Literal:
+        if value is False and "off" in args:  # YAML 1.1 (and so `dvc exp run -S`) reads a bare off as false
+            value = "off"
         require(value in args, key, value, "one of " + ", ".join(repr(a) for a in args))
         return value
     if origin in (list, tuple):

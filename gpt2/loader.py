@@ -10,6 +10,11 @@
 Both modes draw the same random offsets from the same seeded generator, so
 they yield identical batches and differ only in speed. The generator state is
 part of the checkpoint, which is what makes a resumed run continue exactly.
+
+Under DDP every rank holds the same generator, draws the offsets of the whole
+global batch (``batch_size × world``) and keeps its own slice: no two ranks read
+the same window in a step, and N ranks see exactly the batches of one process
+with an N times larger micro-batch.
 """
 
 from __future__ import annotations
@@ -46,12 +51,13 @@ class BatchSampler:
     """Random windows of ``block_size + 1`` tokens; ``x`` is the window, ``y`` the window shifted by one."""
 
     def __init__(self, data: TokenSplit, batch_size: int, block_size: int, seed: int,
-                 batching: Literal["vectorized", "loop"], device: torch.device) -> None:
+                 batching: Literal["vectorized", "loop"], device: torch.device, rank: int = 0, world: int = 1) -> None:
         if data.length < block_size + 1:
             raise UserError(f"{data.name}.bin has {data.length} tokens, fewer than block_size + 1 = {block_size + 1}; "
                             "lower train.block_size or use a larger corpus")
         self.data, self.batch_size, self.block_size = data, batch_size, block_size
         self.batching, self.device = batching, device
+        self.rank, self.world = rank, world
         self.rng = np.random.default_rng(seed)
         self._window = np.arange(block_size + 1)
 
@@ -62,7 +68,8 @@ class BatchSampler:
         self.rng.bit_generator.state = state
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = self.rng.integers(0, self.data.length - self.block_size, size=self.batch_size)
+        starts = self.rng.integers(0, self.data.length - self.block_size, size=self.batch_size * self.world)
+        starts = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
         tokens = self.data.array()
         if self.batching == "vectorized":
             return self._vectorized(tokens, starts)

@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
+import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt2 import checkpoint
+from gpt2 import checkpoint, distributed
 from gpt2.atomic import atomic_dir, write_json
 from gpt2.config import Params, to_dict
 from gpt2.device import Runtime, resolve, sdpa_backend
+from gpt2.distributed import Dist
 from gpt2.errors import UserError
 from gpt2.flops import flops_per_token, peak_flops
 from gpt2.loader import BatchSampler, TokenSplit
@@ -68,7 +70,9 @@ class Setup:
     runtime: Runtime
     model_cfg: GPTConfig
     model: GPT
-    step_model: torch.nn.Module  # the compiled wrapper, or the model itself
+    step_model: torch.nn.Module  # what trains: DDP around the compiled model, or either alone
+    eval_model: torch.nn.Module  # the compiled model or the model itself: no DDP, no collectives
+    dist: Dist
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     sampler: BatchSampler
@@ -90,6 +94,8 @@ def seed_everything(seed: int) -> None:
 def build(params: Params, tokens_dir: str | Path) -> Setup:
     cfg = params.train
     runtime = resolve(cfg)
+    dist_info, device = distributed.init(cfg, runtime.device)
+    runtime = dataclasses.replace(runtime, device=device)
     meta = read_meta(tokens_dir)
     seed_everything(cfg.seed)
     overrides = {k: v for k, v in to_dict(params.model).items() if k != "size"}
@@ -98,20 +104,29 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     if seq_len > model_cfg.block_size:
         raise UserError(f"train.block_size {seq_len} exceeds the model's block_size {model_cfg.block_size}; "
                         "lower train.block_size or raise model.block_size")
-    model = GPT(model_cfg).to(runtime.device)
+    model = GPT(model_cfg).to(runtime.device)  # the same seed on every rank: the same initial weights
+    if dist_info.world > 1:
+        torch.manual_seed(cfg.seed + dist_info.rank)  # each rank its own dropout masks
     optimizer = build_optimizer(model, cfg)
     scaler = torch.amp.GradScaler(runtime.device.type, enabled=runtime.dtype == "fp16")
     train_data = TokenSplit(tokens_dir, "train", cfg.data_loading, meta)
     val_data = TokenSplit(tokens_dir, "val", cfg.data_loading, meta)
-    sampler = BatchSampler(train_data, cfg.micro_batch_size, seq_len, cfg.seed, cfg.batching, runtime.device)
+    sampler = BatchSampler(train_data, cfg.micro_batch_size, seq_len, cfg.seed, cfg.batching, runtime.device,
+                           dist_info.rank, dist_info.world)
     BatchSampler(val_data, cfg.micro_batch_size, seq_len, cfg.seed, cfg.batching, runtime.device)  # length check
-    tokens_per_step = cfg.micro_batch_size * seq_len * cfg.grad_accum_steps
+    tokens_per_step = cfg.micro_batch_size * seq_len * cfg.grad_accum_steps * dist_info.world
     total = cfg.max_steps or math.ceil(cfg.max_tokens / tokens_per_step)
-    step_model = model
+    eval_model = model
     if cfg.compile:
-        step_model = torch.compile(model, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)
+        eval_model = torch.compile(model, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)
+    step_model = eval_model
+    if dist_info.ddp:
+        from torch.nn.parallel import DistributedDataParallel
+
+        step_model = DistributedDataParallel(eval_model, device_ids=[device.index] if device.type == "cuda" else None)
     return Setup(
         params=params, runtime=runtime, model_cfg=model_cfg, model=model, step_model=step_model,
+        eval_model=eval_model, dist=dist_info,
         optimizer=optimizer, scaler=scaler, sampler=sampler, train_data=train_data, val_data=val_data,
         seq_len=seq_len, total_steps=total,
         flops_per_token=flops_per_token(model_cfg, model.num_params(exclude_position_embedding=True), seq_len),
@@ -137,15 +152,20 @@ def inert_switch_warnings(s: Setup) -> list[str]:
 def backward_micro_batches(model: torch.nn.Module, batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
                            steps: int, runtime: Runtime, scaler: torch.amp.GradScaler) -> torch.Tensor:
     """Forward and backward ``steps`` micro-batches; each loss is divided by ``steps``, so the
-    accumulated gradient equals the gradient of one batch ``steps`` times larger. Returns the mean loss."""
+    accumulated gradient equals the gradient of one batch ``steps`` times larger. Returns the mean loss.
+
+    Under DDP the gradients are all-reduced once per step: every micro-batch but the last runs
+    in ``no_sync``."""
     total = torch.zeros((), device=runtime.device)
-    for _ in range(steps):
+    for i in range(steps):
         x, y = next(batches)
-        with runtime.autocast():
-            _, loss = model(x, y)
-        loss = loss / steps
-        total += loss.detach()
-        scaler.scale(loss).backward()
+        last = i == steps - 1
+        with contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
+            with runtime.autocast():
+                _, loss = model(x, y)
+            loss = loss / steps
+            total += loss.detach()
+            scaler.scale(loss).backward()
     return total
 
 
@@ -165,18 +185,20 @@ def optimizer_step(s: Setup) -> tuple[float, bool]:
 
 @torch.no_grad()
 def estimate_loss(s: Setup, split: TokenSplit) -> float:
-    """Mean loss over ``eval_iters`` batches drawn with a fixed seed: the same windows at every eval."""
+    """Mean loss over ``eval_iters`` batches drawn with a fixed seed: the same windows at every eval
+    (under DDP each rank scores its slice of the global batch, as in training)."""
     cfg = s.params.train
-    sampler = BatchSampler(split, cfg.micro_batch_size, s.seq_len, cfg.seed + 1, cfg.batching, s.runtime.device)
-    s.step_model.eval()
+    sampler = BatchSampler(split, cfg.micro_batch_size, s.seq_len, cfg.seed + 1, cfg.batching, s.runtime.device,
+                           s.dist.rank, s.dist.world)
+    s.eval_model.eval()
     total = torch.zeros((), device=s.runtime.device)
     for _ in range(cfg.eval_iters):
         x, y = sampler.next()
         with s.runtime.autocast():
-            _, loss = s.step_model(x, y)
+            _, loss = s.eval_model(x, y)
         total += loss.float()
-    s.step_model.train()
-    return float(total) / cfg.eval_iters
+    s.eval_model.train()
+    return float(distributed.mean(total, s.dist)) / cfg.eval_iters
 
 
 def memory_gb(runtime: Runtime) -> dict[str, float]:
@@ -216,14 +238,17 @@ def stop_on_signals() -> Iterator[dict[str, int | None]]:
             signal.signal(sig, old)
 
 
-def checkpoint_state(s: Setup, step: int, history: History, run_id: str | None) -> dict[str, Any]:
+def checkpoint_state(s: Setup, step: int, history: History, run_id: str | None,
+                     rngs: list[Any]) -> dict[str, Any]:
     return {
         "model": checkpoint.clean_state_dict(s.model.state_dict()),
         "optimizer": s.optimizer.state_dict(),
         "scaler": s.scaler.state_dict(),
         "step": step,
         "total_steps": s.total_steps,
-        "rng": checkpoint.rng_states(),
+        "rng": rngs[0],
+        "rng_per_rank": rngs,  # restored rank by rank when the world size matches
+        "world_size": s.dist.world,
         "sampler": s.sampler.state(),
         "model_config": dataclasses.asdict(s.model_cfg),
         "params": {"model": to_dict(s.params.model), "train": to_dict(s.params.train)},
@@ -243,7 +268,8 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
         return None
     state = checkpoint.load(path)
     if state["step"] >= state["total_steps"]:
-        print(f"train: {path} is a finished run ({state['step']} steps); starting a new run", file=sys.stderr)
+        if s.dist.main:
+            print(f"train: {path} is a finished run ({state['step']} steps); starting a new run", file=sys.stderr)
         return None
     old, new = state["model_config"], dataclasses.asdict(s.model_cfg)
     diffs = [f"{k} {old.get(k)} → {v}" for k, v in new.items() if k not in _RESUMABLE_MODEL_FIELDS and old.get(k) != v]
@@ -257,7 +283,7 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
     changed = {k: (v, getattr(s.params.train, k)) for k, v in state["params"]["train"].items()
                if k in {f.name for f in dataclasses.fields(s.params.train)}
                and _normal(v) != _normal(getattr(s.params.train, k))}
-    for key, (was, now) in changed.items():
+    for key, (was, now) in changed.items() if s.dist.main else ():
         print(f"train: resuming with train.{key} changed: {was} → {now}", file=sys.stderr)
     return state
 
@@ -270,8 +296,13 @@ def restore(s: Setup, state: dict[str, Any]) -> tuple[int, History, str | None]:
     s.model.load_state_dict(state["model"])
     s.optimizer.load_state_dict(state["optimizer"])
     s.scaler.load_state_dict(state["scaler"])
-    s.sampler.load_state(state["sampler"])
-    checkpoint.restore_rng_states(state["rng"])
+    s.sampler.load_state(state["sampler"])  # the global-batch stream: the same on every rank
+    if state.get("world_size", 1) == s.dist.world:
+        checkpoint.restore_rng_states(state.get("rng_per_rank", [state["rng"]])[s.dist.rank])
+    elif s.dist.main:
+        print(f"train: the checkpoint was written by {state.get('world_size', 1)} process(es), this run has "
+              f"{s.dist.world}: weights, optimizer, step and data stream continue; dropout RNG starts afresh",
+              file=sys.stderr)
     return state["step"], History(**state["history"]), state["mlflow_run_id"]
 
 
@@ -279,7 +310,7 @@ def summarize(s: Setup, history: History, step: int, wall_s: float) -> dict[str,
     cfg = s.params.train
     timed = history.step_s[cfg.timing_warmup_steps:] or history.step_s
     step_s = statistics.median(timed)
-    tokens_per_step = cfg.micro_batch_size * s.seq_len * cfg.grad_accum_steps
+    tokens_per_step = cfg.micro_batch_size * s.seq_len * cfg.grad_accum_steps * s.dist.world
     tokens_per_s = tokens_per_step / step_s
     last_train = history.train[-1] if history.train else {}
     last_val = history.val[-1]["val_loss"] if history.val else None
@@ -290,8 +321,10 @@ def summarize(s: Setup, history: History, step: int, wall_s: float) -> dict[str,
         "perf": {
             "step_ms": round(1000 * step_s, 3),
             "tokens_per_s": round(tokens_per_s, 1),
-            "mfu": round(s.flops_per_token * tokens_per_s / s.peak_flops, 5) if s.peak_flops else None,
+            "tokens_per_s_per_device": round(tokens_per_s / s.dist.world, 1),
+            "mfu": round(s.flops_per_token * tokens_per_s / (s.peak_flops * s.dist.world), 5) if s.peak_flops else None,
             "timed_steps": len(timed),
+            "world_size": s.dist.world,
         },
         "mem": {"peak_gb": round(mem.get("mem/peak_gb", mem.get("mem/rss_gb", 0.0)), 4)},
         "steps": step,
@@ -319,38 +352,62 @@ def _fmt(value: Any) -> str:
 
 def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str | Path = "checkpoints/ckpt.pt",
           report_dir: str | Path = "reports/train") -> dict[str, Any]:
-    """Train (or resume) as params say; write the checkpoint and the reports; return the summary metrics."""
+    """Train (or resume) as params say; write the checkpoint and the reports; return the summary metrics.
+
+    Under DDP every rank runs this; rank 0 alone logs, tracks and writes."""
     cfg = params.train
     ckpt_path, report_dir = Path(ckpt_path), Path(report_dir)
     s = build(params, tokens_dir)
+    try:
+        return _train(s, ckpt_path, report_dir)
+    except (getattr(torch.distributed, "DistError", RuntimeError), RuntimeError) as exc:
+        if s.dist.world > 1 and _is_collective_failure(exc):
+            raise distributed.collective_error(exc, s.dist, cfg.dist_timeout_s) from None
+        raise
+    finally:
+        distributed.shutdown(s.dist)
+
+
+def _is_collective_failure(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, getattr(torch.distributed, "DistError", ())) or any(
+        word in text for word in ("gloo", "nccl", "timed out", "timeout", "connection", "peer"))
+
+
+def _train(s: Setup, ckpt_path: Path, report_dir: Path) -> dict[str, Any]:
+    params, cfg, main = s.params, s.params.train, s.dist.main
     history, step, run_id = History(), 0, None
     state = load_for_resume(ckpt_path, s)
     if state is not None:
         step, history, run_id = restore(s, state)
-        print(f"train: resuming {ckpt_path} at step {step}/{s.total_steps}", file=sys.stderr)
+        if main:
+            print(f"train: resuming {ckpt_path} at step {step}/{s.total_steps}", file=sys.stderr)
     del state
     backend = sdpa_backend(s.runtime, s.model_cfg.n_head, s.model_cfg.n_embd // s.model_cfg.n_head, s.seq_len)
     info = {
         "device": str(s.runtime.device), "device_name": s.runtime.device_name, "dtype": s.runtime.dtype,
         "tf32": s.runtime.tf32, "compile": cfg.compile, "attention": cfg.attention,
         "sdpa_backend": backend if cfg.attention == "flash" else "manual (no SDPA)",
-        "keep_host_memory": s.runtime.keep_host_memory, "params": s.model.num_params(), "torch": torch.__version__,
+        "keep_host_memory": s.runtime.keep_host_memory, "world_size": s.dist.world,
+        "params": s.model.num_params(), "torch": torch.__version__,
     }
-    print("train: " + ", ".join(f"{k}={v}" for k, v in info.items()), file=sys.stderr)
-    for warning in inert_switch_warnings(s):
-        print(f"warning: {warning}", file=sys.stderr)
+    if main:
+        print("train: " + ", ".join(f"{k}={v}" for k, v in info.items()), file=sys.stderr)
+        for warning in inert_switch_warnings(s):
+            print(f"warning: {warning}", file=sys.stderr)
     tracker: Tracker = (MlflowTracker(cfg.experiment, run_id, os.environ.get("DVC_EXP_NAME"))
-                        if cfg.mlflow else Tracker())
+                        if cfg.mlflow and main else Tracker())
     tracker.log_params(flatten({"model": to_dict(params.model), "train": to_dict(params.train)}))
     tracker.set_tags({"git_commit": git_commit(), "dvc_exp_name": os.environ.get("DVC_EXP_NAME"),
                       "device": s.runtime.device_name, "torch_version": torch.__version__, **info})
     status = "FAILED"
     try:
-        if not cfg.save_checkpoint:
+        if not cfg.save_checkpoint and main:
             ckpt_path.parent.mkdir(parents=True, exist_ok=True)  # the stage's DVC out exists, empty
         metrics = _loop(s, step, history, ckpt_path, tracker)
         metrics["runtime"] = {k: v for k, v in info.items() if k != "params"}  # what really ran (the ladder reads it)
-        write_reports(report_dir, metrics, history)
+        if main:
+            write_reports(report_dir, metrics, history)
         tracker.log_metrics({"summary/" + k: v for k, v in flatten(metrics).items()
                              if isinstance(v, int | float)}, step=metrics["steps"])
         tracker.log_artifact(report_dir / "metrics.json")
@@ -364,8 +421,8 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
 
 
 def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Tracker) -> dict[str, Any]:
-    cfg = s.params.train
-    tokens_per_step = cfg.micro_batch_size * s.seq_len * cfg.grad_accum_steps
+    cfg, d = s.params.train, s.dist
+    tokens_per_step = cfg.micro_batch_size * s.seq_len * cfg.grad_accum_steps * d.world
     batches = iter(s.sampler.next, None)
     started = time.perf_counter()
     last_saved = step if ckpt_path.exists() else None
@@ -379,7 +436,7 @@ def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Track
             t0 = time.perf_counter()
             loss = backward_micro_batches(s.step_model, batches, cfg.grad_accum_steps, s.runtime, s.scaler)
             norm, skipped = optimizer_step(s)
-            loss_value = float(loss)  # synchronizes
+            loss_value = float(distributed.mean(loss, d))  # synchronizes
             s.runtime.synchronize()
             dt = time.perf_counter() - t0
             if not math.isfinite(loss_value):
@@ -389,36 +446,45 @@ def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Track
             history.fp16_skipped += skipped
             step += 1
             history.step_s.append(dt)
-            if step % cfg.log_interval == 0 or step == s.total_steps or step == 1:
-                tps = tokens_per_step / dt
-                row = {"step": step, "loss": loss_value, "lr": lr, "grad_norm": norm, "step_ms": 1000 * dt,
-                       "tokens_per_s": tps,
-                       "mfu": s.flops_per_token * tps / s.peak_flops if s.peak_flops else None}
-                mem = memory_gb(s.runtime)
-                row["mem_gb"] = mem.get("mem/allocated_gb", mem.get("mem/rss_gb"))
-                history.train.append(row)
-                tracker.log_metrics({"train/loss": loss_value, "train/lr": lr, "train/grad_norm": norm,
-                                     "perf/step_ms": row["step_ms"], "perf/tokens_per_s": tps, "perf/mfu": row["mfu"],
-                                     "perf/fp16_skipped_steps": history.fp16_skipped, **mem}, step=step)
-                eta = (s.total_steps - step) * statistics.median(history.step_s[-20:])
-                mfu = f" | MFU {100 * row['mfu']:.1f}%" if row["mfu"] is not None else ""
-                print(f"step {step}/{s.total_steps} | loss {loss_value:.4f} | lr {lr:.2e} | norm {norm:.2f} | "
-                      f"{1000 * dt:.0f} ms | {tps / 1000:.1f}K tok/s{mfu} | ETA {clock(eta)}", file=sys.stderr)
+            stopping = distributed.any_rank(stop["signal"] is not None, d, s.runtime.device)
+            if d.main and (step % cfg.log_interval == 0 or step == s.total_steps or step == 1):
+                _log_step(s, history, step, loss_value, lr, norm, dt, tokens_per_step, tracker)
             if step % cfg.eval_interval == 0 or step == s.total_steps:
                 val = estimate_loss(s, s.val_data)
                 history.val.append({"step": step, "val_loss": val})
                 tracker.log_metrics({"val/loss": val, "val/ppl": math.exp(min(val, 50))}, step=step)
-                print(f"step {step}/{s.total_steps} | val loss {val:.4f}", file=sys.stderr)
-            due = step % cfg.checkpoint_interval == 0 or step == s.total_steps or stop["signal"]
+                if d.main:
+                    print(f"step {step}/{s.total_steps} | val loss {val:.4f}", file=sys.stderr)
+            due = step % cfg.checkpoint_interval == 0 or step == s.total_steps or stopping
             if due and cfg.save_checkpoint:
-                checkpoint.save(ckpt_path, checkpoint_state(s, step, history, tracker.run_id))
+                rngs = distributed.gather(checkpoint.rng_states(), d)  # every rank takes part
+                if d.main:
+                    checkpoint.save(ckpt_path, checkpoint_state(s, step, history, tracker.run_id, rngs))
                 last_saved = step
-            if stop["signal"]:
-                code = 128 + stop["signal"]
+            if stopping:
+                signum = stop["signal"] or signal.SIGTERM  # a peer was signalled
                 saved = (f"checkpoint saved to {ckpt_path}; run the stage again to resume (train.resume: auto)"
                          if cfg.save_checkpoint else "no checkpoint saved (train.save_checkpoint is false)")
-                error = TrainingInterrupted(f"interrupted by {signal.Signals(stop['signal']).name} at step "
+                error = TrainingInterrupted(f"interrupted by {signal.Signals(signum).name} at step "
                                             f"{step}/{s.total_steps}; {saved}")
-                error.exit_code = code
+                error.exit_code = 128 + signum
                 raise error
     return summarize(s, history, step, time.perf_counter() - started)
+
+
+def _log_step(s: Setup, history: History, step: int, loss: float, lr: float, norm: float, dt: float,
+              tokens_per_step: int, tracker: Tracker) -> None:
+    tps = tokens_per_step / dt
+    mfu = s.flops_per_token * tps / (s.peak_flops * s.dist.world) if s.peak_flops else None
+    row = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "step_ms": 1000 * dt, "tokens_per_s": tps,
+           "mfu": mfu}
+    mem = memory_gb(s.runtime)
+    row["mem_gb"] = mem.get("mem/allocated_gb", mem.get("mem/rss_gb"))
+    history.train.append(row)
+    tracker.log_metrics({"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "perf/step_ms": row["step_ms"],
+                         "perf/tokens_per_s": tps, "perf/tokens_per_s_per_device": tps / s.dist.world,
+                         "perf/mfu": mfu, "perf/fp16_skipped_steps": history.fp16_skipped, **mem}, step=step)
+    eta = (s.total_steps - step) * statistics.median(history.step_s[-20:])
+    shown = f" | MFU {100 * mfu:.1f}%" if mfu is not None else ""
+    print(f"step {step}/{s.total_steps} | loss {loss:.4f} | lr {lr:.2e} | norm {norm:.2f} | {1000 * dt:.0f} ms | "
+          f"{tps / 1000:.1f}K tok/s{shown} | ETA {clock(eta)}", file=sys.stderr)

@@ -82,3 +82,14 @@ def test_invalid_yaml(tmp_path):
 def test_section_must_be_mapping(tmp_path):
     with pytest.raises(ParamError, match="tokenize must be a mapping"):
         load(tmp_path, "tokenize: 3\n")
+
+
+def test_bare_off_is_the_off_choice(tmp_path):
+    """YAML 1.1 (and `dvc exp run -S train.distributed=off`) reads off as false."""
+    assert load(tmp_path, "train:\n  distributed: off\n").train.distributed == "off"
+
+
+def test_several_processes_need_ddp(tmp_path):
+    with pytest.raises(ParamError, match="train.nproc_per_node = 2.*unless train.distributed is ddp"):
+        load(tmp_path, "train:\n  nproc_per_node: 2\n")
+    assert load(tmp_path, "train:\n  distributed: ddp\n  nproc_per_node: 2\n").train.nproc_per_node == 2

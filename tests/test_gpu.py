@@ -60,3 +60,9 @@ def test_memory_estimate_matches_the_cuda_peak(amp):
         optimizer.zero_grad(set_to_none=True)
     estimate = plan.memory(plan.shape("gpt2"), 4, 1024, amp=amp, flash=True).total
     assert torch.cuda.max_memory_allocated() == pytest.approx(estimate, rel=0.25)
+
+
+def test_ddp_on_one_gpu_uses_nccl(tmp_path, tokens):
+    metrics = trainer.train(micro_params(device="cuda", distributed="ddp", max_steps=4), tokens, tmp_path / "c.pt",
+                            tmp_path / "r")
+    assert metrics["perf"]["world_size"] == 1 and metrics["runtime"]["device"] == "cuda:0"

@@ -1,0 +1,123 @@
+"""Data-parallel training on PyTorch's own engine: torchrun launches, DDP averages gradients.
+
+``train.distributed: ddp`` with ``nproc_per_node: N > 1`` makes ``gpt2 train`` (and so the DVC
+stage) re-launch itself under ``torchrun --standalone``; on several nodes, start ``torchrun`` on
+each node yourself (README, "Many GPUs"): a process that finds torchrun's ``RANK`` in its
+environment joins the group instead of launching. NCCL on CUDA, gloo on CPU. Every collective
+has a deadline (``train.dist_timeout_s``), so a rank that died or hangs becomes an error on the
+others rather than a job that waits forever.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from gpt2.config import TrainConfig
+from gpt2.errors import UserError
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in the job (rank 0 of 1 when not distributed)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world: int = 1
+    ddp: bool = False
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one that logs, writes reports and checkpoints."""
+        return self.rank == 0
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def must_launch(cfg: TrainConfig) -> bool:
+    """Whether this process should start torchrun rather than train."""
+    return cfg.distributed == "ddp" and cfg.nproc_per_node > 1 and not under_torchrun()
+
+
+def launch(cfg: TrainConfig, args: list[str]) -> int:
+    """Run ``python -m gpt2.cli ARGS`` in ``nproc_per_node`` processes under torchrun; its exit status."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.nproc_per_node}",
+               "-m", "gpt2.cli", *args]
+    print(f"train: launching {cfg.nproc_per_node} processes: {' '.join(command[1:])}", file=sys.stderr)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(cfg)))}
+    return subprocess.run(command, env=env).returncode
+
+
+def _threads_per_rank(cfg: TrainConfig) -> int:
+    return max(1, (os.cpu_count() or 1) // cfg.nproc_per_node)
+
+
+def init(cfg: TrainConfig, device: torch.device) -> tuple[Dist, torch.device]:
+    """Join the process group (a one-process group when ddp runs without torchrun) and pick this rank's device."""
+    if cfg.distributed == "off":
+        if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
+            raise UserError(f"started by torchrun with WORLD_SIZE={os.environ['WORLD_SIZE']} but train.distributed "
+                            "is off: every process would train alone; set train.distributed: ddp")
+        return Dist(), device
+    alone = not under_torchrun()  # ddp in one process: the DDP code path, measurable against plain training
+    rank, world = (0, 1) if alone else (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    local_rank = 0 if alone else int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise UserError(f"local rank {local_rank} but only {torch.cuda.device_count()} CUDA devices here; "
+                            "lower train.nproc_per_node (or torchrun's --nproc-per-node) to the GPU count")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=cfg.dist_timeout_s)
+    if not dist.is_initialized():
+        where = {"store": dist.HashStore(), "rank": 0, "world_size": 1} if alone else {}
+        dist.init_process_group(backend, timeout=timeout, **where,
+                                **({"device_id": device} if device.type == "cuda" else {}))
+    return Dist(rank=rank, local_rank=local_rank, world=world, ddp=True), device
+
+
+def shutdown(d: Dist) -> None:
+    if d.ddp and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
+    """The mean of ``value`` over all ranks (gloo has no AVG: sum, then divide)."""
+    if d.world > 1:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= d.world
+    return value
+
+
+def any_rank(flag: bool, d: Dist, device: torch.device) -> bool:
+    """True on every rank if it is true on one (a stop request must stop all ranks at the same step)."""
+    if d.world == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def gather(obj: object, d: Dist) -> list[object]:
+    """Every rank's ``obj``, in rank order (a list of one when not distributed)."""
+    if d.world == 1:
+        return [obj]
+    out: list[object] = [None] * d.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def collective_error(exc: BaseException, d: Dist, timeout_s: float) -> UserError:
+    return UserError(f"rank {d.rank}/{d.world}: a collective failed ({exc.__class__.__name__}: "
+                     f"{str(exc).splitlines()[0][:300] if str(exc) else ''}); a peer process died or hung longer than "
+                     f"train.dist_timeout_s = {timeout_s:g} s; the first rank to fail says why in its log")

@@ -1,0 +1,53 @@
+"""A DDP training process for tests, run under torchrun, that can misbehave on purpose.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/ddp_driver.py PARAMS TOKENS CKPT OUT \\
+        [--fault signal|hang|die --fault-rank R --fault-step S]
+
+signal: SIGTERM to this rank while step S runs (the other rank must stop at the same step);
+hang: this rank sleeps --hang-s seconds at step S (the others must time out first); die: this rank exits at step S.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpt2 import trainer  # noqa: E402
+from gpt2.cli import user_errors  # noqa: E402
+from gpt2.config import load_params  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("params", "tokens", "ckpt", "out"):
+        parser.add_argument(name)
+    parser.add_argument("--fault", choices=["signal", "hang", "die"])
+    parser.add_argument("--fault-rank", type=int, default=1)
+    parser.add_argument("--fault-step", type=int, default=3)
+    parser.add_argument("--hang-s", type=float, default=15.0)
+    args = parser.parse_args()
+    if args.fault and int(os.environ["RANK"]) == args.fault_rank:
+        original = trainer.lr_at
+
+        def lr_at(step, cfg, total):
+            if step == args.fault_step:
+                if args.fault == "signal":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                elif args.fault == "hang":
+                    time.sleep(args.hang_s)
+                else:
+                    os._exit(3)
+            return original(step, cfg, total)
+
+        trainer.lr_at = lr_at
+    user_errors(trainer.train)(load_params(args.params), args.tokens, args.ckpt, args.out)
+
+
+if __name__ == "__main__":
+    main()

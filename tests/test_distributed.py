@@ -1,0 +1,121 @@
+"""DDP on CPU (gloo, 2 processes under torchrun): same results as one process, rank 0 writes, faults end cleanly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from conftest import MICRO_MODEL, MICRO_TRAIN, commit_all, dvc, micro_params, new_project, set_params
+from gpt2 import checkpoint
+from gpt2.trainer import train
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")
+DRIVER = Path(__file__).with_name("ddp_driver.py")
+
+
+def params_file(folder: Path, model: dict | None = None, **train_overrides) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "params.yaml"
+    path.write_text(yaml.safe_dump({"model": {**MICRO_MODEL, **(model or {})},
+                                    "train": {**MICRO_TRAIN, **train_overrides}}))
+    return path
+
+
+def torchrun(folder: Path, tokens: Path, *extra: str, nproc: int = 2, model: dict | None = None,
+             **train_overrides) -> subprocess.CompletedProcess:
+    params = params_file(folder, model, distributed="ddp", **train_overrides)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               str(DRIVER), str(params), str(tokens), str(folder / "ckpt.pt"), str(folder / "reports"), *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def metrics(folder: Path) -> dict:
+    return json.loads((folder / "reports/metrics.json").read_text())
+
+
+def train_losses(folder: Path) -> list[float]:
+    rows = (folder / "reports/plots/train.tsv").read_text().splitlines()[1:]
+    return [float(r.split("\t")[1]) for r in rows]
+
+
+def test_two_ranks_match_one_process_with_the_same_global_batch(tmp_path, tokens):
+    """2 ranks × micro-batch 2 × accumulation 2 see the batches of 1 process × micro-batch 4 × accumulation 2."""
+    single = train(micro_params(micro_batch_size=4, grad_accum_steps=2), tokens, tmp_path / "one/ckpt.pt",
+                   tmp_path / "one/reports")
+    result = torchrun(tmp_path / "two", tokens, micro_batch_size=2, grad_accum_steps=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    double = metrics(tmp_path / "two")
+    assert double["perf"]["world_size"] == 2 and double["tokens"] == single["tokens"]
+    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), abs=1e-4)
+    assert double["val"]["loss"] == pytest.approx(single["val"]["loss"], abs=1e-4)
+    assert double["perf"]["tokens_per_s_per_device"] == pytest.approx(double["perf"]["tokens_per_s"] / 2, rel=1e-3)
+    state = checkpoint.load(tmp_path / "two/ckpt.pt")
+    assert state["world_size"] == 2 and len(state["rng_per_rank"]) == 2
+    assert not any(k.startswith("module.") for k in state["model"])  # DDP's wrapper is not in the weights
+    assert result.stderr.count("step 12/12 | val loss") == 1  # only rank 0 logs
+
+
+def test_ddp_in_one_process_equals_plain_training(tmp_path, tokens):
+    plain = train(micro_params(max_steps=6), tokens, tmp_path / "a/ckpt.pt", tmp_path / "a/reports")
+    ddp = train(micro_params(max_steps=6, distributed="ddp"), tokens, tmp_path / "b/ckpt.pt", tmp_path / "b/reports")
+    assert train_losses(tmp_path / "a") == train_losses(tmp_path / "b")
+    assert ddp["val"] == plain["val"] and ddp["perf"]["world_size"] == 1
+
+
+def test_signal_on_one_rank_stops_both_at_the_same_step_and_resume_is_exact(tmp_path, tokens):
+    dropout = {"dropout": 0.1}  # each rank's own dropout stream must be restored too
+    full = torchrun(tmp_path / "full", tokens, model=dropout, micro_batch_size=2)
+    assert full.returncode == 0, full.stderr[-3000:]
+    cut = torchrun(tmp_path / "cut", tokens, "--fault", "signal", "--fault-rank", "1", "--fault-step", "5",
+                   model=dropout, micro_batch_size=2)
+    assert cut.returncode != 0 and "interrupted by SIGTERM at step 6/12" in cut.stderr
+    assert checkpoint.load(tmp_path / "cut/ckpt.pt")["step"] == 6
+    resumed = torchrun(tmp_path / "cut", tokens, model=dropout, micro_batch_size=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming" in resumed.stderr
+    assert train_losses(tmp_path / "cut") == train_losses(tmp_path / "full")
+
+
+def test_checkpoint_of_two_ranks_resumes_in_one_process(tmp_path, tokens):
+    cut = torchrun(tmp_path / "run", tokens, "--fault", "signal", "--fault-rank", "0", "--fault-step", "3",
+                   micro_batch_size=2)
+    assert cut.returncode != 0 and checkpoint.load(tmp_path / "run/ckpt.pt")["step"] == 4
+    result = train(micro_params(micro_batch_size=4), tokens, tmp_path / "run/ckpt.pt", tmp_path / "run/reports")
+    assert result["steps"] == 12 and result["perf"]["world_size"] == 1
+
+
+@pytest.mark.parametrize("fault", ["hang", "die"])
+def test_a_rank_that_hangs_or_dies_is_an_error_not_a_wait(tmp_path, tokens, fault):
+    result = torchrun(tmp_path / fault, tokens, "--fault", fault, "--fault-rank", "1", "--fault-step", "3",
+                      micro_batch_size=2, dist_timeout_s=3.0)
+    assert result.returncode != 0
+    assert "rank 0/2: a collective failed" in result.stderr and "train.dist_timeout_s = 3 s" in result.stderr
+
+
+def test_torchrun_with_distributed_off_is_refused(tmp_path, tokens):
+    params = params_file(tmp_path, micro_batch_size=2)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             str(DRIVER), str(params), str(tokens), str(tmp_path / "c.pt"), str(tmp_path / "r")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "set train.distributed: ddp" in result.stderr
+
+
+@pytest.mark.slow
+def test_dvc_repro_launches_two_ranks_and_writes_once(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    root = new_project(tmp_path)
+    set_params(root, train={"distributed": "ddp", "nproc_per_node": 2, "mlflow": True})
+    commit_all(root)
+    dvc(root, "repro", "train")
+    out = json.loads((root / "reports/train/metrics.json").read_text())
+    assert out["perf"]["world_size"] == 2 and out["steps"] == 12
+    assert [p.name for p in (root / "checkpoints").iterdir()] == ["ckpt.pt"]
+    client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
+    assert len(runs) == 1 and runs[0].data.tags["world_size"] == "2"
