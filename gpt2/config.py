@@ -224,17 +224,22 @@ class Params:
 # --------------------------------------------------------------------------- loading
 
 
-def load_params(path: str | os.PathLike = "params.yaml") -> Params:
-    """Read and validate params.yaml; raise :class:`UserError` on any problem."""
+def read_yaml(path: str | os.PathLike, kind: str, option: str) -> Any:
+    """A YAML file's content ({} when empty), or a :class:`UserError` naming the ``kind`` of file and ``option``."""
     import yaml
 
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"params file {str(path)!r} not found; run from the project root or pass --params PATH")
+        raise UserError(f"{kind} file {str(path)!r} not found; run from the project root or pass {option} PATH")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        return yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise UserError(f"params file {str(path)!r} is not valid YAML: {exc}") from None
+        raise UserError(f"{kind} file {str(path)!r} is not valid YAML: {exc}") from None
+
+
+def load_params(path: str | os.PathLike = "params.yaml") -> Params:
+    """Read and validate params.yaml; raise :class:`UserError` on any problem."""
+    data = read_yaml(path, "params", "--params")
     if not isinstance(data, dict):
         raise ParamError(f"params file {str(path)!r} must be a mapping of sections, got {type(data).__name__}")
     return build(Params, data, "")

@@ -26,7 +26,7 @@ from typing import Any
 
 from gpt2 import experiments
 from gpt2.atomic import atomic_dir
-from gpt2.config import ModelParams, ParamError, TrainConfig, build, to_dict
+from gpt2.config import ModelParams, ParamError, TrainConfig, build, read_yaml, to_dict
 from gpt2.errors import UserError
 from gpt2.progress import clock
 
@@ -77,15 +77,7 @@ class Plan:
 
 
 def load_ladder(path: str | Path) -> Ladder:
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"ladder file {str(path)!r} not found; run from the project root or pass --ladder PATH")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"ladder file {str(path)!r} is not valid YAML: {exc}") from None
+    data = read_yaml(path, "ladder", "--ladder")
     where = str(path)
     _keys(data, {"baseline", "rungs", "profiles"}, where)
     baseline = _train_changes(data.get("baseline"), f"{where}: baseline")
@@ -221,13 +213,11 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
                steps: int | None = None, repeats: int | None = None, fresh: bool = False,
                mlflow: bool | None = None) -> list[dict[str, Any]]:
     """Measure every rung as DVC experiments (reusing ones already measured), then write the report."""
-    import yaml
-
     root = Path.cwd()
     ladder = load_ladder(ladder_path)
-    raw = yaml.safe_load(Path(params_path).read_text()) if Path(params_path).is_file() else None
+    raw = read_yaml(params_path, "params", "--params")  # raw: the rungs override it key by key
     if not isinstance(raw, dict):
-        raise UserError(f"params file {str(params_path)!r} not found or not a mapping; run from the project root")
+        raise UserError(f"params file {str(params_path)!r} must be a mapping of sections")
     device = resolve_device(device)
     plan_ = plan(ladder, raw, device, model, steps, repeats, mlflow)
     experiments.check_repo(root)
