@@ -99,13 +99,14 @@ def mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
     return value
 
 
-def any_rank(flag: bool, d: Dist, device: torch.device) -> bool:
-    """True on every rank if it is true on one (a stop request must stop all ranks at the same step)."""
+def step_consensus(loss: torch.Tensor, stop: bool, d: Dist) -> tuple[float, bool]:
+    """(the loss averaged over ranks, whether any rank must stop), in one all-reduce: a signal that
+    reached one rank stops every rank after the same step."""
     if d.world == 1:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+        return float(loss), stop
+    both = torch.stack([loss.detach().float(), torch.tensor(float(stop), device=loss.device)])
+    dist.all_reduce(both, op=dist.ReduceOp.SUM)
+    return float(both[0]) / d.world, bool(both[1] > 0)
 
 
 def gather(obj: object, d: Dist) -> list[object]:

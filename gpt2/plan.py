@@ -29,6 +29,8 @@ from typing import Any
 
 from gpt2.errors import UserError
 from gpt2.flops import PEAK_TFLOPS
+from gpt2.model import SIZES
+from gpt2.model import pad_vocab as padded_size
 
 VOCAB = 50257
 HEADROOM = 0.9  # share of device memory the plan fills; the rest is the CUDA context, allocator slack
@@ -80,13 +82,11 @@ class Shape:
 
 
 def shape(size: str, pad_vocab: bool = True) -> Shape:
-    from gpt2.model import SIZES, pad_vocab as padded
-
     if size not in SIZES:
         raise UserError(f"unknown model size {size!r}; one of {', '.join(SIZES)}")
     dims = SIZES[size]
     L, h, ctx = dims["n_layer"], dims["n_embd"], dims["block_size"]
-    V = padded(VOCAB) if pad_vocab else VOCAB
+    V = padded_size(VOCAB) if pad_vocab else VOCAB
     per_layer = 12 * h * h + 13 * h  # qkv, proj, fc, proj weights and biases; two LayerNorms
     without_wpe = V * h + L * per_layer + 2 * h  # tied wte/lm_head, blocks, ln_f
     return Shape(L, dims["n_head"], h, V, without_wpe + ctx * h, without_wpe)
@@ -171,8 +171,6 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
         raise UserError(f"unknown device {device!r}; one of {', '.join(DEVICES)}")
     dev = DEVICES[device]
     s = shape(size)
-    from gpt2.model import SIZES
-
     seq = seq_len or SIZES[size]["block_size"]
     if seq > SIZES[size]["block_size"]:
         raise UserError(f"--seq-len {seq} exceeds {size}'s context {SIZES[size]['block_size']}")

@@ -17,8 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
-import contextlib
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +78,7 @@ class Setup:
     train_data: TokenSplit
     val_data: TokenSplit
     seq_len: int
+    tokens_per_step: int  # of the whole job: micro-batch × seq_len × accumulation × world size
     total_steps: int
     flops_per_token: float
     peak_flops: float | None
@@ -128,7 +128,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         params=params, runtime=runtime, model_cfg=model_cfg, model=model, step_model=step_model,
         eval_model=eval_model, dist=dist_info,
         optimizer=optimizer, scaler=scaler, sampler=sampler, train_data=train_data, val_data=val_data,
-        seq_len=seq_len, total_steps=total,
+        seq_len=seq_len, tokens_per_step=tokens_per_step, total_steps=total,
         flops_per_token=flops_per_token(model_cfg, model.num_params(exclude_position_embedding=True), seq_len),
         peak_flops=peak_flops(runtime.device_name, runtime.dtype, runtime.tf32, cfg.peak_tflops), meta=meta,
     )
@@ -160,7 +160,7 @@ def backward_micro_batches(model: torch.nn.Module, batches: Iterator[tuple[torch
     for i in range(steps):
         x, y = next(batches)
         last = i == steps - 1
-        with contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
+        with nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
             with runtime.autocast():
                 _, loss = model(x, y)
             loss = loss / steps
@@ -310,8 +310,7 @@ def summarize(s: Setup, history: History, step: int, wall_s: float) -> dict[str,
     cfg = s.params.train
     timed = history.step_s[cfg.timing_warmup_steps:] or history.step_s
     step_s = statistics.median(timed)
-    tokens_per_step = cfg.micro_batch_size * s.seq_len * cfg.grad_accum_steps * s.dist.world
-    tokens_per_s = tokens_per_step / step_s
+    tokens_per_s = s.tokens_per_step / step_s
     last_train = history.train[-1] if history.train else {}
     last_val = history.val[-1]["val_loss"] if history.val else None
     mem = memory_gb(s.runtime)
@@ -328,7 +327,7 @@ def summarize(s: Setup, history: History, step: int, wall_s: float) -> dict[str,
         },
         "mem": {"peak_gb": round(mem.get("mem/peak_gb", mem.get("mem/rss_gb", 0.0)), 4)},
         "steps": step,
-        "tokens": step * tokens_per_step,
+        "tokens": step * s.tokens_per_step,
         "params": s.model.num_params(),
         "fp16_skipped_steps": history.fp16_skipped,
         "wall_s": round(wall_s, 2),
@@ -422,7 +421,6 @@ def _train(s: Setup, ckpt_path: Path, report_dir: Path) -> dict[str, Any]:
 
 def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Tracker) -> dict[str, Any]:
     cfg, d = s.params.train, s.dist
-    tokens_per_step = cfg.micro_batch_size * s.seq_len * cfg.grad_accum_steps * d.world
     batches = iter(s.sampler.next, None)
     started = time.perf_counter()
     last_saved = step if ckpt_path.exists() else None
@@ -436,7 +434,8 @@ def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Track
             t0 = time.perf_counter()
             loss = backward_micro_batches(s.step_model, batches, cfg.grad_accum_steps, s.runtime, s.scaler)
             norm, skipped = optimizer_step(s)
-            loss_value = float(distributed.mean(loss, d))  # synchronizes
+            # one collective per step: the mean loss, and whether any rank was asked to stop
+            loss_value, stopping = distributed.step_consensus(loss, stop["signal"] is not None, d)  # synchronizes
             s.runtime.synchronize()
             dt = time.perf_counter() - t0
             if not math.isfinite(loss_value):
@@ -446,9 +445,8 @@ def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Track
             history.fp16_skipped += skipped
             step += 1
             history.step_s.append(dt)
-            stopping = distributed.any_rank(stop["signal"] is not None, d, s.runtime.device)
             if d.main and (step % cfg.log_interval == 0 or step == s.total_steps or step == 1):
-                _log_step(s, history, step, loss_value, lr, norm, dt, tokens_per_step, tracker)
+                _log_step(s, history, step, loss_value, lr, norm, dt, tracker)
             if step % cfg.eval_interval == 0 or step == s.total_steps:
                 val = estimate_loss(s, s.val_data)
                 history.val.append({"step": step, "val_loss": val})
@@ -473,8 +471,8 @@ def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Track
 
 
 def _log_step(s: Setup, history: History, step: int, loss: float, lr: float, norm: float, dt: float,
-              tokens_per_step: int, tracker: Tracker) -> None:
-    tps = tokens_per_step / dt
+              tracker: Tracker) -> None:
+    tps = s.tokens_per_step / dt
     mfu = s.flops_per_token * tps / (s.peak_flops * s.dist.world) if s.peak_flops else None
     row = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "step_ms": 1000 * dt, "tokens_per_s": tps,
            "mfu": mfu}
