@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def child(raw: str, out: str, workers: int, chunk_kb: int) -> None:
-    from gpt2.config import TokenizeConfig
-    from gpt2.encode import tokenize_corpus
-    from gpt2.tokenizer import gpt2_encoding
+    from gpt2.core.config import TokenizeConfig
+    from gpt2.data.encode import tokenize_corpus
+    from gpt2.data.tokenizer import gpt2_encoding
 
     gpt2_encoding()  # load the BPE outside the timed region
     start = time.perf_counter()
@@ -73,8 +73,8 @@ def main(synthetic_mb: int, workers: str | None, chunk_kb: int, child_run, child
     if child_run:
         child(*child_run, child_workers, chunk_kb)
         return
-    from gpt2.config import DownloadConfig
-    from gpt2.sources import download
+    from gpt2.core.config import DownloadConfig
+    from gpt2.data.sources import download
 
     counts = [int(w) for w in workers.split(",")] if workers else sorted({1, os.cpu_count() or 1})
     rows = []

@@ -84,8 +84,8 @@ def synthetic_tokens(folder: Path, n_tokens: int = 2_000_000) -> Path:
 
 
 def child(spec: str) -> None:
-    from gpt2.config import Params, build
-    from gpt2.trainer import train
+    from gpt2.core.config import Params, build
+    from gpt2.train.trainer import train
 
     job = json.loads(spec)
     params = build(Params, job["params"], "")

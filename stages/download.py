@@ -1,6 +1,6 @@
 """DVC stage `download` (see dvc.yaml): `gpt2 download` with the default paths."""
 
-from gpt2.cli import main
+from gpt2.data.cli import download
 
 if __name__ == "__main__":
-    main(["download"], prog_name="stages.download")
+    download([], prog_name="stages.download")

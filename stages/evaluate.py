@@ -1,6 +1,6 @@
 """DVC stage `evaluate` (see dvc.yaml): `gpt2 evaluate` with the default paths."""
 
-from gpt2.cli import main
+from gpt2.eval.cli import evaluate
 
 if __name__ == "__main__":
-    main(["evaluate"], prog_name="stages.evaluate")
+    evaluate([], prog_name="stages.evaluate")

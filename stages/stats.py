@@ -1,6 +1,6 @@
 """DVC stage `stats` (see dvc.yaml): `gpt2 stats` with the default paths."""
 
-from gpt2.cli import main
+from gpt2.data.cli import stats
 
 if __name__ == "__main__":
-    main(["stats"], prog_name="stages.stats")
+    stats([], prog_name="stages.stats")

@@ -1,6 +1,6 @@
 """DVC stage `tokenize` (see dvc.yaml): `gpt2 tokenize` with the default paths."""
 
-from gpt2.cli import main
+from gpt2.data.cli import tokenize
 
 if __name__ == "__main__":
-    main(["tokenize"], prog_name="stages.tokenize")
+    tokenize([], prog_name="stages.tokenize")

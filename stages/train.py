@@ -1,6 +1,6 @@
 """DVC stage `train` (see dvc.yaml): `gpt2 train` with the default paths."""
 
-from gpt2.cli import main
+from gpt2.train.cli import train
 
 if __name__ == "__main__":
-    main(["train"], prog_name="stages.train")
+    train([], prog_name="stages.train")

@@ -90,7 +90,7 @@ MICRO_TRAIN = {"micro_batch_size": 4, "block_size": 16, "max_steps": 12, "warmup
 
 def micro_params(model: dict | None = None, **train):
     """Params for a model small enough to train a dozen steps in about a second on a CPU."""
-    from gpt2.config import Params, build
+    from gpt2.core.config import Params, build
 
     return build(Params, {"model": {**MICRO_MODEL, **(model or {})}, "train": {**MICRO_TRAIN, **train}}, "")
 

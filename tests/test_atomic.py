@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from gpt2.atomic import atomic_dir, atomic_file, write_json
-from gpt2.errors import UserError
-from gpt2.progress import Progress
+from gpt2.core.atomic import atomic_dir, atomic_file, write_json
+from gpt2.core.errors import UserError
+from gpt2.core.progress import Progress
 
 
 def test_disk_full_is_explained_and_leaves_nothing(tmp_path):

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 
 from conftest import write_params
+
 from gpt2.cli import main
 
 

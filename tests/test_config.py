@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt2.config import DownloadConfig, ParamError, Params, TokenizeConfig, load_params
-from gpt2.errors import UserError
+from gpt2.core.config import DownloadConfig, ParamError, Params, TokenizeConfig, load_params
+from gpt2.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 

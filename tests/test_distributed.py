@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from conftest import MICRO_MODEL, MICRO_TRAIN, commit_all, dvc, micro_params, new_project, set_params
-from gpt2 import checkpoint
-from gpt2.trainer import train
+
+from gpt2.train import checkpoint
+from gpt2.train.trainer import train
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")
 DRIVER = Path(__file__).with_name("ddp_driver.py")

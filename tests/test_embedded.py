@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpt2.config import DownloadConfig, TokenizeConfig
-from gpt2.encode import tokenize_corpus
-from gpt2.sources import EMBEDDED_SDIST, download
+from gpt2.core.config import DownloadConfig, TokenizeConfig
+from gpt2.data.encode import tokenize_corpus
+from gpt2.data.sources import EMBEDDED_SDIST, download
 
 pytestmark = pytest.mark.slow
 

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import document, make_corpus
-from gpt2.config import DownloadConfig, TokenizeConfig
-from gpt2.encode import _last_safe_cut, text_pieces, tokenize_corpus, val_mask, DecodeStats
-from gpt2.errors import UserError
-from gpt2.sources import download
-from gpt2.tokenizer import EOT_ID, gpt2_encoding
-from gpt2.tokens import open_tokens, read_meta
+
+from gpt2.core.config import DownloadConfig, TokenizeConfig
+from gpt2.core.errors import UserError
+from gpt2.core.tokens import open_tokens, read_meta
+from gpt2.data.encode import DecodeStats, _last_safe_cut, text_pieces, tokenize_corpus, val_mask
+from gpt2.data.sources import download
+from gpt2.data.tokenizer import EOT_ID, gpt2_encoding
 
 
 def raw_from(tmp_path: Path, source: Path | str) -> Path:

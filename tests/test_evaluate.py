@@ -8,15 +8,15 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from conftest import micro_params, write_params
+
 from gpt2.cli import main
-from gpt2.config import EvalConfig
-from gpt2.errors import UserError
-from gpt2.evaluate import evaluate, windows
-from gpt2.model import GPT, GPTConfig
-from gpt2.sample import SamplingConfig, filter_logits, generate_ids
-from gpt2.trainer import train
+from gpt2.core.config import EvalConfig
+from gpt2.core.errors import UserError
+from gpt2.eval.evaluate import evaluate, windows
+from gpt2.eval.sample import SamplingConfig, filter_logits, generate_ids
+from gpt2.model.gpt import GPT, GPTConfig
+from gpt2.train.trainer import train
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_evaluation_is_deterministic_and_beats_nothing_trivially(trained, tmp_pa
 
 
 def test_val_loss_matches_a_direct_computation(trained, tmp_path):
-    from gpt2.evaluate import eval_runtime, load_model
+    from gpt2.eval.evaluate import eval_runtime, load_model
 
     metrics = run_eval(trained, tmp_path)
     loaded = load_model(trained / "ckpt.pt", eval_runtime("cpu", "fp32"))
@@ -97,7 +97,7 @@ def test_kv_cache_greedy_equals_no_cache_also_past_the_context(attention):
 
 
 def test_kv_cache_logits_equal_full_forward():
-    from gpt2.model import KVCache
+    from gpt2.model.gpt import KVCache
 
     model = micro_model().eval()
     idx = torch.randint(0, 50, (1, 10))

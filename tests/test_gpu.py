@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import micro_params
-from gpt2 import trainer
-from gpt2.config import TrainConfig
-from gpt2.device import resolve, sdpa_backend
+
+from gpt2.core.config import TrainConfig
+from gpt2.train import trainer
+from gpt2.train.device import resolve, sdpa_backend
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -44,8 +44,8 @@ def test_compiled_bf16_training_on_cuda(tmp_path, tokens):
 @pytest.mark.parametrize("amp", [False, True])
 def test_memory_estimate_matches_the_cuda_peak(amp):
     """gpt2 plan's estimate against torch's own count of the peak, GPT-2 124M at batch 4 x 1024."""
-    from gpt2 import plan
-    from gpt2.model import GPT, gpt_config
+    from gpt2.measure import plan
+    from gpt2.model.gpt import GPT, gpt_config
 
     torch.manual_seed(0)
     torch.cuda.reset_peak_memory_stats()

@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gpt2.errors import UserError
-from gpt2.http import download_url
+from gpt2.core.errors import UserError
+from gpt2.data.http import download_url
 
 BODY = b"".join(b"line %d of a served corpus\n" % i for i in range(5000))
 

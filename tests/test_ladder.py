@@ -7,11 +7,11 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import ROOT, commit_all, dvc, exp_rows, new_project, run
-from gpt2 import ladder
-from gpt2.errors import UserError
-from gpt2.experiments import Experiment
+
+from gpt2.core.errors import UserError
+from gpt2.measure import ladder
+from gpt2.measure.experiments import Experiment
 
 PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
 

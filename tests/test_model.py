@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from gpt2.flops import flops_per_token, peak_flops
-from gpt2.model import GPT, GPTConfig, gpt_config, pad_vocab
-from gpt2.errors import UserError
+from gpt2.core.errors import UserError
+from gpt2.model.gpt import GPT, GPTConfig, gpt_config, pad_vocab
+from gpt2.train.flops import flops_per_token, peak_flops
 
 
 def small(**overrides) -> GPTConfig:

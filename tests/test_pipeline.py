@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import commit_all, dvc, env, exp_rows, new_project, run, set_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +45,24 @@ def test_repro_produces_every_output(project):
 def test_second_repro_does_nothing(project):
     out = dvc(project, "repro").stdout
     assert "Running stage" not in out
+    assert "Data and pipelines are up to date" in dvc(project, "status").stdout
+
+
+def test_a_code_change_reruns_exactly_the_stages_that_run_it(project):
+    """Deps are folders: a change anywhere in gpt2/model re-runs train and evaluate, not the data stages."""
+    model = project / "gpt2" / "model" / "gpt.py"
+    original = model.read_text()
+    bytecode = project / "gpt2" / "core" / "__pycache__"
+    bytecode.mkdir(exist_ok=True)
+    (bytecode / "stray.pyc").write_bytes(b"bytecode")  # not code: ignored
+    assert "Data and pipelines are up to date" in dvc(project, "status").stdout
+    try:
+        model.write_text(original + "\n# an edit\n")
+        changed = {line.strip().rstrip(":") for line in dvc(project, "status").stdout.splitlines()
+                   if line and not line.startswith((" ", "\t"))}
+        assert changed == {"train", "evaluate"}
+    finally:
+        model.write_text(original)
     assert "Data and pipelines are up to date" in dvc(project, "status").stdout
 
 

@@ -10,9 +10,9 @@ import textwrap
 import pytest
 import torch
 
-from gpt2 import plan
 from gpt2.cli import main
-from gpt2.model import GPT, gpt_config
+from gpt2.measure import plan
+from gpt2.model.gpt import GPT, gpt_config
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ def test_activation_estimate_matches_what_autograd_saves(attention):
 PEAK_SCRIPT = textwrap.dedent("""
     import json, os, resource, sys
     import torch
-    from gpt2.model import GPT, gpt_config
+    from gpt2.model.gpt import GPT, gpt_config
 
     def rss():
         with open("/proc/self/statm") as f:

@@ -31,7 +31,7 @@ def test_every_param_key_is_documented_in_the_readme():
     import dataclasses
     import typing
 
-    from gpt2.config import Params
+    from gpt2.core.config import Params
 
     text = (ROOT / "README.md").read_text()
     for section, cls in typing.get_type_hints(Params).items():

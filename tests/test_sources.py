@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpt2.config import DownloadConfig
-from gpt2.errors import UserError
-from gpt2.sources import download
+from gpt2.core.config import DownloadConfig
+from gpt2.core.errors import UserError
+from gpt2.data.sources import download
 
 
 def fetch(tmp_path: Path, source: str | Path, **kwargs) -> tuple[dict, Path]:

@@ -6,12 +6,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt2.config import DownloadConfig, StatsConfig, TokenizeConfig
-from gpt2.encode import tokenize_corpus
-from gpt2.errors import UserError
-from gpt2.sources import download
-from gpt2.stats import dataset_stats
-from gpt2.tokenizer import EOT_ID, gpt2_encoding
+from gpt2.core.config import DownloadConfig, StatsConfig, TokenizeConfig
+from gpt2.core.errors import UserError
+from gpt2.data.encode import tokenize_corpus
+from gpt2.data.sources import download
+from gpt2.data.stats import dataset_stats
+from gpt2.data.tokenizer import EOT_ID, gpt2_encoding
 
 
 @pytest.fixture

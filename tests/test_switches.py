@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import micro_params
 from torch.profiler import ProfilerActivity, profile
 
-from conftest import micro_params
-from gpt2 import loader, trainer
-from gpt2.config import TrainConfig
-from gpt2.device import resolve
-from gpt2.loader import BatchSampler, TokenSplit
-from gpt2.model import GPT, GPTConfig
-from gpt2.optim import build_optimizer, lr_at
+from gpt2.core.config import TrainConfig
+from gpt2.model.gpt import GPT, GPTConfig
+from gpt2.train import loader, trainer
+from gpt2.train.device import resolve
+from gpt2.train.loader import BatchSampler, TokenSplit
+from gpt2.train.optim import build_optimizer, lr_at
 
 
 def setup(tokens, **train):
@@ -195,7 +195,7 @@ def test_requested_inert_switches_are_warned(tokens):
 
 
 def test_keep_host_memory_switch_sets_the_allocator_only_when_on(monkeypatch):
-    from gpt2 import device
+    from gpt2.train import device
 
     calls = []
     monkeypatch.setattr(device, "keep_host_memory", lambda: calls.append("mallopt") or True)
@@ -208,6 +208,6 @@ def test_keep_host_memory_switch_sets_the_allocator_only_when_on(monkeypatch):
 def test_keep_host_memory_really_reaches_glibc():
     import sys
 
-    from gpt2.device import keep_host_memory
+    from gpt2.train.device import keep_host_memory
 
     assert keep_host_memory() is sys.platform.startswith("linux")

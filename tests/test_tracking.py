@@ -6,10 +6,10 @@ import os
 import signal
 
 import pytest
-
 from conftest import micro_params
-from gpt2 import tracking, trainer
-from gpt2.trainer import TrainingInterrupted, train
+
+from gpt2.train import tracking, trainer
+from gpt2.train.trainer import TrainingInterrupted, train
 
 pytest.importorskip("mlflow")
 

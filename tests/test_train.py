@@ -9,11 +9,11 @@ import signal
 
 import pytest
 import torch
-
 from conftest import micro_params
-from gpt2 import checkpoint, trainer
-from gpt2.errors import UserError
-from gpt2.trainer import Diverged, TrainingInterrupted, train
+
+from gpt2.core.errors import UserError
+from gpt2.train import checkpoint, trainer
+from gpt2.train.trainer import Diverged, TrainingInterrupted, train
 
 
 def run(tmp_path, tokens, params, name="run"):

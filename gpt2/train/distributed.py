@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from gpt2.config import TrainConfig
-from gpt2.errors import UserError
+from gpt2.core.config import TrainConfig
+from gpt2.core.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,9 @@ def must_launch(cfg: TrainConfig) -> bool:
 
 
 def launch(cfg: TrainConfig, args: list[str]) -> int:
-    """Run ``python -m gpt2.cli ARGS`` in ``nproc_per_node`` processes under torchrun; its exit status."""
+    """Run ``python -m gpt2.train.cli ARGS`` in ``nproc_per_node`` processes under torchrun; its exit status."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.nproc_per_node}",
-               "-m", "gpt2.cli", *args]
+               "-m", "gpt2.train.cli", *args]
     print(f"train: launching {cfg.nproc_per_node} processes: {' '.join(command[1:])}", file=sys.stderr)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(cfg)))}
     return subprocess.run(command, env=env).returncode

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpt2.errors import UserError
+from gpt2.core.errors import UserError
 
 _REPRODUCING = re.compile(r"Reproducing experiment '([^']+)'")
 

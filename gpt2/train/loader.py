@@ -25,8 +25,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from gpt2.errors import UserError
-from gpt2.tokens import DTYPE, open_tokens, read_meta
+from gpt2.core.errors import UserError
+from gpt2.core.tokens import DTYPE, open_tokens, read_meta
 
 
 class TokenSplit:

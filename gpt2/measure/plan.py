@@ -1,6 +1,6 @@
 """Compute-budget plan: parameters, FLOPs, memory, the largest micro-batch that fits, time and cost.
 
-The memory model counts what this project's eager model (``gpt2/model.py``) keeps for the
+The memory model counts what this project's eager model (``gpt2/model/gpt.py``) keeps for the
 backward pass, tensor by tensor, per token and layer (h = n_embd, a = n_head, T = sequence):
 
 * fp32: LayerNorm inputs (2), attention and MLP linear inputs (1 + 1 + 1 + 4), q/k/v (3), the
@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpt2.errors import UserError
-from gpt2.flops import PEAK_TFLOPS
-from gpt2.model import SIZES
-from gpt2.model import pad_vocab as padded_size
+from gpt2.core.errors import UserError
+from gpt2.model.gpt import SIZES
+from gpt2.model.gpt import pad_vocab as padded_size
+from gpt2.train.flops import PEAK_TFLOPS
 
 VOCAB = 50257
 HEADROOM = 0.9  # share of device memory the plan fills; the rest is the CUDA context, allocator slack
@@ -228,7 +228,7 @@ def render(p: dict[str, Any]) -> str:
         lines.append(f"  {part:<16}" + "".join(f"{m[part] / gb:>14.2f}" for m in p["memory"].values()))
     lines.append(f"  {'largest batch':<16}" + "".join(f"{p['largest_micro_batch'][k]:>14}" for k in p["memory"]))
     lines += [
-        "  (eager estimate, see gpt2/plan.py; torch.compile needs less; 10% of memory left for the CUDA context)",
+        "  (eager estimate, see gpt2/measure/plan.py; torch.compile needs less; 10% of memory left for the CUDA context)",
         "",
         f"largest micro-batch that fits ({chosen}): {p['largest_micro_batch'][chosen]}",
         f"MFU               {100 * p['mfu']:.1f}% ({p['mfu_source']})",

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpt2.errors import UserError
+from gpt2.core.errors import UserError
 
 
 def _temp_sibling(final: Path) -> Path:

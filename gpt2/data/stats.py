@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from gpt2.atomic import atomic_file, write_json
-from gpt2.config import StatsConfig
-from gpt2.errors import UserError
-from gpt2.tokens import SPLITS, open_tokens, read_meta
+from gpt2.core.atomic import atomic_file, write_json
+from gpt2.core.config import StatsConfig
+from gpt2.core.errors import UserError
+from gpt2.core.tokens import SPLITS, open_tokens, read_meta
 
 CHUNK = 1 << 24  # tokens per pass: 32 MB of uint16
 
@@ -83,7 +83,7 @@ def compute(cfg: StatsConfig, tokens_dir: str | Path) -> tuple[dict[str, Any], n
 
 
 def decode_token(token_id: int) -> str:
-    from gpt2.tokenizer import gpt2_encoding
+    from gpt2.data.tokenizer import gpt2_encoding
 
     return gpt2_encoding().decode_single_token_bytes(token_id).decode("utf-8", errors="replace")
 

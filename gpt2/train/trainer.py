@@ -25,19 +25,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt2 import checkpoint, distributed
-from gpt2.atomic import atomic_dir, write_json
-from gpt2.config import Params, to_dict
-from gpt2.device import Runtime, resolve, sdpa_backend
-from gpt2.distributed import Dist
-from gpt2.errors import UserError
-from gpt2.flops import flops_per_token, peak_flops
-from gpt2.loader import BatchSampler, TokenSplit
-from gpt2.model import GPT, GPTConfig, gpt_config
-from gpt2.optim import build_optimizer, lr_at
-from gpt2.progress import clock
-from gpt2.tokens import read_meta
-from gpt2.tracking import MlflowTracker, Tracker, flatten, git_commit
+from gpt2.core.atomic import atomic_dir, write_json
+from gpt2.core.config import Params, to_dict
+from gpt2.core.errors import UserError
+from gpt2.core.progress import clock
+from gpt2.core.tokens import read_meta
+from gpt2.model.gpt import GPT, GPTConfig, gpt_config
+from gpt2.train import checkpoint, distributed
+from gpt2.train.device import Runtime, resolve, sdpa_backend
+from gpt2.train.distributed import Dist
+from gpt2.train.flops import flops_per_token, peak_flops
+from gpt2.train.loader import BatchSampler, TokenSplit
+from gpt2.train.optim import build_optimizer, lr_at
+from gpt2.train.tracking import MlflowTracker, Tracker, flatten, git_commit
 
 TRAIN_COLUMNS = ("step", "loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "mfu", "mem_gb")
 VAL_COLUMNS = ("step", "val_loss")

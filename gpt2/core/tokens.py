@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gpt2.errors import UserError
+from gpt2.core.errors import UserError
 
 FORMAT = "gpt2-tokens/1"
 DTYPE = "uint16"

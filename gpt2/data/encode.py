@@ -26,14 +26,14 @@ from typing import IO, Any
 
 import numpy as np
 
-from gpt2.atomic import atomic_dir, write_json
-from gpt2.config import TokenizeConfig
-from gpt2.errors import UserError
-from gpt2.progress import Progress
-from gpt2.pypi import sha256_file
-from gpt2.sources import MANIFEST
-from gpt2.tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
-from gpt2.tokens import DTYPE, FORMAT, META
+from gpt2.core.atomic import atomic_dir, write_json
+from gpt2.core.config import TokenizeConfig
+from gpt2.core.errors import UserError
+from gpt2.core.progress import Progress
+from gpt2.core.tokens import DTYPE, FORMAT, META
+from gpt2.data.pypi import sha256_file
+from gpt2.data.sources import MANIFEST
+from gpt2.data.tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
 
 SAFE_CUT = re.compile(r"\S\n(?=\S)")
 MAX_BLOCKS_WITHOUT_CUT = 64  # then cut anyway: a file with no newlines at all

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from gpt2.config import TrainConfig
+from gpt2.core.config import TrainConfig
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:

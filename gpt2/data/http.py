@@ -17,9 +17,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from gpt2.errors import UserError
-from gpt2.progress import Progress
-from gpt2.pypi import cache_dir, sha256_file
+from gpt2.core.errors import UserError
+from gpt2.core.progress import Progress
+from gpt2.data.pypi import cache_dir, sha256_file
 
 BLOCK = 1 << 20
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt2.model import GPT, KVCache
+from gpt2.model.gpt import GPT, KVCache
 
 
 @dataclass(frozen=True)

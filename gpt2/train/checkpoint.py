@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt2.atomic import atomic_file
-from gpt2.errors import UserError
+from gpt2.core.atomic import atomic_file
+from gpt2.core.errors import UserError
 
 FORMAT = "gpt2-checkpoint/1"
 COMPILED_PREFIX = "_orig_mod."

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpt2.errors import UserError
+from gpt2.core.errors import UserError
 
 
 def project_root() -> Path:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gpt2.config import TrainConfig
-from gpt2.errors import UserError
+from gpt2.core.config import TrainConfig
+from gpt2.core.errors import UserError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

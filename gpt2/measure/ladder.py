@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpt2 import experiments
-from gpt2.atomic import atomic_dir
-from gpt2.config import ModelParams, ParamError, TrainConfig, build, read_yaml, to_dict
-from gpt2.errors import UserError
-from gpt2.progress import clock
+from gpt2.core.atomic import atomic_dir
+from gpt2.core.config import ModelParams, ParamError, TrainConfig, build, read_yaml, to_dict
+from gpt2.core.errors import UserError
+from gpt2.core.progress import clock
+from gpt2.measure import experiments
 
 TRAIN_METRICS = "reports/train/metrics.json"
 EXP_PREFIX = "ladder-"
@@ -165,7 +165,7 @@ def plan(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str | N
 def _accumulation(raw: dict[str, Any], model_set: dict[str, Any], train_set: dict[str, Any], profile: Profile) -> int:
     """``grad_accum_steps: target``: the micro-batches nearest the profile's target_batch_tokens (at least 2,
     so the rung always accumulates, also when ``--model`` makes one micro-batch larger than the target)."""
-    from gpt2.model import SIZES
+    from gpt2.model.gpt import SIZES
 
     model = {**(raw.get("model") or {}), **model_set}
     train = {**(raw.get("train") or {}), **train_set}
@@ -382,7 +382,7 @@ def describe(plan_: Plan, rows: list[dict[str, Any]]) -> str:
     first = next((r for r in rows if r["runs"]), None)
     runtime = first["runtime"] if first else {}
     model, train = plan_.sections[0]["model"], plan_.sections[0]["train"]
-    from gpt2.model import SIZES
+    from gpt2.model.gpt import SIZES
 
     seq = train["block_size"] or model["block_size"] or SIZES[model["size"]]["block_size"]
     return (f"Device: {runtime.get('device_name', plan_.device)} ({plan_.device}), torch {runtime.get('torch', '?')}. "
@@ -441,7 +441,7 @@ def render_png(rows: list[dict[str, Any]], subtitle: str) -> bytes:
 def log_to_mlflow(rows: list[dict[str, Any]], plan_: Plan, runs: list[list[experiments.Experiment]],
                   out: Path) -> None:
     """Tag every rung's training run with its rung; log the ladder itself as one more run."""
-    from gpt2.tracking import MlflowTracker
+    from gpt2.train.tracking import MlflowTracker
 
     tracker = MlflowTracker(plan_.sections[0]["train"]["experiment"], run_name=f"ladder {plan_.device}")
     client = tracker.mlflow.tracking.MlflowClient()

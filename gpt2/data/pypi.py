@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpt2.errors import UserError
+from gpt2.core.errors import UserError
 
 
 def cache_dir() -> Path:

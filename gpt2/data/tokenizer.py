@@ -14,8 +14,8 @@ import os
 import tarfile
 from pathlib import Path
 
-from gpt2.errors import UserError
-from gpt2.pypi import cache_dir, fetch_sdist, sha256_file
+from gpt2.core.errors import UserError
+from gpt2.data.pypi import cache_dir, fetch_sdist, sha256_file
 
 NAME = "gpt2"
 EOT_ID = 50256

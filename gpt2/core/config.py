@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from gpt2.errors import UserError
+from gpt2.core.errors import UserError
 
 
 class ParamError(UserError):

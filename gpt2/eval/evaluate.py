@@ -18,14 +18,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt2 import checkpoint
-from gpt2.atomic import atomic_file, write_json
-from gpt2.config import EvalConfig, TrainConfig
-from gpt2.device import Runtime, resolve
-from gpt2.errors import UserError
-from gpt2.model import GPT, GPTConfig
-from gpt2.sample import SamplingConfig, TextStream, generate_ids
-from gpt2.tokens import open_tokens, read_meta
+from gpt2.core.atomic import atomic_file, write_json
+from gpt2.core.config import EvalConfig, TrainConfig
+from gpt2.core.errors import UserError
+from gpt2.core.tokens import open_tokens, read_meta
+from gpt2.eval.sample import SamplingConfig, TextStream, generate_ids
+from gpt2.model.gpt import GPT, GPTConfig
+from gpt2.train import checkpoint
+from gpt2.train.device import Runtime, resolve
 
 
 @dataclass
@@ -104,7 +104,7 @@ def unigram_loss(train: np.ndarray, val: np.ndarray, spans: list[tuple[int, int]
 
 def samples(loaded: Loaded, cfg: EvalConfig, eot_id: int) -> tuple[str, float]:
     """samples.md text and the generation speed in tokens/s."""
-    from gpt2.tokenizer import gpt2_encoding
+    from gpt2.data.tokenizer import gpt2_encoding
 
     encoding = gpt2_encoding()
     sampling = SamplingConfig(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_at_eot, cfg.kv_cache)
@@ -179,7 +179,7 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
 
 
 def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Path) -> None:
-    from gpt2.tracking import MlflowTracker
+    from gpt2.train.tracking import MlflowTracker
 
     experiment = state.get("params", {}).get("train", {}).get("experiment", "gpt2")
     tracker = MlflowTracker(experiment, state.get("mlflow_run_id"), run_name="evaluate")
@@ -196,7 +196,7 @@ def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Pat
 def stream_sample(ckpt_path: str | Path, prompt: str, sampling: SamplingConfig, num_samples: int, seed: int,
                   device: str, dtype: str) -> None:
     """``gpt2 sample``: print each continuation token by token as it is generated."""
-    from gpt2.tokenizer import EOT_ID, gpt2_encoding
+    from gpt2.data.tokenizer import EOT_ID, gpt2_encoding
 
     def write(text: str) -> None:
         sys.stdout.write(text)

@@ -201,7 +201,7 @@ class GPT(nn.Module):
 def gpt_config(size: str, overrides: dict[str, int | float | bool | None], vocab_size: int,
                pad_vocab_to_64: bool, attention: str) -> GPTConfig:
     """A named size with non-null ``overrides`` applied (params.yaml ``model`` section)."""
-    from gpt2.errors import UserError
+    from gpt2.core.errors import UserError
 
     dims = {**SIZES[size], **{k: v for k, v in overrides.items() if v is not None}}
     if dims["n_embd"] % dims["n_head"]:

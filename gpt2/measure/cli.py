@@ -1,0 +1,65 @@
+"""`gpt2 ladder` and `gpt2 plan`: measuring what optimizations buy and what a run will cost."""
+
+from __future__ import annotations
+
+import click
+
+from gpt2.core.cli import PARAMS, user_errors
+
+
+@click.command()
+@PARAMS
+@click.option("--ladder", "ladder_path", default="ladder.yaml", show_default=True, type=click.Path(dir_okay=False),
+              help="the rungs and per-device profiles")
+@click.option("--out", default="reports/ladder", show_default=True, help="report folder (ladder.md, .png, .json)")
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda", "mps"]),
+              help="where to train; picks the ladder's profile (cuda: gpt2 124M, T=1024; else tiny)")
+@click.option("--model", default=None, type=click.Choice(["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]),
+              help="model.size instead of the profile's")
+@click.option("--steps", default=None, type=click.IntRange(min=2), help="steps per run instead of the profile's")
+@click.option("--repeats", default=None, type=click.IntRange(min=1), help="runs per rung instead of the profile's")
+@click.option("--fresh", is_flag=True, help="measure every rung again instead of reusing experiments with the same params")
+@click.option("--mlflow/--no-mlflow", default=None, help="log to MLflow (default: params.yaml train.mlflow)")
+@user_errors
+def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str | None, steps: int | None,
+           repeats: int | None, fresh: bool, mlflow: bool | None) -> None:
+    """Measure what each optimization buys: every rung of ladder.yaml as DVC experiments, then a table and plot."""
+    from gpt2.measure.ladder import run_ladder
+
+    run_ladder(ladder_path, params_path, out, device, model, steps, repeats, fresh, mlflow)
+
+
+@click.command()
+@click.option("--model", default="gpt2", show_default=True,
+              type=click.Choice(["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]))
+@click.option("--tokens", required=True, type=click.FloatRange(min=0, min_open=True),
+              help="training tokens, e.g. 10e9")
+@click.option("--device", default="h100", show_default=True,
+              type=click.Choice(["h100", "h100-pcie", "h200", "a100", "a100-40gb", "l4", "v100", "cpu"]))
+@click.option("--gpus", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--micro-batch", default=16, show_default=True, type=click.IntRange(min=1), help="sequences per GPU")
+@click.option("--seq-len", default=None, type=click.IntRange(min=1), help="default: the model's context")
+@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]))
+@click.option("--attention", default="flash", show_default=True, type=click.Choice(["flash", "manual"]))
+@click.option("--mfu", default=None, type=click.FloatRange(0, 1, min_open=True),
+              help="model FLOPs utilization (default: measured here on that device, else 40%)")
+@click.option("--price-per-hour", default=None, type=click.FloatRange(min=0), help="USD per GPU-hour")
+@click.option("--memory-gb", default=None, type=click.FloatRange(min=0, min_open=True), help="memory per device")
+@click.option("--peak-tflops", default=None, type=click.FloatRange(min=0, min_open=True), help="peak per device")
+@click.option("--root", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="project whose reports/ladder and mlflow.db hold measured MFU")
+@click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
+@user_errors
+def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int, seq_len: int | None, dtype: str,
+         attention: str, mfu: float | None, price_per_hour: float | None, memory_gb: float | None,
+         peak_tflops: float | None, root: str, as_json: bool) -> None:
+    """Compute budget: parameters, FLOPs, memory, largest micro-batch, time and cost for TOKENS."""
+    import json
+    from pathlib import Path
+
+    from gpt2.measure.plan import plan as make
+    from gpt2.measure.plan import render
+
+    result = make(model, tokens, device, micro_batch, seq_len, gpus, dtype, attention, mfu, price_per_hour,
+                  memory_gb, peak_tflops, Path(root))
+    click.echo(json.dumps(result, indent=2) if as_json else render(result), nl=as_json)
