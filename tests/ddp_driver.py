@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpt2.train import trainer  # noqa: E402
 from gpt2.core.cli import user_errors  # noqa: E402
 from gpt2.core.config import load_params  # noqa: E402
+from gpt2.train import trainer  # noqa: E402
 
 
 def main() -> None:

@@ -1,1 +1,1 @@
-"""eval"""
+"""The evaluate stage (val loss, perplexity, samples) and text generation."""

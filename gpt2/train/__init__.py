@@ -1,1 +1,1 @@
-"""train"""
+"""The train stage: the loop and everything it runs on (device, loader, optimizer, checkpoints, DDP, tracking)."""
