@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from gpt2.core.cli import validate
 from gpt2.data.cli import download, stats, tokenize
 from gpt2.eval.cli import evaluate, sample
 from gpt2.measure.cli import ladder, plan
@@ -21,7 +22,7 @@ def main() -> None:
     """Pre-train GPT-2 reproducibly: download → tokenize → stats → train → evaluate."""
 
 
-for command in (download, tokenize, stats, train, evaluate, ladder, plan, sample):
+for command in (validate, download, tokenize, stats, train, evaluate, ladder, plan, sample):
     main.add_command(command)
 
 

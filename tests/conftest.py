@@ -105,14 +105,14 @@ def tokens(tmp_path: Path) -> Path:
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def env() -> dict[str, str]:
+def environment() -> dict[str, str]:
     return {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
             "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
             "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
 
 
-def run(cwd: Path, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True)
+def run(cwd: Path, *cmd: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, cwd=cwd, env={**environment(), **(env or {})}, capture_output=True, text=True)
     if check and result.returncode != 0:
         raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result

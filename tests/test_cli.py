@@ -20,7 +20,7 @@ def test_full_chain_through_the_cli(runner, tmp_path, corpus):
                  ["stats", "--tokens", tokens, "--out", report]):
         result = runner.invoke(main, [*map(str, args), "--params", str(params)])
         assert result.exit_code == 0, result.output
-    assert json.loads((report / "metrics.json").read_text())["documents"]["total"] == 12
+    assert json.loads((report / "metrics.json").read_text())["documents"] == 12
 
 
 def test_user_error_is_one_line_and_exit_2(runner, tmp_path):

@@ -36,7 +36,7 @@ def torchrun(folder: Path, tokens: Path, *extra: str, nproc: int = 2, model: dic
 
 
 def metrics(folder: Path) -> dict:
-    return json.loads((folder / "reports/metrics.json").read_text())
+    return json.loads((folder / "reports/summary.json").read_text())
 
 
 def train_losses(folder: Path) -> list[float]:
@@ -113,7 +113,7 @@ def test_dvc_repro_launches_two_ranks_and_writes_once(tmp_path):
     set_params(root, train={"distributed": "ddp", "nproc_per_node": 2, "mlflow": True})
     commit_all(root)
     dvc(root, "repro", "train")
-    out = json.loads((root / "reports/train/metrics.json").read_text())
+    out = json.loads((root / "reports/train/summary.json").read_text())
     assert out["perf"]["world_size"] == 2 and out["steps"] == 12
     assert [p.name for p in (root / "checkpoints").iterdir()] == ["ckpt.pt"]
     client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")

@@ -120,7 +120,7 @@ def test_one_document_corpus_is_split_inside_the_document(tmp_path, capsys):
 def test_invalid_utf8_is_replaced_and_counted(tmp_path):
     src = tmp_path / "c"
     src.mkdir()
-    (src / "a.txt").write_bytes(b"good text\nbad \xff\xfe bytes\n")
+    (src / "a.txt").write_bytes(b"good text\n" * 30 + b"bad \xff\xfe bytes\n")  # 2 of ~320 characters
     (src / "b.txt").write_bytes(b"clean\n")
     raw = raw_from(tmp_path, src)
     meta, out = tokenize(tmp_path, raw)
@@ -138,6 +138,20 @@ def test_invalid_utf8_strict_names_file_and_offset_and_writes_nothing(tmp_path):
     with pytest.raises(UserError, match=r"a.txt: invalid UTF-8 at byte 9.*on_decode_error: replace"):
         tokenize(tmp_path, raw, on_decode_error="strict")
     assert not (tmp_path / "tokens").exists()
+
+
+def test_a_file_that_is_mostly_invalid_utf8_is_refused_by_name(tmp_path):
+    src = tmp_path / "c"
+    src.mkdir()
+    (src / "latin1.txt").write_bytes("caf\xe9 na\xefve \xe0 la mode\n".encode("latin-1") * 20)  # 3 of 24 chars
+    (src / "b.txt").write_bytes(b"fine\n")
+    raw = raw_from(tmp_path, src)
+    with pytest.raises(UserError, match=r"latin1.txt: 60 of 4\d\d characters \(1\d\.\d%\) are not valid UTF-8, more "
+                                        r"than tokenize.max_replaced_fraction \(0.01\).*iconv"):
+        tokenize(tmp_path, raw)
+    assert not (tmp_path / "tokens").exists()
+    meta, _ = tokenize(tmp_path, raw, max_replaced_fraction=0.5)  # a looser limit lets it through, counted
+    assert meta["decode"]["replaced_chars"] == 60
 
 
 def test_missing_manifest(tmp_path):

@@ -56,7 +56,9 @@ def test_evaluation_is_deterministic_and_beats_nothing_trivially(trained, tmp_pa
     assert a["val"]["tokens"] == 4000 - 1
     assert a["val"]["ppl"] == pytest.approx(math.exp(a["val"]["loss"]))
     assert 0 < a["baseline"]["unigram_loss"] < math.log(50257)
-    assert json.loads((tmp_path / "eval/metrics.json").read_text()) == b
+    assert json.loads((tmp_path / "eval/summary.json").read_text()) == b
+    assert json.loads((tmp_path / "eval/metrics.json").read_text()) == {
+        "eval": {"val_loss": round(b["val"]["loss"], 4), "val_ppl": round(b["val"]["ppl"], 2)}}
     text = (tmp_path / "eval/samples.md").read_text()
     assert text.count("### Sample") == 4 and "## The king" in text
 
@@ -169,7 +171,10 @@ def test_vocab_mismatch_with_the_token_files(tmp_path, trained):
     assert not (tmp_path / "eval").exists()
 
 
-def test_prompt_longer_than_the_context(tmp_path, trained):
+def test_prompt_longer_than_the_context_is_refused_before_scoring(tmp_path, trained, monkeypatch):
+    from gpt2.eval import evaluate as module
+
+    monkeypatch.setattr(module, "val_loss", lambda *a: pytest.fail("scored the val split before checking prompts"))
     with pytest.raises(UserError, match="longer than the model's context of 32; shorten it"):
         run_eval(trained, tmp_path, prompts=("word " * 100,))
     assert not (tmp_path / "eval").exists()
@@ -210,4 +215,6 @@ def test_evaluation_logs_into_the_training_run(tmp_path, monkeypatch):
     client = mlflow.MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
     assert "eval/val_loss" in run.data.metrics and "eval/unigram_loss" in run.data.metrics
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"samples.md", "metrics.json"}
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"samples.md", "summary.json"}
+    assert run.info.run_name.startswith("tiny ")  # the training run keeps its name: evaluate does not rename it
+    assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri())  # beside the DB, not in the working directory

@@ -94,9 +94,10 @@ def fake_run(p: ladder.Plan, i: int, step_ms: float, runtime: dict, name: str = 
     train = p.sections[i]["train"]
     tokens = train["micro_batch_size"] * 128 * train["grad_accum_steps"]
     metrics = {"perf": {"step_ms": step_ms, "tokens_per_s": tokens / step_ms * 1000, "mfu": None},
-               "mem": {"peak_gb": 1.0 + i}, "val": {"loss": loss}, "runtime": runtime}
+               "mem": {"peak_gb": 1.0 + i}, "val": {"loss": loss}}
     return Experiment(name or f"ladder-{i:02d}-x-1", f"rev{i}", "t", {"model": p.sections[i]["model"],
-                      "train": p.sections[i]["train"]}, {ladder.TRAIN_METRICS: metrics})
+                      "train": p.sections[i]["train"]}, {ladder.TRAIN_METRICS: metrics},
+                      {ladder.TRAIN_RUN: {"runtime": runtime}})
 
 
 def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import commit_all, dvc, env, exp_rows, new_project, run, set_params
+from conftest import commit_all, dvc, environment, exp_rows, new_project, run, set_params
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -29,14 +31,16 @@ def test_repro_produces_every_output(project):
     assert manifest["documents"] == 10
     assert meta["dtype"] == "uint16"
     assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == 10
-    assert metrics["tokens"]["total"] == meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"]
+    assert metrics["tokens"] == meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"]
     for name in ("doc_lengths.tsv", "rank_frequency.tsv", "doc_lengths.png", "rank_frequency.png"):
         assert (project / "reports/stats" / name).stat().st_size > 0
-    train = json.loads((project / "reports/train/metrics.json").read_text())
+    train = json.loads((project / "reports/train/summary.json").read_text())
     assert train["steps"] == 12 and train["val"]["loss"] > 0
+    assert (project / "reports/train/plots/curves.png").read_bytes().startswith(b"\x89PNG")
+    assert (project / "reports/validate/params.ok").is_file()
     assert (project / "reports/train/plots/train.tsv").read_text().startswith("step\tloss")
     assert (project / "checkpoints/ckpt.pt").stat().st_size > 0
-    evaluation = json.loads((project / "reports/eval/metrics.json").read_text())
+    evaluation = json.loads((project / "reports/eval/summary.json").read_text())
     assert evaluation["val"]["tokens"] == meta["splits"]["val"]["tokens"] - 1
     assert evaluation["baseline"]["unigram_loss"] > 0
     assert (project / "reports/eval/samples.md").read_text().startswith("# Samples")
@@ -66,16 +70,52 @@ def test_a_code_change_reruns_exactly_the_stages_that_run_it(project):
     assert "Data and pipelines are up to date" in dvc(project, "status").stdout
 
 
-def test_metrics_show_lists_the_stats(project):
+def test_metrics_show_lists_the_compared_figures_only(project):
     out = dvc(project, "metrics", "show").stdout
-    assert "tokens.total" in out and "bytes_per_token" in out and "vocab_coverage" in out
-    assert "perf.step_ms" in out and "val.loss" in out
-    assert "reports/eval/metrics.json" in out and "baseline.unigram_loss" in out
+    assert "tokens" in out and "documents" in out and "bytes_per_token" in out and "vocab_coverage" in out
+    assert "perf.step_ms" in out and "val.loss" in out and "reports/eval/metrics.json" in out
+    assert "runtime" not in out and "top_tokens" not in out and "unigram" not in out  # in the summary.json files
+
+
+def test_a_params_typo_deletes_nothing_and_the_fixed_rerun_does_not_retrain(project):
+    outputs = ["checkpoints/ckpt.pt", "reports/train/metrics.json", "reports/train/plots/train.tsv",
+               "reports/eval/metrics.json", "reports/eval/samples.md", "data/tokens/train.bin"]
+    before = {name: (project / name).read_bytes() for name in outputs}
+    original = (project / "params.yaml").read_text()
+    for section, typo, message in (
+            ("train", {"foo": 1}, "unknown key 'train.foo'"),
+            ("tokenize", {"val_fractoin": 0.2}, "unknown key 'tokenize.val_fractoin'; did you mean 'val_fraction'?")):
+        set_params(project, **{section: typo})
+        result = dvc(project, "repro", check=False)
+        assert result.returncode == 255, result.stdout  # DVC's status for a failed stage (the stage exits 2)
+        assert message in result.stderr + result.stdout
+        assert "Running stage 'train'" not in result.stdout and "Running stage 'tokenize'" not in result.stdout
+        assert {name: (project / name).read_bytes() for name in outputs} == before  # nothing deleted
+        (project / "params.yaml").write_text(original)
+    out = dvc(project, "repro").stdout
+    assert "Running stage 'validate'" in out and "Running stage 'train'" not in out
+    # DVC deletes a stage's outs before it runs: a finished checkpoint of the same params rebuilds them
+    (project / "reports/train/metrics.json").unlink()
+    result = dvc(project, "repro")
+    assert "is a finished run of these params and data" in result.stderr + result.stdout
+    assert "step 1/" not in result.stderr + result.stdout  # no training step ran
+    assert {name: (project / name).read_bytes() for name in outputs} == before
+
+
+def test_a_failing_evaluate_keeps_the_previous_results(project):
+    before = {name: (project / name).read_bytes() for name in ("reports/eval/metrics.json", "reports/eval/samples.md")}
+    set_params(project, eval={"prompts": ["word " * 100]})  # longer than the context: evaluate fails
+    result = dvc(project, "repro", check=False)
+    assert result.returncode != 0 and "longer than the model's context" in result.stderr + result.stdout
+    assert {name: (project / name).read_bytes() for name in before} == before
+    set_params(project, eval={"prompts": ["The king"]})
+    dvc(project, "repro")
 
 
 def test_speed_only_params_do_not_rerun_but_split_params_do(project):
     set_params(project, tokenize={"workers": 1, "chunk_kb": 64})
-    assert "Running stage" not in dvc(project, "repro").stdout
+    ran = re.findall(r"Running stage '(\w+)'", dvc(project, "repro").stdout)
+    assert ran == ["validate"]  # params.yaml is checked again, and nothing else runs
     set_params(project, tokenize={"val_fraction": 0.3})
     out = dvc(project, "repro").stdout
     assert all(f"Running stage '{name}'" in out for name in ("tokenize", "stats", "train", "evaluate"))
@@ -109,8 +149,19 @@ def test_dvc_exp_run_compares_a_switch(project):
     assert rows["manual-attn"]["train.attention"] == "manual"
     row = rows["manual-attn"]
     assert float(row["perf.step_ms"]) > 0
-    # both metrics files have val.loss (training's estimate, evaluate's full pass): DVC qualifies the names
-    assert float(row["reports/train/metrics.json:val.loss"]) > 0 and float(row["reports/eval/metrics.json:val.loss"]) > 0
+    # training's estimate and evaluate's full pass have distinct names: no file prefix needed
+    assert float(row["val.loss"]) > 0 and float(row["eval.val_loss"]) > 0
+    readme = (ROOT / "README.md").read_text()
+    command = re.search(r"<!-- exp-show -->\s*```bash\n(.+?)\n```", readme).group(1)
+    shown = run(project, *shlex.split(command.replace("dvc ", f"{sys.executable} -m dvc ", 1)), "--no-pager",
+                env={"COLUMNS": "120"}).stdout
+    assert max(map(len, shown.splitlines())) <= 120, shown
+    header = next(line for line in shown.splitlines() if "Experiment" in line)
+    # what changed is shown, nothing it needs is cut off (flash and manual attention reach the same loss
+    # to 4 decimals, so --only-changed rightly hides the loss columns here)
+    for column in ("perf.step_ms", "perf.tokens_per_s", "train.attention"):
+        assert column in header, shown
+    assert "params.yaml" not in header and "…" not in shown
 
 
 def test_queued_grid_runs_and_logs_to_the_root_mlflow_db(tmp_path):
@@ -134,7 +185,7 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tmp_path):
     root = new_project(tmp_path)
     set_params(root, train={"max_steps": 100000, "eval_interval": 100000, "checkpoint_interval": 100000})
     dvc(root, "repro", "stats")
-    process = subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=root, env=env(), text=True,
+    process = subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=root, env=environment(), text=True,
                                stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
     for line in process.stderr:
         if line.startswith("step 3/"):

@@ -79,6 +79,15 @@ def test_empty_files_in_a_directory_are_skipped(tmp_path, corpus):
     assert fetch(tmp_path, corpus)[0]["documents"] == 12
 
 
+def test_a_binary_file_is_refused_by_name_and_nothing_is_written(tmp_path, corpus):
+    (corpus / "program").write_bytes(b"\x7fELF\x02\x01\x01" + bytes(64) + b"text after")
+    with pytest.raises(UserError, match=r"download.source: program is not a text file \(a NUL byte at offset 7\)"):
+        fetch(tmp_path, corpus)
+    assert not (tmp_path / "raw").exists()
+    with pytest.raises(UserError, match="not a text file"):
+        fetch(tmp_path, sys.executable)  # the python binary itself, as a one-file source
+
+
 def _zero_byte_file(d: Path) -> Path:
     (d / "zero.txt").write_text("")
     return d / "zero.txt"

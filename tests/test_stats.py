@@ -38,7 +38,9 @@ def test_metrics_match_a_direct_count(tmp_path, tokens_dir, corpus):
     top = ids[np.argsort(-counts, kind="stable")][:5]
     assert [t["id"] for t in metrics["top_tokens"]] == top.tolist()
     assert metrics["top_tokens"][0]["token"] == enc.decode([int(top[0])])
-    assert json.loads((tmp_path / "report" / "metrics.json").read_text()) == metrics
+    assert json.loads((tmp_path / "report" / "summary.json").read_text()) == metrics
+    assert sorted(json.loads((tmp_path / "report" / "metrics.json").read_text())) == [
+        "bytes_per_token", "documents", "tokens", "unique_tokens", "vocab_coverage"]
 
 
 def test_plot_files(tmp_path, tokens_dir):

@@ -62,5 +62,27 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     assert steps == [1, 2, 4, 6]  # step 1, every log_interval, the last step; none twice
     for name in ("train/lr", "train/grad_norm", "perf/step_ms", "perf/tokens_per_s", "mem/rss_gb", "val/loss"):
         assert client.get_metric_history(run.info.run_id, name), name
+    # the warm-up step (compilation) is its own figure, not a point of the speed series
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "perf/step_ms")] == [2, 4, 6]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "perf/warmup_s")] == [1]
+    # the summary is the compared figures as final metrics: no booleans, no runtime details
+    summary = sorted(k for k in run.data.metrics if k.startswith("summary/"))
+    assert summary == ["summary/mem.peak_gb", "summary/perf.step_ms", "summary/perf.tokens_per_s", "summary/train.loss",
+                       "summary/val.loss", "summary/val.ppl", "summary/wall_s"]  # MFU: no peak known on a CPU
+    experiment = client.get_experiment_by_name("gpt2")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
-    assert "metrics.json" in artifacts
+    assert "summary.json" in artifacts
+
+
+def test_runs_outside_dvc_exp_are_named_after_what_they_trained(tmp_path, tokens, monkeypatch):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    train(micro_params(mlflow=True, max_steps=2), tokens, tmp_path / "a" / "ckpt.pt", tmp_path / "a")
+    train(micro_params(mlflow=True, max_steps=3, attention="manual"), tokens, tmp_path / "b" / "ckpt.pt", tmp_path / "b")
+    client = mlflow.MlflowClient(uri)
+    names = sorted(r.info.run_name for r in client.search_runs([client.get_experiment_by_name("gpt2").experiment_id]))
+    assert names[0].startswith("tiny 2 steps fp32 flash ") and names[1].startswith("tiny 3 steps fp32 manual ")

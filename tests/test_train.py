@@ -13,6 +13,7 @@ from conftest import micro_params
 
 from gpt2.core.errors import UserError
 from gpt2.train import checkpoint, trainer
+from gpt2.train.tracking import flatten
 from gpt2.train.trainer import Diverged, TrainingInterrupted, train
 
 
@@ -34,7 +35,14 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
     assert metrics["perf"]["timed_steps"] == 29  # the first (warm-up) step is excluded
     assert metrics["mem"]["peak_gb"] > 0
     report = tmp_path / "run/reports"
-    assert json.loads((report / "metrics.json").read_text()) == metrics
+    assert json.loads((report / "summary.json").read_text()) == metrics
+    # DVC's metrics file keeps only the figures people compare (dvc exp show stays readable)
+    compared = json.loads((report / "metrics.json").read_text())
+    assert sorted(flatten(compared)) == ["mem.peak_gb", "perf.mfu", "perf.step_ms", "perf.tokens_per_s",
+                                         "train.loss", "val.loss", "val.ppl", "wall_s"]
+    assert compared["val"]["loss"] == round(metrics["val"]["loss"], 4) and compared["perf"] == {
+        k: metrics["perf"][k] for k in ("step_ms", "tokens_per_s", "mfu")}
+    assert (report / "plots/curves.png").read_bytes().startswith(b"\x89PNG")
     train_rows = (report / "plots/train.tsv").read_text().splitlines()
     assert train_rows[0].split("\t") == list(trainer.TRAIN_COLUMNS)
     assert len(train_rows) == 31
@@ -93,10 +101,25 @@ def test_sigterm_exit_code(tmp_path, tokens, monkeypatch):
     assert info.value.exit_code == 143
 
 
-def test_finished_checkpoint_starts_a_new_run(tmp_path, tokens, capsys):
+def test_finished_checkpoint_of_other_params_starts_a_new_run(tmp_path, tokens, capsys):
     run(tmp_path, tokens, micro_params(max_steps=4))
     run(tmp_path, tokens, micro_params(max_steps=4, lr=1.0e-3))
-    assert "is a finished run (4 steps); starting a new run" in capsys.readouterr().err
+    assert "is a finished run (4 steps) of other params or data; starting a new run" in capsys.readouterr().err
+
+
+def test_finished_checkpoint_of_the_same_params_rebuilds_the_reports_without_training(tmp_path, tokens, capsys,
+                                                                                       monkeypatch):
+    first = run(tmp_path, tokens, micro_params(max_steps=4))
+    reports = tmp_path / "run" / "reports"
+    saved = {name: (reports / name).read_text() for name in ("metrics.json", "summary.json", "plots/train.tsv")}
+    for name in saved:
+        (reports / name).unlink()  # what DVC does to a stage's outs before running it
+    capsys.readouterr()
+    monkeypatch.setattr(trainer, "_loop", lambda *a, **k: pytest.fail("trained again"))
+    again = run(tmp_path, tokens, micro_params(max_steps=4, mlflow=False))  # a tracking switch is not a new run
+    assert again == first
+    assert {name: (reports / name).read_text() for name in saved} == saved
+    assert "is a finished run of these params and data (4 steps); rebuilt" in capsys.readouterr().err
 
 
 def test_unfinished_checkpoint_of_another_model_is_refused(tmp_path, tokens, monkeypatch):
@@ -188,3 +211,10 @@ def test_split_shorter_than_a_window_is_refused(tmp_path):
     small = make_tokens(tmp_path / "t", n_train=2000, n_val=8)
     with pytest.raises(UserError, match="val.bin has 8 tokens, fewer than block_size \\+ 1 = 17"):
         run(tmp_path, small, micro_params())
+
+
+def test_two_trainings_on_one_checkpoint_do_not_race(tmp_path, tokens):
+    with checkpoint.exclusive(tmp_path / "run" / "ckpt.pt"):  # as a second `gpt2 train` would hold it
+        with pytest.raises(UserError, match=r"another training is using .*ckpt.pt .*its own --checkpoint"):
+            run(tmp_path, tokens, micro_params(max_steps=2))
+    assert run(tmp_path, tokens, micro_params(max_steps=2))["steps"] == 2  # released with its holder

@@ -30,3 +30,28 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(130)
 
     return wrapper
+
+
+VALID_MARK = "params.yaml: every section valid\n"
+
+
+@click.command()
+@PARAMS
+@click.option("--out", default="reports/validate/params.ok", show_default=True,
+              help="marker written when every section is valid (the first DVC stage's output)")
+@user_errors
+def validate(params_path: str, out: str) -> None:
+    """Check every section of params.yaml: unknown keys, types, ranges.
+
+    As the first DVC stage, it runs whenever params.yaml changes, before any other stage can
+    delete its outputs: a typo costs a message, not a retrain. Its marker never changes, so
+    passing it re-runs nothing downstream."""
+    from pathlib import Path
+
+    from gpt2.core.atomic import atomic_file
+    from gpt2.core.config import load_params
+
+    load_params(params_path)
+    with atomic_file(Path(out)) as tmp:
+        tmp.write_text(VALID_MARK)
+    click.echo(f"validate: {params_path} is valid", err=True)

@@ -66,9 +66,12 @@ class TokenizeConfig:
     workers: int = 0  # tokenizer threads; 0 = all cores
     chunk_kb: int = 1024  # text handed to a worker at once; bounds memory per worker
     on_decode_error: Literal["replace", "strict"] = "replace"
+    max_replaced_fraction: float = 0.01  # a document with more invalid UTF-8 than this is refused (not text)
 
     def check(self, at: str) -> None:
         require(0 < self.val_fraction <= 0.5, f"{at}.val_fraction", self.val_fraction, "a number in (0, 0.5]")
+        require(0 <= self.max_replaced_fraction <= 1, f"{at}.max_replaced_fraction", self.max_replaced_fraction,
+                "a number in [0, 1]")
         require(self.workers >= 0, f"{at}.workers", self.workers, "an integer >= 0 (0 = all cores)")
         require(self.chunk_kb >= 1, f"{at}.chunk_kb", self.chunk_kb, "an integer >= 1")
 
@@ -185,7 +188,7 @@ class EvalConfig:
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     batch_size: int = 16
-    max_tokens: int | None = 1_000_000  # a larger val split is scored on a seeded subset of windows; null = all
+    max_tokens: int | None = 65_536  # a larger val split is scored on a seeded subset of windows; null = all
     seed: int = 1337  # the subset of windows, and sampling
     prompts: tuple[str, ...] = ("ROMEO:", "To be, or not to be", "KING HENRY:")
     max_new_tokens: int = 100

@@ -163,16 +163,18 @@ def pieces(raw_dir: Path, manifest: dict[str, Any], is_val: np.ndarray, cfg: Tok
                         doc += 1
         else:
             split = "val" if is_val[doc] else "train"
-            yield from text_pieces(path, split, cfg, decode)
+            yield from text_pieces(path, split, cfg, decode, entry.get("origin", entry["path"]))
             doc += 1
 
 
-def text_pieces(path: Path, split: str, cfg: TokenizeConfig, decode: DecodeStats) -> Iterator[Piece]:
+def text_pieces(path: Path, split: str, cfg: TokenizeConfig, decode: DecodeStats,
+                origin: str | None = None) -> Iterator[Piece]:
     """Read one text document in blocks and cut it only where tokenization is unaffected."""
     block = cfg.chunk_kb * 1024
     errors = "strict" if cfg.on_decode_error == "strict" else _counting_handler(decode)
     decoder = codecs.getincrementaldecoder("utf-8")(errors=errors)
     buffer, pending_bytes, offset, blocks = "", 0, 0, 0
+    replaced_before, chars = decode.replaced, 0
     with open(path, "rb") as handle:
         while True:
             data = handle.read(block)
@@ -186,6 +188,8 @@ def text_pieces(path: Path, split: str, cfg: TokenizeConfig, decode: DecodeStats
             pending_bytes += len(data)
             blocks += 1
             if final:
+                chars += len(buffer)
+                check_replaced(origin or str(path), decode.replaced - replaced_before, chars, cfg.max_replaced_fraction)
                 yield Piece(split, buffer, True, pending_bytes)
                 return
             cut = _last_safe_cut(buffer)
@@ -193,10 +197,19 @@ def text_pieces(path: Path, split: str, cfg: TokenizeConfig, decode: DecodeStats
                 cut = len(buffer)  # no newline for 64 blocks: exactness gives way to bounded memory
             if cut:
                 head, buffer = buffer[:cut], buffer[cut:]
+                chars += len(head)
                 head_bytes = pending_bytes - len(buffer.encode("utf-8", "surrogatepass"))
                 yield Piece(split, head, False, head_bytes)
                 pending_bytes -= head_bytes
                 blocks = 0
+
+
+def check_replaced(name: str, replaced: int, chars: int, limit: float) -> None:
+    """``on_decode_error: replace`` is for a few bad bytes, not for a binary or a non-UTF-8 file."""
+    if chars and replaced / chars > limit:
+        raise UserError(f"{name}: {replaced:,} of {chars:,} characters ({replaced / chars:.1%}) are not valid UTF-8, "
+                        f"more than tokenize.max_replaced_fraction ({limit:g}): it is not UTF-8 text; convert it "
+                        "(e.g. iconv -f latin1 -t utf-8) or remove it from download.source")
 
 
 def _last_safe_cut(text: str) -> int | None:

@@ -69,6 +69,11 @@ class RawWriter:
         digest, size = hashlib.sha256(), 0
         with open(path, "wb") as out:
             while chunk := stream.read(BLOCK):
+                if (nul := chunk.find(b"\0")) >= 0:  # text never holds NUL bytes; executables and images do
+                    out.close()
+                    path.unlink()
+                    raise UserError(f"download.source: {name} is not a text file (a NUL byte at offset {size + nul:,}); "
+                                    "remove it from the source or point download.source at text files")
                 out.write(chunk)
                 digest.update(chunk)
                 size += len(chunk)

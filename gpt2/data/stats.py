@@ -82,6 +82,13 @@ def compute(cfg: StatsConfig, tokens_dir: str | Path) -> tuple[dict[str, Any], n
     return metrics, lengths, text_tokens
 
 
+def compared_figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """What DVC's metrics file keeps (``dvc metrics show``): the dataset in five numbers. Per-split
+    counts, bytes, document-length percentiles and the top tokens stay in summary.json."""
+    return {"documents": summary["documents"]["total"], "tokens": summary["tokens"]["total"],
+            **{k: summary[k] for k in ("bytes_per_token", "unique_tokens", "vocab_coverage")}}
+
+
 def decode_token(token_id: int) -> str:
     from gpt2.data.tokenizer import gpt2_encoding
 
@@ -119,7 +126,8 @@ def dataset_stats(cfg: StatsConfig, tokens_dir: str | Path = "data/tokens", out_
     for name, data in contents.items():
         with atomic_file(out / name) as tmp:
             tmp.write_bytes(data)
-    write_json(out / "metrics.json", metrics)
+    write_json(out / "summary.json", metrics)
+    write_json(out / "metrics.json", compared_figures(metrics))
     print(f"stats: {metrics['documents']['total']} documents, {metrics['tokens']['total']:,} tokens, "
           f"{metrics['bytes_per_token']} bytes/token, {metrics['unique_tokens']:,} unique tokens "
           f"({metrics['vocab_coverage']:.1%} of the vocab) → {out}/", file=sys.stderr)

@@ -102,16 +102,22 @@ def unigram_loss(train: np.ndarray, val: np.ndarray, spans: list[tuple[int, int]
     return total / n
 
 
-def samples(loaded: Loaded, cfg: EvalConfig, eot_id: int) -> tuple[str, float]:
+def encode_prompts(prompts: tuple[str, ...], block: int) -> list[list[int]]:
+    """Token ids of each prompt, checked against the model's context (before any slow work)."""
+    from gpt2.data.tokenizer import gpt2_encoding
+
+    encoded = [gpt2_encoding().encode_ordinary(p) for p in prompts]
+    for prompt, ids in zip(prompts, encoded):
+        check_prompt(prompt, ids, block)
+    return encoded
+
+
+def samples(loaded: Loaded, cfg: EvalConfig, encoded: list[list[int]], eot_id: int) -> tuple[str, float]:
     """samples.md text and the generation speed in tokens/s."""
     from gpt2.data.tokenizer import gpt2_encoding
 
     encoding = gpt2_encoding()
     sampling = SamplingConfig(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_at_eot, cfg.kv_cache)
-    block = loaded.model.cfg.block_size
-    encoded = [encoding.encode_ordinary(p) for p in cfg.prompts]
-    for prompt, ids in zip(cfg.prompts, encoded):
-        check_prompt(prompt, ids, block)
     state = loaded.state
     lines = ["# Samples", "",
              f"Checkpoint step {state['step']}; temperature {cfg.temperature}, top_k {cfg.top_k}, top_p {cfg.top_p}, "
@@ -156,14 +162,15 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
     if top >= model_vocab:
         raise UserError(f"{tokens_dir}/val.bin holds token id {top}, outside the checkpoint's vocab of {model_vocab}; "
                         "the tokens do not match this checkpoint: re-run tokenize or retrain")
+    encoded = encode_prompts(cfg.prompts, loaded.model.cfg.block_size)
     spans = windows(len(val), loaded.model.cfg.block_size, cfg.max_tokens, cfg.seed)
     started = time.perf_counter()
     loss, n = val_loss(loaded, val, spans, cfg.batch_size)
     baseline = unigram_loss(open_tokens(tokens_dir, "train", meta), val, spans, meta["vocab_size"])
     print(f"evaluate: val loss {loss:.4f} (ppl {math.exp(loss):.1f}) over {n:,} tokens in "
           f"{time.perf_counter() - started:.1f} s; unigram baseline {baseline:.4f}", file=sys.stderr)
-    text, tokens_per_s = samples(loaded, cfg, meta["eot_id"])
-    metrics = {
+    text, tokens_per_s = samples(loaded, cfg, encoded, meta["eot_id"])
+    summary = {
         "val": {"loss": loss, "ppl": math.exp(loss), "tokens": n},
         "baseline": {"unigram_loss": baseline},
         "sample": {"tokens_per_s": round(tokens_per_s, 1)},
@@ -172,24 +179,26 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
     out = Path(out_dir)
     with atomic_file(out / "samples.md") as tmp:
         tmp.write_text(text)
-    write_json(out / "metrics.json", metrics)
+    write_json(out / "summary.json", summary)
+    # DVC's metrics: the figures compared across experiments (named apart from train's val.loss, so
+    # `dvc exp show` needs no file prefix); the rest stays in summary.json
+    write_json(out / "metrics.json", {"eval": {"val_loss": round(loss, 4), "val_ppl": round(math.exp(loss), 2)}})
     if cfg.mlflow:
-        log_to_training_run(loaded.state, metrics, out)
-    return metrics
+        log_to_training_run(loaded.state, summary, out)
+    return summary
 
 
 def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Path) -> None:
     from gpt2.train.tracking import MlflowTracker
 
     experiment = state.get("params", {}).get("train", {}).get("experiment", "gpt2")
-    tracker = MlflowTracker(experiment, state.get("mlflow_run_id"), run_name="evaluate")
-    tracker.set_tags({"training_run_id": state.get("mlflow_run_id")})
+    tracker = MlflowTracker(experiment, state.get("mlflow_run_id"), run_name=f"evaluate step {state['step']}")
+    tracker.set_tags({"training_run_id": state.get("mlflow_run_id"), "eval.val_tokens": metrics["val"]["tokens"]})
     tracker.log_metrics({"eval/val_loss": metrics["val"]["loss"], "eval/val_ppl": metrics["val"]["ppl"],
-                         "eval/val_tokens": metrics["val"]["tokens"],
                          "eval/unigram_loss": metrics["baseline"]["unigram_loss"],
                          "eval/sample_tokens_per_s": metrics["sample"]["tokens_per_s"]}, step=state["step"])
     tracker.log_artifact(out / "samples.md")
-    tracker.log_artifact(out / "metrics.json")
+    tracker.log_artifact(out / "summary.json")
     tracker.end()
 
 

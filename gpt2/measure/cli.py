@@ -39,7 +39,8 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
 @click.option("--gpus", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--micro-batch", default=16, show_default=True, type=click.IntRange(min=1), help="sequences per GPU")
 @click.option("--seq-len", default=None, type=click.IntRange(min=1), help="default: the model's context")
-@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["fp32", "bf16", "fp16"]))
+@click.option("--dtype", default=None, type=click.Choice(["fp32", "bf16", "fp16"]),
+              help="default: bf16 on a GPU, fp32 on a CPU (where bf16 is emulated and slow)")
 @click.option("--attention", default="flash", show_default=True, type=click.Choice(["flash", "manual"]))
 @click.option("--mfu", default=None, type=click.FloatRange(0, 1, min_open=True),
               help="model FLOPs utilization (default: measured here on that device, else 40%)")
@@ -50,7 +51,7 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
               help="project whose reports/ladder and mlflow.db hold measured MFU")
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
 @user_errors
-def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int, seq_len: int | None, dtype: str,
+def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int, seq_len: int | None, dtype: str | None,
          attention: str, mfu: float | None, price_per_hour: float | None, memory_gb: float | None,
          peak_tflops: float | None, root: str, as_json: bool) -> None:
     """Compute budget: parameters, FLOPs, memory, largest micro-batch, time and cost for TOKENS."""

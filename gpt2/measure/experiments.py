@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ class Experiment:
     timestamp: str
     params: dict[str, Any]  # params.yaml's content
     metrics: dict[str, Any]  # metrics file path -> its content
+    files: dict[str, Any] = field(default_factory=dict)  # other JSON outputs asked for (path -> content)
 
 
 def dvc(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -113,11 +114,22 @@ def cancel(root: Path) -> None:
         subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True, env=_env())
 
 
-def finished(root: Path) -> list[Experiment]:
-    """The successful experiments based on the current commit (``dvc exp show --json``)."""
+def finished(root: Path, files: tuple[str, ...] = ()) -> list[Experiment]:
+    """The successful experiments based on the current commit (``dvc exp show --json``), each with
+    the JSON ``files`` (git-tracked outputs such as ``reports/train/summary.json``) read from its commit."""
     data = json.loads(dvc(root, "exp", "show", "--json").stdout or "[]")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-    return [exp for baseline in data if baseline.get("rev") == head for exp in _experiments(baseline)]
+    exps = [exp for baseline in data if baseline.get("rev") == head for exp in _experiments(baseline)]
+    return [replace(exp, files={path: _json_at(root, exp.rev, path) for path in files}) for exp in exps]
+
+
+def _json_at(root: Path, rev: str, path: str) -> Any:
+    """A JSON file as committed in ``rev`` (an experiment's commit), or None where it is missing or unreadable."""
+    out = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True)
+    try:
+        return json.loads(out.stdout) if out.returncode == 0 else None
+    except json.JSONDecodeError:
+        return None
 
 
 def _experiments(baseline: dict[str, Any]) -> Iterator[Experiment]:

@@ -31,8 +31,9 @@ from gpt2.core.progress import clock
 from gpt2.measure import experiments
 
 TRAIN_METRICS = "reports/train/metrics.json"
+TRAIN_RUN = "reports/train/summary.json"  # the rest of a run's summary: what really ran ("runtime")
 EXP_PREFIX = "ladder-"
-# A rung's change that the trainer resolves on the device: the key of what really ran in metrics' "runtime".
+# A rung's change that the trainer resolves on the device: the key of what really ran in summary.json's "runtime".
 RESOLVED = {"dtype": "dtype", "tf32": "tf32", "keep_host_memory": "keep_host_memory", "attention": "sdpa_backend"}
 
 
@@ -165,7 +166,7 @@ def plan(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str | N
 def _accumulation(raw: dict[str, Any], model_set: dict[str, Any], train_set: dict[str, Any], profile: Profile) -> int:
     """``grad_accum_steps: target``: the micro-batches nearest the profile's target_batch_tokens (at least 2,
     so the rung always accumulates, also when ``--model`` makes one micro-batch larger than the target)."""
-    from gpt2.model.gpt import SIZES
+    from gpt2.model.sizes import SIZES
 
     model = {**(raw.get("model") or {}), **model_set}
     train = {**(raw.get("train") or {}), **train_set}
@@ -226,7 +227,7 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
         raise UserError(f"{len(waiting)} DVC experiment(s) already queued or running ({', '.join(waiting[:5])}); "
                         "the ladder times one experiment at a time: run them (dvc exp run --run-all) or remove "
                         "them (dvc queue remove --queued) first")
-    existing = experiments.finished(root)
+    existing = experiments.finished(root, (TRAIN_RUN,))
     have = [0] * len(plan_.sections) if fresh else [len(runs) for runs in measured(plan_, existing)]
     todo = schedule(plan_.profile.repeats, have)
     reused = sum(min(h, plan_.profile.repeats) for h in have)
@@ -235,7 +236,7 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
           f"{len(todo)} to run, {reused} reused", file=sys.stderr)
     if todo:
         _measure(root, ladder, plan_, todo, {e.name for e in existing}, Path(out))
-        existing = experiments.finished(root)
+        existing = experiments.finished(root, (TRAIN_RUN,))
     runs = [r[:plan_.profile.repeats] for r in measured(plan_, existing)]
     rows = analyse(ladder, plan_, runs)
     write_report(Path(out), rows, plan_, runs)
@@ -312,7 +313,7 @@ def analyse(ladder: Ladder, plan_: Plan, runs: list[list[experiments.Experiment]
             tps = statistics.median(m["perf"]["tokens_per_s"] for m in metrics)
             mfus = [m["perf"].get("mfu") for m in metrics if m["perf"].get("mfu") is not None]
             losses = [m["val"]["loss"] for m in metrics if m.get("val", {}).get("loss") is not None]
-            runtime = metrics[0].get("runtime") or {}
+            runtime = (group[0].files.get(TRAIN_RUN) or {}).get("runtime") or {}
             row.update(step_ms=statistics.median(step_ms), step_ms_min=min(step_ms), step_ms_max=max(step_ms),
                        tokens_per_s=tps, peak_mem_gb=max(m["mem"]["peak_gb"] for m in metrics),
                        mfu=statistics.median(mfus) if mfus else None,
@@ -382,7 +383,7 @@ def describe(plan_: Plan, rows: list[dict[str, Any]]) -> str:
     first = next((r for r in rows if r["runs"]), None)
     runtime = first["runtime"] if first else {}
     model, train = plan_.sections[0]["model"], plan_.sections[0]["train"]
-    from gpt2.model.gpt import SIZES
+    from gpt2.model.sizes import SIZES
 
     seq = train["block_size"] or model["block_size"] or SIZES[model["size"]]["block_size"]
     return (f"Device: {runtime.get('device_name', plan_.device)} ({plan_.device}), torch {runtime.get('torch', '?')}. "

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core.errors import UserError
-from gpt2.model.gpt import SIZES
-from gpt2.model.gpt import pad_vocab as padded_size
+from gpt2.model.sizes import SIZES
+from gpt2.model.sizes import pad_vocab as padded_size
 from gpt2.train.flops import PEAK_TFLOPS
 
 VOCAB = 50257
@@ -163,13 +163,14 @@ def _mlflow_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | No
 
 
 def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: int | None = None,
-         gpus: int = 1, dtype: str = "bf16", attention: str = "flash", mfu: float | None = None,
+         gpus: int = 1, dtype: str | None = None, attention: str = "flash", mfu: float | None = None,
          price_per_hour: float | None = None, memory_gb: float | None = None, peak_tflops: float | None = None,
          root: Path = Path(".")) -> dict[str, Any]:
     """Everything ``gpt2 plan`` prints, as a dict."""
     if device not in DEVICES:
         raise UserError(f"unknown device {device!r}; one of {', '.join(DEVICES)}")
     dev = DEVICES[device]
+    dtype = dtype or ("fp32" if device == "cpu" else "bf16")
     s = shape(size)
     seq = seq_len or SIZES[size]["block_size"]
     if seq > SIZES[size]["block_size"]:
@@ -192,7 +193,8 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
     return {
         "model": size, "params": s.params, "params_without_wpe": s.params_without_wpe, "seq_len": seq,
         "tokens": tokens, "flops_per_token": {"dense_6N": dense, "attention": attn, "total": dense + attn},
-        "total_flops": total_flops, "device": dev.name, "gpus": gpus, "memory_gb": mem_gb, "dtype": dtype,
+        "total_flops": total_flops, "device": dev.name, "cpu": device == "cpu", "gpus": gpus, "memory_gb": mem_gb,
+        "dtype": dtype,
         "attention": attention, "micro_batch": micro_batch,
         "memory": {name: {**asdict(m), "total": m.total} for name, m in variants.items()},
         "largest_micro_batch": fits, "peak_tflops": peak / 1e12, "mfu": used_mfu, "mfu_source": source,
@@ -212,30 +214,33 @@ def render(p: dict[str, Any]) -> str:
     gb = 1e9
     chosen = f"{'amp' if p['dtype'] != 'fp32' else 'fp32'} {'flash' if p['attention'] == 'flash' else 'manual'}"
     f = p["flops_per_token"]
+    unit, overhead = ("process", "the OS and other programs") if p["cpu"] else ("GPU", "the CUDA context")
+    peak = f"{p['peak_tflops']:.0f} TFLOP/s {p['dtype']} peak" if p["peak_tflops"] else f"{p['dtype']}, peak unknown"
     lines = [
-        f"Plan: {p['model']} on {p['gpus']} × {p['device']} ({p['memory_gb']:.0f} GB, "
-        f"{p['peak_tflops']:.0f} TFLOP/s {p['dtype']} peak), {p['tokens']:.3g} tokens at T={p['seq_len']}",
+        f"Plan: {p['model']} on {p['gpus']} × {p['device']} ({p['memory_gb']:.0f} GB{' RAM' if p['cpu'] else ''}, "
+        f"{peak}), {p['tokens']:.3g} tokens at T={p['seq_len']}",
         "",
         f"parameters        {p['params']:,} ({p['params_without_wpe']:,} without position embeddings)",
         f"FLOPs per token   6·N = {f['dense_6N'] / 1e6:,.0f}M + attention 12·L·h·T = {f['attention'] / 1e6:,.0f}M "
         f"= {f['total'] / 1e6:,.0f}M (forward + backward)",
         f"total FLOPs       {p['total_flops']:.3e}",
         "",
-        f"memory per GPU (GB), micro-batch {p['micro_batch']} × {p['seq_len']}:",
+        f"memory per {unit} (GB), micro-batch {p['micro_batch']} × {p['seq_len']}:",
         "                  " + "".join(f"{name:>14}" for name in p["memory"]),
     ]
     for part in ("weights", "gradients", "optimizer", "weight_casts", "activations", "logits", "total"):
         lines.append(f"  {part:<16}" + "".join(f"{m[part] / gb:>14.2f}" for m in p["memory"].values()))
     lines.append(f"  {'largest batch':<16}" + "".join(f"{p['largest_micro_batch'][k]:>14}" for k in p["memory"]))
     lines += [
-        "  (eager estimate, see gpt2/measure/plan.py; torch.compile needs less; 10% of memory left for the CUDA context)",
+        f"  (eager estimate, see gpt2/measure/plan.py; torch.compile needs less; 10% of memory left for {overhead})",
         "",
         f"largest micro-batch that fits ({chosen}): {p['largest_micro_batch'][chosen]}",
         f"MFU               {100 * p['mfu']:.1f}% ({p['mfu_source']})",
     ]
     if p["hours"] is not None:
-        lines += [f"time              {p['hours']:,.1f} h on {p['gpus']} GPU(s) ({p['hours'] / 24:,.2f} days)",
-                  f"cost              ${p['cost']:,.0f} at ${p['price_per_hour']:.2f}/GPU-hour ({p['price_source']})"]
+        lines.append(f"time              {p['hours']:,.1f} h on {p['gpus']} × {p['device']} ({p['hours'] / 24:,.2f} days)")
+        if p["price_per_hour"]:
+            lines.append(f"cost              ${p['cost']:,.0f} at ${p['price_per_hour']:.2f}/GPU-hour ({p['price_source']})")
     else:
         lines.append("time              unknown: no peak FLOP/s for this device and dtype; pass --peak-tflops")
     return "\n".join(lines) + "\n"

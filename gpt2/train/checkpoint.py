@@ -9,10 +9,12 @@ torch: a damaged file is reported as such, with what to do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,30 @@ def restore_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+@contextlib.contextmanager
+def exclusive(path: str | os.PathLike) -> Iterator[None]:
+    """Hold the checkpoint's folder for one training at a time: two runs writing one checkpoint would
+    each resume from and overwrite the other's steps. An OS lock on the folder itself (no lock file
+    inside a DVC output); the OS drops it when the process dies, so a crash never leaves it stale."""
+    folder = Path(path).resolve().parent
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; run one training per checkpoint yourself
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"another training is using {Path(path)} (its folder is locked); wait for it to "
+                            "finish, or give this run its own --checkpoint path") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def save(path: str | os.PathLike, state: dict[str, Any]) -> None:

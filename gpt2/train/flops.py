@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from gpt2.model.gpt import GPTConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch-free at run time: `gpt2 plan` reads the peak table without importing torch
+    from gpt2.model.gpt import GPTConfig
 
 # Dense peak TFLOP/s (no sparsity) by device-name substring and dtype. "fp32" is plain FP32;
 # "tf32" is FP32 matmuls on tensor cores. Checked against the vendors' data sheets.

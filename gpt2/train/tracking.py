@@ -27,6 +27,18 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
 
 
+# A model-training experiment, not a GenAI one (MLflow 3's UI has both kinds).
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+
+
+def artifact_location() -> str | None:
+    """Artifacts beside a SQLite DB (``<db folder>/mlartifacts``), not in whatever the working directory is."""
+    uri = tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        return None  # a server or another store: its own default
+    return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+
+
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"train": {"lr": 1e-3}}`` → ``{"train.lr": 1e-3}``."""
     flat: dict[str, Any] = {}
@@ -68,6 +80,9 @@ class MlflowTracker(Tracker):
     """One MLflow run; resuming a training resumes its run (same run id)."""
 
     def __init__(self, experiment: str, run_id: str | None = None, run_name: str | None = None) -> None:
+        """Open run ``run_id`` (a resumed training, or evaluate logging into the training's run) or start
+        a new one called ``run_name``. An existing run keeps its name: MLflow renames a run it reopens
+        with a name, which once made every training run in the UI "evaluate"."""
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         try:
             import mlflow
@@ -76,9 +91,14 @@ class MlflowTracker(Tracker):
                             "(pip install -c constraints.txt -e .) or set train.mlflow: false") from None
         self.mlflow = mlflow
         mlflow.set_tracking_uri(tracking_uri())
-        mlflow.set_experiment(experiment)
+        if mlflow.get_experiment_by_name(experiment) is None:
+            mlflow.create_experiment(experiment, artifact_location=artifact_location(), tags=EXPERIMENT_TAGS)
+        self.experiment_id = mlflow.set_experiment(experiment).experiment_id
         try:
-            self.run = mlflow.start_run(run_id=run_id, run_name=run_name, log_system_metrics=True)
+            if run_id is None:
+                self.run = mlflow.start_run(run_name=run_name, log_system_metrics=True)
+            else:
+                self.run = mlflow.start_run(run_id=run_id, log_system_metrics=True)
         except mlflow.exceptions.MlflowException:
             if run_id is None:
                 raise
@@ -86,7 +106,9 @@ class MlflowTracker(Tracker):
                   file=sys.stderr)
             self.run = mlflow.start_run(run_name=run_name, log_system_metrics=True)
         self.run_id = self.run.info.run_id
-        print(f"mlflow: run {self.run_id} in {tracking_uri()} (mlflow ui --backend-store-uri {tracking_uri()})",
+        print(f"mlflow: run {self.run_id} ({self.run.info.run_name}) in {tracking_uri()}; see it with "
+              f"`mlflow ui --backend-store-uri {tracking_uri()}`, then open "
+              f"http://127.0.0.1:5000/#/experiments/{self.experiment_id}?workflowType=machine_learning",
               file=sys.stderr)
 
     def log_params(self, params: dict[str, Any]) -> None:

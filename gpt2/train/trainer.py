@@ -32,6 +32,7 @@ from gpt2.core.progress import clock
 from gpt2.core.tokens import read_meta
 from gpt2.model.gpt import GPT, GPTConfig, gpt_config
 from gpt2.train import checkpoint, distributed
+from gpt2.train.curves import render_curves
 from gpt2.train.device import Runtime, resolve, sdpa_backend
 from gpt2.train.distributed import Dist
 from gpt2.train.flops import flops_per_token, peak_flops
@@ -132,6 +133,15 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         flops_per_token=flops_per_token(model_cfg, model.num_params(exclude_position_embedding=True), seq_len),
         peak_flops=peak_flops(runtime.device_name, runtime.dtype, runtime.tf32, cfg.peak_tflops), meta=meta,
     )
+
+
+def run_name(s: Setup) -> str:
+    """What a run outside ``dvc exp`` is called in MLflow: what it trained, how, and when."""
+    cfg = s.params.train
+    switches = [s.runtime.dtype, cfg.attention] + ["compile"] * cfg.compile
+    if s.dist.world > 1:
+        switches.append(f"ddp×{s.dist.world}")
+    return f"{s.params.model.size} {s.total_steps} steps {' '.join(switches)} {time.strftime('%m-%d %H:%M')}"
 
 
 def inert_switch_warnings(s: Setup) -> list[str]:
@@ -239,8 +249,9 @@ def stop_on_signals() -> Iterator[dict[str, int | None]]:
 
 
 def checkpoint_state(s: Setup, step: int, history: History, run_id: str | None,
-                     rngs: list[Any]) -> dict[str, Any]:
+                     rngs: list[Any], metrics: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
+        "metrics": metrics,  # set once the run is finished: its reports can be rebuilt without training
         "model": checkpoint.clean_state_dict(s.model.state_dict()),
         "optimizer": s.optimizer.state_dict(),
         "scaler": s.scaler.state_dict(),
@@ -268,8 +279,15 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
         return None
     state = checkpoint.load(path)
     if state["step"] >= state["total_steps"]:
+        if not same_run(state, s):
+            why = "of other params or data"
+        elif state.get("metrics") is None:
+            why = "written before checkpoints kept their summary"
+        else:
+            return state  # finished with these params and data: its reports are rebuilt, nothing retrains
         if s.dist.main:
-            print(f"train: {path} is a finished run ({state['step']} steps); starting a new run", file=sys.stderr)
+            print(f"train: {path} is a finished run ({state['step']} steps) {why}; starting a new run",
+                  file=sys.stderr)
         return None
     old, new = state["model_config"], dataclasses.asdict(s.model_cfg)
     diffs = [f"{k} {old.get(k)} → {v}" for k, v in new.items() if k not in _RESUMABLE_MODEL_FIELDS and old.get(k) != v]
@@ -286,6 +304,19 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
     for key, (was, now) in changed.items() if s.dist.main else ():
         print(f"train: resuming with train.{key} changed: {was} → {now}", file=sys.stderr)
     return state
+
+
+# Train fields that change neither the weights nor the measured figures: a finished run is reused across them.
+_REUSABLE_TRAIN_FIELDS = {"mlflow", "experiment", "resume", "dist_timeout_s"}
+
+
+def same_run(state: dict[str, Any], s: Setup) -> bool:
+    """Whether a checkpoint was trained with exactly these model and train params, on this data."""
+    train = {k: _normal(v) for k, v in to_dict(s.params.train).items() if k not in _REUSABLE_TRAIN_FIELDS}
+    saved = {k: _normal(v) for k, v in state["params"]["train"].items() if k not in _REUSABLE_TRAIN_FIELDS}
+    return (state["params"]["model"] == to_dict(s.params.model) and saved == train
+            and state["data"] == {"manifest_sha256": s.meta.get("manifest_sha256"),
+                                  "tokens": s.meta["splits"]["train"]["tokens"]})
 
 
 def _normal(value: Any) -> Any:
@@ -306,6 +337,11 @@ def restore(s: Setup, state: dict[str, Any]) -> tuple[int, History, str | None]:
     return state["step"], History(**state["history"]), state["mlflow_run_id"]
 
 
+def warmup_s(history: History, steps: int) -> float:
+    """Seconds spent in the untimed first steps: compilation and autotuning, mostly."""
+    return round(sum(history.step_s[:steps]), 3)
+
+
 def summarize(s: Setup, history: History, step: int, wall_s: float) -> dict[str, Any]:
     cfg = s.params.train
     timed = history.step_s[cfg.timing_warmup_steps:] or history.step_s
@@ -323,6 +359,7 @@ def summarize(s: Setup, history: History, step: int, wall_s: float) -> dict[str,
             "tokens_per_s_per_device": round(tokens_per_s / s.dist.world, 1),
             "mfu": round(s.flops_per_token * tokens_per_s / (s.peak_flops * s.dist.world), 5) if s.peak_flops else None,
             "timed_steps": len(timed),
+            "warmup_s": warmup_s(history, cfg.timing_warmup_steps),
             "world_size": s.dist.world,
         },
         "mem": {"peak_gb": round(mem.get("mem/peak_gb", mem.get("mem/rss_gb", 0.0)), 4)},
@@ -334,13 +371,36 @@ def summarize(s: Setup, history: History, step: int, wall_s: float) -> dict[str,
     }
 
 
-def write_reports(report_dir: Path, metrics: dict[str, Any], history: History) -> None:
+# What metrics.json (DVC metrics: `dvc exp show`, `dvc metrics show`) keeps: the figures people compare.
+# Everything else about the run (steps, tokens, world size, what really ran) goes to summary.json.
+COMPARED = {"train": ("loss",), "val": ("loss", "ppl"), "perf": ("step_ms", "tokens_per_s", "mfu"),
+            "mem": ("peak_gb",), "wall_s": None}
+
+
+def compared_figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """The compared figures, rounded to what is worth reading (4 decimals of loss, 2 of perplexity)."""
+    figures = {key: summary[key] if keys is None else {k: summary[key][k] for k in keys}
+               for key, keys in COMPARED.items()}
+    return {key: {k: _round(v, 2 if k == "ppl" else 4) for k, v in value.items()} if isinstance(value, dict) else value
+            for key, value in figures.items()}
+
+
+def _round(value: Any, digits: int) -> Any:
+    return round(value, digits) if isinstance(value, float) else value
+
+
+def write_reports(report_dir: Path, summary: dict[str, Any], history: History) -> None:
+    """metrics.json (compared figures), summary.json (the whole summary), plots/*.tsv and plots/curves.png."""
     report_dir.mkdir(parents=True, exist_ok=True)
     with atomic_dir(report_dir / "plots") as tmp:
         for name, columns, rows in (("train.tsv", TRAIN_COLUMNS, history.train), ("val.tsv", VAL_COLUMNS, history.val)):
             lines = ["\t".join(columns)] + ["\t".join(_fmt(row.get(c)) for c in columns) for row in rows]
             (tmp / name).write_text("\n".join(lines) + "\n")
-    write_json(report_dir / "metrics.json", metrics)
+        png = render_curves(history.train, history.val, f"{summary['params']:,} parameters, {summary['steps']} steps")
+        if png is not None:
+            (tmp / "curves.png").write_bytes(png)
+    write_json(report_dir / "summary.json", summary)
+    write_json(report_dir / "metrics.json", compared_figures(summary))
 
 
 def _fmt(value: Any) -> str:
@@ -358,7 +418,8 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
     ckpt_path, report_dir = Path(ckpt_path), Path(report_dir)
     s = build(params, tokens_dir)
     try:
-        return _train(s, ckpt_path, report_dir)
+        with checkpoint.exclusive(ckpt_path) if s.dist.main else nullcontext():
+            return _train(s, ckpt_path, report_dir)
     except (getattr(torch.distributed, "DistError", RuntimeError), RuntimeError) as exc:
         if s.dist.world > 1 and _is_collective_failure(exc):
             raise distributed.collective_error(exc, s.dist, cfg.dist_timeout_s) from None
@@ -377,6 +438,13 @@ def _train(s: Setup, ckpt_path: Path, report_dir: Path) -> dict[str, Any]:
     params, cfg, main = s.params, s.params.train, s.dist.main
     history, step, run_id = History(), 0, None
     state = load_for_resume(ckpt_path, s)
+    if state is not None and state["step"] >= state["total_steps"]:
+        if main:
+            write_reports(report_dir, state["metrics"], History(**state["history"]))
+            print(f"train: {ckpt_path} is a finished run of these params and data ({state['step']} steps); "
+                  f"rebuilt {report_dir} from it instead of training again (train.resume: never retrains)",
+                  file=sys.stderr)
+        return state["metrics"]
     if state is not None:
         step, history, run_id = restore(s, state)
         if main:
@@ -388,13 +456,13 @@ def _train(s: Setup, ckpt_path: Path, report_dir: Path) -> dict[str, Any]:
         "tf32": s.runtime.tf32, "compile": cfg.compile, "attention": cfg.attention,
         "sdpa_backend": backend if cfg.attention == "flash" else "manual (no SDPA)",
         "keep_host_memory": s.runtime.keep_host_memory, "world_size": s.dist.world,
-        "params": s.model.num_params(), "torch": torch.__version__,
+        "params": s.model.num_params(), "torch": str(torch.__version__),
     }
     if main:
         print("train: " + ", ".join(f"{k}={v}" for k, v in info.items()), file=sys.stderr)
         for warning in inert_switch_warnings(s):
             print(f"warning: {warning}", file=sys.stderr)
-    tracker: Tracker = (MlflowTracker(cfg.experiment, run_id, os.environ.get("DVC_EXP_NAME"))
+    tracker: Tracker = (MlflowTracker(cfg.experiment, run_id, os.environ.get("DVC_EXP_NAME") or run_name(s))
                         if cfg.mlflow and main else Tracker())
     tracker.log_params(flatten({"model": to_dict(params.model), "train": to_dict(params.train)}))
     tracker.set_tags({"git_commit": git_commit(), "dvc_exp_name": os.environ.get("DVC_EXP_NAME"),
@@ -403,13 +471,13 @@ def _train(s: Setup, ckpt_path: Path, report_dir: Path) -> dict[str, Any]:
     try:
         if not cfg.save_checkpoint and main:
             ckpt_path.parent.mkdir(parents=True, exist_ok=True)  # the stage's DVC out exists, empty
-        metrics = _loop(s, step, history, ckpt_path, tracker)
-        metrics["runtime"] = {k: v for k, v in info.items() if k != "params"}  # what really ran (the ladder reads it)
+        runtime = {k: v for k, v in info.items() if k != "params"}  # what really ran (the ladder reads it)
+        metrics = _loop(s, step, history, ckpt_path, tracker, runtime)
         if main:
             write_reports(report_dir, metrics, history)
-        tracker.log_metrics({"summary/" + k: v for k, v in flatten(metrics).items()
-                             if isinstance(v, int | float)}, step=metrics["steps"])
-        tracker.log_artifact(report_dir / "metrics.json")
+        tracker.log_metrics({"summary/" + k: v for k, v in flatten(compared_figures(metrics)).items()
+                             if isinstance(v, int | float) and not isinstance(v, bool)}, step=metrics["steps"])
+        tracker.log_artifact(report_dir / "summary.json")
         status = "FINISHED"
         return metrics
     except TrainingInterrupted:
@@ -419,10 +487,12 @@ def _train(s: Setup, ckpt_path: Path, report_dir: Path) -> dict[str, Any]:
         tracker.end(status)
 
 
-def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Tracker) -> dict[str, Any]:
+def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Tracker,
+          runtime: dict[str, Any]) -> dict[str, Any]:
     cfg, d = s.params.train, s.dist
     batches = iter(s.sampler.next, None)
     started = time.perf_counter()
+    summary = None
     last_saved = step if ckpt_path.exists() else None
     s.step_model.train()
     with stop_on_signals() as stop:
@@ -445,6 +515,8 @@ def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Track
             history.fp16_skipped += skipped
             step += 1
             history.step_s.append(dt)
+            if step == cfg.timing_warmup_steps and d.main:
+                tracker.log_metrics({"perf/warmup_s": warmup_s(history, cfg.timing_warmup_steps)}, step=step)
             if d.main and (step % cfg.log_interval == 0 or step == s.total_steps or step == 1):
                 _log_step(s, history, step, loss_value, lr, norm, dt, tracker)
             if step % cfg.eval_interval == 0 or step == s.total_steps:
@@ -453,11 +525,13 @@ def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Track
                 tracker.log_metrics({"val/loss": val, "val/ppl": math.exp(min(val, 50))}, step=step)
                 if d.main:
                     print(f"step {step}/{s.total_steps} | val loss {val:.4f}", file=sys.stderr)
+            if step == s.total_steps:
+                summary = {**summarize(s, history, step, time.perf_counter() - started), "runtime": runtime}
             due = step % cfg.checkpoint_interval == 0 or step == s.total_steps or stopping
             if due and cfg.save_checkpoint:
                 rngs = distributed.gather(checkpoint.rng_states(), d)  # every rank takes part
                 if d.main:
-                    checkpoint.save(ckpt_path, checkpoint_state(s, step, history, tracker.run_id, rngs))
+                    checkpoint.save(ckpt_path, checkpoint_state(s, step, history, tracker.run_id, rngs, summary))
                 last_saved = step
             if stopping:
                 signum = stop["signal"] or signal.SIGTERM  # a peer was signalled
@@ -467,21 +541,26 @@ def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Track
                                             f"{step}/{s.total_steps}; {saved}")
                 error.exit_code = 128 + signum
                 raise error
-    return summarize(s, history, step, time.perf_counter() - started)
+    return summary or {**summarize(s, history, step, time.perf_counter() - started), "runtime": runtime}
 
 
 def _log_step(s: Setup, history: History, step: int, loss: float, lr: float, norm: float, dt: float,
               tracker: Tracker) -> None:
     tps = s.tokens_per_step / dt
     mfu = s.flops_per_token * tps / (s.peak_flops * s.dist.world) if s.peak_flops else None
-    row = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "step_ms": 1000 * dt, "tokens_per_s": tps,
-           "mfu": mfu}
+    # warm-up steps (compilation, autotuning) stay out of the speed series: one 30 s step would flatten
+    # every plot of step time; their total is its own figure, perf/warmup_s
+    timed = step > s.params.train.timing_warmup_steps
+    perf = {"perf/step_ms": 1000 * dt, "perf/tokens_per_s": tps, "perf/tokens_per_s_per_device": tps / s.dist.world,
+            "perf/mfu": mfu} if timed else {}
+    row = {"step": step, "loss": loss, "lr": lr, "grad_norm": norm, "step_ms": perf.get("perf/step_ms"),
+           "tokens_per_s": perf.get("perf/tokens_per_s"), "mfu": perf.get("perf/mfu")}
     mem = memory_gb(s.runtime)
     row["mem_gb"] = mem.get("mem/allocated_gb", mem.get("mem/rss_gb"))
     history.train.append(row)
-    tracker.log_metrics({"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, "perf/step_ms": row["step_ms"],
-                         "perf/tokens_per_s": tps, "perf/tokens_per_s_per_device": tps / s.dist.world,
-                         "perf/mfu": mfu, "perf/fp16_skipped_steps": history.fp16_skipped, **mem}, step=step)
+    if s.scaler.is_enabled():  # fp16: steps GradScaler skipped after an overflow (always 0 otherwise: not logged)
+        perf["perf/fp16_skipped_steps"] = history.fp16_skipped
+    tracker.log_metrics({"train/loss": loss, "train/lr": lr, "train/grad_norm": norm, **perf, **mem}, step=step)
     eta = (s.total_steps - step) * statistics.median(history.step_s[-20:])
     shown = f" | MFU {100 * mfu:.1f}%" if mfu is not None else ""
     print(f"step {step}/{s.total_steps} | loss {loss:.4f} | lr {lr:.2e} | norm {norm:.2f} | {1000 * dt:.0f} ms | "

@@ -1,0 +1,51 @@
+"""The training curves as one PNG (loss, step time, tokens/s, memory), readable without a browser.
+
+DVC's own plots render to HTML that loads Vega from a CDN: blank offline. matplotlib is optional
+here (GPU boxes may lack it): without it the PNG is skipped with a note, the TSVs remain.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from typing import Any
+
+
+def render_curves(train: list[dict[str, Any]], val: list[dict[str, Any]], title: str) -> bytes | None:
+    try:
+        import matplotlib
+    except ImportError:
+        print("train: matplotlib is not installed; skipping plots/curves.png (the .tsv files are written)",
+              file=sys.stderr)
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+        points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+        return [p[0] for p in points], [p[1] for p in points]
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), dpi=100, sharex=True)
+    loss, step_ms, tps, mem = axes.flat
+    loss.plot(*series(train, "loss"), label="train", linewidth=1)
+    loss.plot(*series(val, "val_loss"), label="val", marker="o", markersize=3)
+    loss.set(ylabel="loss (nats/token)", title="Loss")
+    loss.legend()
+    step_ms.plot(*series(train, "step_ms"), linewidth=1)
+    step_ms.set(ylabel="ms", title="Step time (warm-up steps left out)")
+    tps.plot(*series(train, "tokens_per_s"), linewidth=1)
+    tps.set(ylabel="tokens/s", title="Throughput")
+    mem.plot(*series(train, "mem_gb"), linewidth=1)
+    mem.set(ylabel="GB", title="Memory (CPU: RSS; CUDA: allocated)")
+    for ax in axes.flat:
+        ax.grid(True, alpha=0.3)
+    for ax in (step_ms, tps, mem):
+        ax.set_ylim(bottom=0)
+    for ax in axes[1]:
+        ax.set_xlabel("step")
+    fig.suptitle(title)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
