@@ -103,6 +103,16 @@ def tokens(tmp_path: Path) -> Path:
 # --------------------------------------------------------------------------- DVC projects in a temp git repo
 
 ROOT = Path(__file__).resolve().parents[1]
+LITTER = ("mlruns", "mlartifacts", "mlflow.db")  # what a test that forgets its tmp_path leaves in the project
+
+
+@pytest.fixture(autouse=True, scope="session")
+def leaves_no_litter_in_the_project():
+    """The suite writes only under tmp_path: a stray MLflow store in the checkout fails the run."""
+    before = {name for name in LITTER if (ROOT / name).exists()}
+    yield
+    after = {name for name in LITTER if (ROOT / name).exists()}
+    assert after <= before, f"the tests left {sorted(after - before)} in {ROOT}"
 
 
 def environment() -> dict[str, str]:

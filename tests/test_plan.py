@@ -118,6 +118,25 @@ def test_plan_uses_the_mfu_measured_by_the_ladder(runner, tmp_path):
     assert plan.plan("gpt2", 10e9, "h100-pcie", root=tmp_path)["mfu_source"].startswith("assumed")
 
 
+def test_plan_uses_the_mfu_of_a_finished_mlflow_run_and_skips_a_store_without_one(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    assert plan._has_metric(tmp_path / "none.db", "x") is True  # unreadable: let MLflow decide
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    mlflow.create_experiment("gpt2", artifact_location=(tmp_path / "artifacts").as_uri())
+    mlflow.set_experiment("gpt2")
+    with mlflow.start_run():
+        mlflow.log_param("model.size", "gpt2")
+        mlflow.log_metric("train/loss", 3.0)
+    assert not plan._has_metric(tmp_path / "mlflow.db", "summary/perf.mfu")
+    assert plan.plan("gpt2", 10e9, "h100", root=tmp_path)["mfu_source"].startswith("assumed")
+    with mlflow.start_run():
+        mlflow.log_param("model.size", "gpt2")
+        mlflow.set_tag("device", "NVIDIA H100 80GB HBM3")
+        mlflow.log_metric("summary/perf.mfu", 0.42)
+    p = plan.plan("gpt2", 10e9, "h100", root=tmp_path)
+    assert p["mfu"] == 0.42 and p["mfu_source"].startswith("measured: MLflow run")
+
+
 def test_largest_micro_batch_fits_and_the_next_does_not():
     s = plan.shape("gpt2")
     b = plan.largest_micro_batch(s, 1024, amp=True, flash=True, memory_gb=80)

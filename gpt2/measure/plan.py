@@ -141,8 +141,8 @@ def _same_device(name: str, device: Device) -> bool:
 
 def _mlflow_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
     db = root / "mlflow.db"
-    if not db.is_file():
-        return None
+    if not db.is_file() or not _has_metric(db, "summary/perf.mfu"):
+        return None  # no MFU was ever measured there (CPU runs have none): no need to import mlflow (~2 s)
     try:
         import mlflow
     except ImportError:
@@ -160,6 +160,17 @@ def _mlflow_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | No
         if mfu and not math.isnan(mfu) and run.get("params.model.size") == size and _same_device(name, device):
             return float(mfu), f"measured: MLflow run {run['run_id']} ({size} on {name})"
     return None
+
+
+def _has_metric(db: Path, key: str) -> bool:
+    """A cheap look into MLflow's SQLite store; True when unsure, so MLflow itself decides."""
+    import sqlite3
+
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+            return connection.execute("SELECT 1 FROM metrics WHERE key = ? LIMIT 1", (key,)).fetchone() is not None
+    except sqlite3.Error:
+        return True
 
 
 def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: int | None = None,
