@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_auto_picks_cuda_and_bf16_with_tf32():
     runtime = resolve(TrainConfig())
     assert runtime.device.type == "cuda"
-    assert runtime.dtype == ("bf16" if torch.cuda.is_bf16_supported() else "fp16")
+    assert runtime.dtype == ("bf16" if torch.cuda.get_device_capability() >= (8, 0) else "fp16")
     assert runtime.tf32 and torch.backends.cuda.matmul.allow_tf32
 
 
@@ -41,8 +41,9 @@ def test_compiled_bf16_training_on_cuda(tmp_path, tokens):
     assert metrics["steps"] == 6
 
 
+@pytest.mark.parametrize("loss_chunk", [0, 1024])
 @pytest.mark.parametrize("amp", [False, True])
-def test_memory_estimate_matches_the_cuda_peak(amp):
+def test_memory_estimate_matches_the_cuda_peak(amp, loss_chunk):
     """gpt2 plan's estimate against torch's own count of the peak, GPT-2 124M at batch 4 x 1024."""
     from gpt2.measure import plan
     from gpt2.model.gpt import GPT, gpt_config
@@ -50,6 +51,7 @@ def test_memory_estimate_matches_the_cuda_peak(amp):
     torch.manual_seed(0)
     torch.cuda.reset_peak_memory_stats()
     model = GPT(gpt_config("gpt2", {}, 50257, True, "flash")).cuda()
+    model.loss_chunk = loss_chunk
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     idx = torch.randint(0, 50257, (4, 1024), device="cuda")
     for _ in range(2):
@@ -58,7 +60,7 @@ def test_memory_estimate_matches_the_cuda_peak(amp):
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    estimate = plan.memory(plan.shape("gpt2"), 4, 1024, amp=amp, flash=True).total
+    estimate = plan.memory(plan.shape("gpt2"), 4, 1024, amp=amp, flash=True, loss_chunk=loss_chunk).total
     assert torch.cuda.max_memory_allocated() == pytest.approx(estimate, rel=0.25)
 
 
@@ -66,3 +68,14 @@ def test_ddp_on_one_gpu_uses_nccl(tmp_path, tokens):
     metrics = trainer.train(micro_params(device="cuda", distributed="ddp", max_steps=4), tokens, tmp_path / "c.pt",
                             tmp_path / "r")
     assert metrics["perf"]["world_size"] == 1 and metrics["runtime"]["device"] == "cuda:0"
+
+
+def test_checkpoint_keeps_the_cuda_rng_of_this_device_only():
+    from gpt2.train import checkpoint
+
+    torch.cuda.init()
+    states = checkpoint.rng_states()
+    assert isinstance(states["cuda"], torch.Tensor)  # one device's state, restorable on any machine with one GPU
+    expected = torch.rand(3, device="cuda")
+    checkpoint.restore_rng_states(states)
+    assert torch.equal(torch.rand(3, device="cuda"), expected)

@@ -32,6 +32,20 @@ def test_flops_per_token_matches_the_design_anchor():
     assert peak_flops("NVIDIA H100 80GB HBM3", "bf16", True) == 989e12
     assert peak_flops("NVIDIA H100 PCIe", "bf16", True) == 756e12
     assert peak_flops("NVIDIA A100-SXM4-40GB", "fp32", True) == 156e12
+
+
+@pytest.mark.parametrize("name, key", [
+    ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
+    ("NVIDIA H200", "H200"), ("NVIDIA H200 NVL", "H200 NVL"), ("NVIDIA H800", "H800"),
+    ("NVIDIA GH200 480GB", "GH200"), ("NVIDIA B200", "B200"), ("NVIDIA L40S", "L40S"), ("NVIDIA L40", "L40"),
+    ("NVIDIA L4", "L4"), ("NVIDIA A100-SXM4-40GB", "A100"), ("NVIDIA A100 80GB PCIe", "A100"), ("NVIDIA A10", "A10"),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("Tesla V100-SXM2-16GB", "V100"), ("NVIDIA A10G", None),
+    ("x86_64", None)])
+def test_peak_table_matches_the_most_specific_gpu_name(name, key):
+    """Names as torch.cuda.get_device_name() returns them: an L40S is not an L4, an NVL not an SXM."""
+    from gpt2.train.flops import device_key
+
+    assert device_key(name) == key
     assert peak_flops("x86_64", "fp32", False) is None
     assert peak_flops("x86_64", "fp32", False, override_tflops=1.5) == 1.5e12
 

@@ -47,7 +47,7 @@ def test_dtype_switch_changes_the_compute_dtype(tokens, dtype, expected):
     s = setup(tokens, dtype=dtype)
     x, y = s.sampler.next()
     with s.runtime.autocast():
-        logits, _ = s.model(x, y)
+        logits, _ = s.model(x)  # the training loss returns no logits (train.loss_chunk): ask for them
     assert logits.dtype == expected
     assert s.scaler.is_enabled() == (dtype == "fp16")
 
@@ -211,3 +211,24 @@ def test_keep_host_memory_really_reaches_glibc():
     from gpt2.train.device import keep_host_memory
 
     assert keep_host_memory() is sys.platform.startswith("linux")
+
+
+@pytest.mark.parametrize("capability, expected", [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")])
+def test_auto_dtype_on_cuda_follows_compute_capability_not_emulated_bf16(monkeypatch, capability, expected):
+    """V100 (7.0) and T4 (7.5) report is_bf16_supported() (emulation): auto must pick fp16 + GradScaler there."""
+    from gpt2.train import device
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: capability)
+    warnings: list[str] = []
+    assert device._dtype("auto", torch.device("cuda"), warnings) == expected and not warnings
+    device._dtype("bf16", torch.device("cuda"), warnings)
+    assert bool(warnings) == (expected == "fp16")  # bf16 asked on a pre-Ampere GPU: allowed, with a warning
+
+
+def test_checkpoint_rng_holds_no_cuda_state_without_cuda(tmp_path):
+    from gpt2.train import checkpoint
+
+    states = checkpoint.rng_states()
+    assert "cuda" not in states
+    checkpoint.restore_rng_states({**states, "cuda": [torch.zeros(1)]})  # an older checkpoint's list: ignored

@@ -35,7 +35,8 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
 @click.option("--tokens", required=True, type=click.FloatRange(min=0, min_open=True),
               help="training tokens, e.g. 10e9")
 @click.option("--device", default="h100", show_default=True,
-              type=click.Choice(["h100", "h100-pcie", "h200", "a100", "a100-40gb", "l4", "v100", "cpu"]))
+              type=click.Choice(["h100", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "b200", "a100", "a100-40gb", "l40s",
+                                 "l4", "v100", "cpu"]))
 @click.option("--gpus", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--micro-batch", default=16, show_default=True, type=click.IntRange(min=1), help="sequences per GPU")
 @click.option("--seq-len", default=None, type=click.IntRange(min=1), help="default: the model's context")
@@ -49,11 +50,13 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
 @click.option("--peak-tflops", default=None, type=click.FloatRange(min=0, min_open=True), help="peak per device")
 @click.option("--root", default=".", show_default=True, type=click.Path(file_okay=False),
               help="project whose reports/ladder and mlflow.db hold measured MFU")
+@click.option("--loss-chunk", default=8192, show_default=True, type=click.IntRange(min=0),
+              help="train.loss_chunk: positions whose logits exist at once; 0 = plain loss")
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
 @user_errors
 def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int, seq_len: int | None, dtype: str | None,
          attention: str, mfu: float | None, price_per_hour: float | None, memory_gb: float | None,
-         peak_tflops: float | None, root: str, as_json: bool) -> None:
+         peak_tflops: float | None, root: str, loss_chunk: int, as_json: bool) -> None:
     """Compute budget: parameters, FLOPs, memory, largest micro-batch, time and cost for TOKENS."""
     import json
     from pathlib import Path
@@ -62,5 +65,5 @@ def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int, se
     from gpt2.measure.plan import render
 
     result = make(model, tokens, device, micro_batch, seq_len, gpus, dtype, attention, mfu, price_per_hour,
-                  memory_gb, peak_tflops, Path(root))
+                  memory_gb, peak_tflops, Path(root), loss_chunk)
     click.echo(json.dumps(result, indent=2) if as_json else render(result), nl=as_json)

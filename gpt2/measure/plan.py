@@ -30,7 +30,7 @@ from typing import Any
 from gpt2.core.errors import UserError
 from gpt2.model.sizes import SIZES
 from gpt2.model.sizes import pad_vocab as padded_size
-from gpt2.train.flops import PEAK_TFLOPS
+from gpt2.train.flops import PEAK_TFLOPS, device_key
 
 VOCAB = 50257
 HEADROOM = 0.9  # share of device memory the plan fills; the rest is the CUDA context, allocator slack
@@ -46,7 +46,11 @@ class Device:
 DEVICES: dict[str, Device] = {
     "h100": Device("H100", 80, 2.50),
     "h100-pcie": Device("H100 PCIe", 80, 2.20),
+    "h100-nvl": Device("H100 NVL", 94, 2.50),
     "h200": Device("H200", 141, 3.50),
+    "h200-nvl": Device("H200 NVL", 141, 3.50),
+    "b200": Device("B200", 180, 5.00),
+    "l40s": Device("L40S", 48, 1.00),
     "a100": Device("A100", 80, 1.50),
     "a100-40gb": Device("A100", 40, 1.20),
     "l4": Device("L4", 24, 0.80),
@@ -92,29 +96,47 @@ def shape(size: str, pad_vocab: bool = True) -> Shape:
     return Shape(L, dims["n_head"], h, V, without_wpe + ctx * h, without_wpe)
 
 
-def activation_bytes(s: Shape, batch: int, seq: int, amp: bool, flash: bool) -> tuple[float, float]:
-    """(saved by the layers, logits peak) in bytes for one micro-batch."""
-    h, a, n = s.n_embd, s.n_head, batch * seq
+def activation_bytes(s: Shape, batch: int, seq: int, amp: bool, flash: bool,
+                     loss_chunk: int = 0) -> tuple[float, float]:
+    """(saved by the layers, the loss's peak) in bytes for one micro-batch.
+
+    The plain loss holds about four vocabulary-wide tensors per token at its backward peak. The
+    chunked one (``train.loss_chunk``, gpt2/model/loss.py) holds one chunk's fp32 logits and its
+    softmax gradient (fp32, or 16-bit under AMP), the fp32 gradient of the hidden states (4·h per
+    token) and the head's weight gradient three times over (its buffer, its scaled copy, and the sum
+    with the embedding's gradient: 12·V·h, once)."""
+    h, a, n, V = s.n_embd, s.n_head, batch * seq, s.padded_vocab
     if amp:
         per_layer = 38 * h if flash else 34 * h + 6 * a * seq
-        head, logits = 6 * h, 14 * s.padded_vocab
+        head, logits = 6 * h, 14 * V
     else:
         per_layer = 68 * h if flash else 64 * h + 4 * a * seq
-        head, logits = 8 * h, 16 * s.padded_vocab
-    return float(n * (s.n_layer * per_layer + head)), float(n * logits)
+        head, logits = 8 * h, 16 * V
+    saved = float(n * (s.n_layer * per_layer + head))
+    if not loss_chunk:
+        return saved, float(n * logits)
+    rows = min(loss_chunk, n)
+    return saved, float(rows * V * (6 if amp else 8) + n * 4 * h + (12 * V * h if n else 0))
 
 
-def memory(s: Shape, batch: int, seq: int, amp: bool, flash: bool) -> Memory:
-    saved, logits = activation_bytes(s, batch, seq, amp, flash)
+def memory(s: Shape, batch: int, seq: int, amp: bool, flash: bool, loss_chunk: int = 0) -> Memory:
+    saved, logits = activation_bytes(s, batch, seq, amp, flash, loss_chunk)
     return Memory(weights=4.0 * s.params, gradients=4.0 * s.params, optimizer=8.0 * s.params,
                   weight_casts=2.0 * s.params if amp else 0.0, activations=saved, logits=logits)
 
 
-def largest_micro_batch(s: Shape, seq: int, amp: bool, flash: bool, memory_gb: float) -> int:
+def largest_micro_batch(s: Shape, seq: int, amp: bool, flash: bool, memory_gb: float, loss_chunk: int = 0) -> int:
     """The largest batch whose estimate fits ``HEADROOM`` of the memory (0 if not even one)."""
-    fixed = memory(s, 0, seq, amp, flash).total
-    per_sequence = memory(s, 1, seq, amp, flash).total - fixed
-    return max(0, int((HEADROOM * memory_gb * 1e9 - fixed) // per_sequence))
+    budget = HEADROOM * memory_gb * 1e9
+    if memory(s, 1, seq, amp, flash, loss_chunk).total > budget:
+        return 0
+    low, high = 1, 2
+    while memory(s, high, seq, amp, flash, loss_chunk).total <= budget:
+        low, high = high, high * 2
+    while high - low > 1:  # the chunk makes the cost per sequence uneven: search, do not divide
+        mid = (low + high) // 2
+        low, high = (mid, high) if memory(s, mid, seq, amp, flash, loss_chunk).total <= budget else (low, mid)
+    return low
 
 
 def flops_per_token(s: Shape, seq: int) -> tuple[float, float]:
@@ -134,9 +156,8 @@ def measured_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | N
 
 
 def _same_device(name: str, device: Device) -> bool:
-    """``name`` (torch's) is this device: the longest table key it contains is ``device.name``."""
-    keys = [k for k in PEAK_TFLOPS if k in name]
-    return bool(keys) and max(keys, key=len) == device.name
+    """``name`` (torch's) is this device: the peak table's key for it is ``device.name``."""
+    return device_key(name) == device.name
 
 
 def _mlflow_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
@@ -176,7 +197,7 @@ def _has_metric(db: Path, key: str) -> bool:
 def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: int | None = None,
          gpus: int = 1, dtype: str | None = None, attention: str = "flash", mfu: float | None = None,
          price_per_hour: float | None = None, memory_gb: float | None = None, peak_tflops: float | None = None,
-         root: Path = Path(".")) -> dict[str, Any]:
+         root: Path = Path("."), loss_chunk: int = 8192) -> dict[str, Any]:
     """Everything ``gpt2 plan`` prints, as a dict."""
     if device not in DEVICES:
         raise UserError(f"unknown device {device!r}; one of {', '.join(DEVICES)}")
@@ -189,9 +210,9 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
     dense, attn = flops_per_token(s, seq)
     total_flops = (dense + attn) * tokens
     mem_gb = memory_gb or dev.memory_gb or _ram_gb()
-    variants = {f"{'amp' if a else 'fp32'} {'flash' if f else 'manual'}": memory(s, micro_batch, seq, a, f)
+    variants = {f"{'amp' if a else 'fp32'} {'flash' if f else 'manual'}": memory(s, micro_batch, seq, a, f, loss_chunk)
                 for a in (False, True) for f in (False, True)}
-    fits = {name: largest_micro_batch(s, seq, "amp" in name, "flash" in name, mem_gb) for name in variants}
+    fits = {name: largest_micro_batch(s, seq, "amp" in name, "flash" in name, mem_gb, loss_chunk) for name in variants}
     peak_kind = "tf32" if dtype == "fp32" else dtype
     peak = (peak_tflops or PEAK_TFLOPS.get(dev.name, {}).get(peak_kind, 0.0)) * 1e12
     if mfu is not None:
@@ -206,7 +227,7 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
         "tokens": tokens, "flops_per_token": {"dense_6N": dense, "attention": attn, "total": dense + attn},
         "total_flops": total_flops, "device": dev.name, "cpu": device == "cpu", "gpus": gpus, "memory_gb": mem_gb,
         "dtype": dtype,
-        "attention": attention, "micro_batch": micro_batch,
+        "attention": attention, "micro_batch": micro_batch, "loss_chunk": loss_chunk,
         "memory": {name: {**asdict(m), "total": m.total} for name, m in variants.items()},
         "largest_micro_batch": fits, "peak_tflops": peak / 1e12, "mfu": used_mfu, "mfu_source": source,
         "hours": seconds / 3600 if seconds else None, "price_per_hour": price,
@@ -236,7 +257,8 @@ def render(p: dict[str, Any]) -> str:
         f"= {f['total'] / 1e6:,.0f}M (forward + backward)",
         f"total FLOPs       {p['total_flops']:.3e}",
         "",
-        f"memory per {unit} (GB), micro-batch {p['micro_batch']} × {p['seq_len']}:",
+        f"memory per {unit} (GB), micro-batch {p['micro_batch']} × {p['seq_len']}, "
+        + (f"loss in chunks of {p['loss_chunk']} positions:" if p["loss_chunk"] else "plain loss (whole logits):"),
         "                  " + "".join(f"{name:>14}" for name in p["memory"]),
     ]
     for part in ("weights", "gradients", "optimizer", "weight_casts", "activations", "logits", "total"):

@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt2.model.loss import linear_cross_entropy
 from gpt2.model.sizes import SIZES, pad_vocab
 
 
@@ -133,6 +134,7 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied: one matrix, counted once
+        self.loss_chunk = 0  # > 0: the loss in chunks of this many positions, no logits returned (train.loss_chunk)
         self.apply(self._init_weights)
         if cfg.padded_vocab_size > cfg.vocab_size:
             # -inf on padded logits: they never win a sample and never take mass in the loss
@@ -160,7 +162,8 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (all positions with ``targets``, else the last one) and the mean loss.
+        """Logits (all positions with ``targets``, else the last one) and the mean loss; with
+        ``loss_chunk`` set and ``targets`` given, no logits (None) and the loss computed in chunks.
 
         With ``cache``, ``idx`` holds only the new positions; their keys and values are
         appended to the cache, whose length then advances.
@@ -176,6 +179,10 @@ class GPT(nn.Module):
         if cache is not None:
             cache.length += T
         x = self.transformer.ln_f(x)
+        if targets is not None and self.loss_chunk:  # training: the loss without the logits (model/loss.py)
+            loss = linear_cross_entropy(x.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1),
+                                        self.logit_mask, self.loss_chunk)
+            return None, loss
         if targets is None:
             logits = self.lm_head(x[:, [-1], :])  # generation needs only the last position
         else:

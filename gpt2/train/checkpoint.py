@@ -37,8 +37,9 @@ def rng_states() -> dict[str, Any]:
     name, keys, pos, has_gauss, gauss = np.random.get_state()
     states = {"python": random.getstate(), "numpy": (name, keys.tolist(), pos, has_gauss, gauss),
               "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # this process's device only: a state per visible GPU would not restore on a machine with fewer
+        states["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     return states
 
 
@@ -47,8 +48,9 @@ def restore_rng_states(states: dict[str, Any]) -> None:
     name, keys, pos, has_gauss, gauss = states["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    cuda = states.get("cuda")
+    if isinstance(cuda, torch.Tensor) and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda, torch.cuda.current_device())  # (a list: an older checkpoint's, all devices)
 
 
 @contextlib.contextmanager

@@ -111,17 +111,24 @@ def _device(asked: str) -> torch.device:
     return torch.device(asked)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """bf16 in hardware: compute capability 8.0 (Ampere) or newer. ``torch.cuda.is_bf16_supported()``
+    also says yes on a V100 or T4, where bf16 is emulated and slow: fp16 with a GradScaler is right there."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def _dtype(asked: str, device: torch.device, warnings: list[str]) -> str:
     if asked == "auto":
         if device.type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+            return "bf16" if native_bf16(device) else "fp16"
         return "fp32"
     if device.type == "cpu" and asked == "bf16":
         warnings.append("train.dtype bf16 on CPU: correct but usually far slower than fp32 without AMX")
     if device.type == "cpu" and asked == "fp16":
         warnings.append("train.dtype fp16 on CPU: emulated and slow; it exists for testing the GradScaler path")
-    if device.type == "cuda" and asked == "bf16" and not torch.cuda.is_bf16_supported():
-        raise UserError("train.dtype is bf16 but this GPU does not support bf16; use fp16 or auto")
+    if device.type == "cuda" and asked == "bf16" and not native_bf16(device):
+        warnings.append("train.dtype bf16 on a GPU older than Ampere (compute capability < 8.0): emulated and "
+                        "slow; fp16 (dtype: auto) is the fast choice here")
     return asked
 
 

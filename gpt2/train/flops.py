@@ -7,16 +7,37 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch-free at run time: `gpt2 plan` reads the peak table without importing torch
     from gpt2.model.gpt import GPTConfig
 
-# Dense peak TFLOP/s (no sparsity) by device-name substring and dtype. "fp32" is plain FP32;
-# "tf32" is FP32 matmuls on tensor cores. Checked against the vendors' data sheets.
+# Dense peak TFLOP/s (no sparsity) by GPU model and dtype, from the vendors' data sheets. "fp32" is
+# plain FP32; "tf32" is FP32 matmuls on tensor cores; GeForce figures are FP16/BF16 with FP32
+# accumulation (what autocast uses). Keys are matched as whole words in torch's device name, the
+# longest first, so "NVIDIA L40S" is not an L4 and "NVIDIA H100 NVL" not an H100 SXM.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "B200": {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1100.0, "fp32": 75.0},
+    "H100": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},  # SXM ("NVIDIA H100 80GB HBM3")
     "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},
-    "H100": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},  # SXM
-    "H200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
+    "H100 NVL": {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0},
+    "H200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},  # SXM
+    "H200 NVL": {"bf16": 835.0, "fp16": 835.0, "tf32": 418.0, "fp32": 60.0},
+    "H800": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},  # SXM
+    "H800 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0},
+    "GH200": {"bf16": 989.0, "fp16": 989.0, "tf32": 494.0, "fp32": 67.0},
     "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "A10": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},
+    "L40S": {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6},
+    "L40": {"bf16": 181.0, "fp16": 181.0, "tf32": 90.5, "fp32": 90.5},
     "L4": {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
+    "RTX 4090": {"bf16": 165.2, "fp16": 165.2, "tf32": 82.6, "fp32": 82.6},
+    "RTX 3090": {"bf16": 71.0, "fp16": 71.0, "tf32": 35.6, "fp32": 35.6},
     "V100": {"fp16": 125.0, "fp32": 15.7},
 }
+
+
+def device_key(device_name: str) -> str | None:
+    """The PEAK_TFLOPS key naming this GPU: the longest key found as whole words in the name."""
+    import re
+
+    found = [key for key in PEAK_TFLOPS if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", device_name)]
+    return max(found, key=len) if found else None
 
 
 def flops_per_token(cfg: GPTConfig, n_params_without_wpe: int, seq_len: int) -> float:
@@ -29,10 +50,9 @@ def peak_flops(device_name: str, dtype: str, tf32: bool, override_tflops: float 
     if override_tflops is not None:
         return override_tflops * 1e12
     kind = "tf32" if dtype == "fp32" and tf32 else dtype
-    for key, table in PEAK_TFLOPS.items():  # ordered: "H100 PCIe" before "H100"
-        if key in device_name and kind in table:
-            return table[kind] * 1e12
-    return None
+    key = device_key(device_name)
+    peak = PEAK_TFLOPS[key].get(kind) if key else None
+    return peak * 1e12 if peak else None
 
 
 def training_memory_gb(n_params: int) -> float:

@@ -106,6 +106,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         raise UserError(f"train.block_size {seq_len} exceeds the model's block_size {model_cfg.block_size}; "
                         "lower train.block_size or raise model.block_size")
     model = GPT(model_cfg).to(runtime.device)  # the same seed on every rank: the same initial weights
+    model.loss_chunk = cfg.loss_chunk
     if dist_info.world > 1:
         torch.manual_seed(cfg.seed + dist_info.rank)  # each rank its own dropout masks
     optimizer = build_optimizer(model, cfg)

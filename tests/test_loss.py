@@ -1,0 +1,77 @@
+"""The chunked training loss against PyTorch's own lm_head + cross_entropy: same loss, same gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpt2.model.gpt import GPT, gpt_config
+from gpt2.model.loss import linear_cross_entropy
+
+
+def reference(hidden, weight, targets, mask):
+    logits = hidden @ weight.t()
+    if mask is not None:
+        logits = logits + mask
+    return F.cross_entropy(logits, targets)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
+@pytest.mark.parametrize("masked", [False, True])
+def test_loss_and_gradients_equal_the_plain_path(chunk, masked):
+    torch.manual_seed(0)
+    n, c, v = 50, 16, 70
+    hidden = torch.randn(n, c, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(v, c, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 64, (n,))
+    mask = torch.cat([torch.zeros(64), torch.full((6,), float("-inf"))]).double() if masked else None
+    ours = linear_cross_entropy(hidden, weight, targets, mask, chunk)
+    (ours * 3.0).backward()  # a scaled loss (accumulation, GradScaler) scales both gradients
+    got = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    expected = reference(hidden, weight, targets, mask)
+    (expected * 3.0).backward()
+    assert ours.item() == pytest.approx(expected.item(), rel=1e-12)
+    assert torch.allclose(got[0], hidden.grad, atol=1e-12) and torch.allclose(got[1], weight.grad, atol=1e-12)
+
+
+def test_without_gradients_only_the_loss_is_computed():
+    torch.manual_seed(0)
+    hidden, weight, targets = torch.randn(40, 8), torch.randn(30, 8), torch.randint(0, 30, (40,))
+    with torch.no_grad():
+        assert linear_cross_entropy(hidden, weight, targets, None, 16).item() == pytest.approx(
+            reference(hidden, weight, targets, None).item(), rel=1e-5)
+
+
+def test_the_model_trains_the_same_without_holding_the_logits():
+    """Same loss and gradients as the plain path (fp32), and nothing vocabulary-wide saved for backward."""
+    torch.manual_seed(0)
+    model = GPT(gpt_config("tiny", {"n_layer": 2, "n_embd": 32, "n_head": 2, "block_size": 16}, 50257, True, "flash"))
+    idx = torch.randint(0, 50257, (4, 16))
+    _, plain = model(idx, idx)
+    plain.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    model.loss_chunk = 24
+    saved: list[torch.Size] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        logits, chunked = model(idx, idx)
+    chunked.backward()
+    assert logits is None and chunked.item() == pytest.approx(plain.item(), rel=1e-5)
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.grad, expected[name], rtol=1e-4, atol=1e-6), name
+    vocab_wide = [shape for shape in saved if shape.numel() >= 64 * 50304]
+    assert not vocab_wide  # the plain path saves (64, 50304) logits; the chunked one saves none
+
+
+@pytest.mark.skipif(not hasattr(torch, "get_autocast_dtype"), reason="needs torch >= 2.4")
+def test_under_bf16_autocast_it_matches_the_plain_path_to_bf16_precision():
+    torch.manual_seed(0)
+    hidden = torch.randn(64, 32, requires_grad=True)
+    weight = torch.randn(100, 32, requires_grad=True)
+    targets = torch.randint(0, 100, (64,))
+    with torch.autocast("cpu", torch.bfloat16):
+        ours = linear_cross_entropy(hidden, weight, targets, None, 16)
+        expected = F.cross_entropy(F.linear(hidden, weight), targets)
+    assert ours.dtype == torch.float32 and ours.item() == pytest.approx(expected.item(), rel=2e-2)
