@@ -119,3 +119,15 @@ def test_dvc_repro_launches_two_ranks_and_writes_once(tmp_path):
     client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
     assert len(runs) == 1 and runs[0].data.tags["world_size"] == "2"
+
+
+def test_preload_under_ddp_shares_one_mapped_copy(tokens):
+    """Several ranks must not each hold a private copy of the corpus: a read-only map of the file."""
+    import numpy as np
+
+    from gpt2.train.loader import TokenSplit
+
+    private = TokenSplit(tokens, "train", "preload")
+    shared = TokenSplit(tokens, "train", "preload", shared=True)
+    assert not isinstance(private.array(), np.memmap) and isinstance(shared.array(), np.memmap)
+    assert shared.array().flags.writeable is False and np.array_equal(shared.array(), private.array())

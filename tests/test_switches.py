@@ -232,3 +232,14 @@ def test_checkpoint_rng_holds_no_cuda_state_without_cuda(tmp_path):
     states = checkpoint.rng_states()
     assert "cuda" not in states
     checkpoint.restore_rng_states({**states, "cuda": [torch.zeros(1)]})  # an older checkpoint's list: ignored
+
+
+def test_sdpa_backend_switch_picks_the_kernel_or_says_why_it_cannot(tmp_path, tokens):
+    from gpt2.core.errors import UserError
+    from gpt2.train.trainer import train
+
+    metrics = train(micro_params(sdpa_backend="math", max_steps=2), tokens, tmp_path / "a" / "c.pt", tmp_path / "a")
+    assert metrics["runtime"]["sdpa_backend"] == "math"
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="train.sdpa_backend efficient cannot run on .*set train.sdpa_backend: auto"):
+            train(micro_params(sdpa_backend="efficient", max_steps=2), tokens, tmp_path / "b" / "c.pt", tmp_path / "b")

@@ -39,9 +39,12 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
     # DVC's metrics file keeps only the figures people compare (dvc exp show stays readable)
     compared = json.loads((report / "metrics.json").read_text())
     assert sorted(flatten(compared)) == ["mem.peak_gb", "perf.mfu", "perf.step_ms", "perf.tokens_per_s",
-                                         "train.loss", "val.loss", "val.ppl", "wall_s"]
+                                         "perf.tokens_per_s_wall", "train.loss", "val.loss", "val.ppl", "wall_s"]
+    # wall-clock throughput: every token over the whole run's time, evals and model build included
+    assert 0 < metrics["perf"]["tokens_per_s_wall"] == pytest.approx(30 * 4 * 16 / metrics["wall_s"], rel=0.01)
+    assert metrics["perf"]["tokens_per_s_wall"] < metrics["perf"]["tokens_per_s"]
     assert compared["val"]["loss"] == round(metrics["val"]["loss"], 4) and compared["perf"] == {
-        k: metrics["perf"][k] for k in ("step_ms", "tokens_per_s", "mfu")}
+        k: metrics["perf"][k] for k in ("step_ms", "tokens_per_s", "tokens_per_s_wall", "mfu")}
     assert (report / "plots/curves.png").read_bytes().startswith(b"\x89PNG")
     train_rows = (report / "plots/train.tsv").read_text().splitlines()
     assert train_rows[0].split("\t") == list(trainer.TRAIN_COLUMNS)
@@ -168,8 +171,8 @@ def test_nan_loss_stops_with_step_and_last_checkpoint(tmp_path, tokens, monkeypa
         return loss * float("nan") if calls["n"] == 6 else loss
 
     monkeypatch.setattr(trainer, "backward_micro_batches", poisoned)
-    with pytest.raises(Diverged, match=r"loss is nan at step 5: training diverged; last good checkpoint: .*ckpt.pt "
-                                       r"\(step 4\)"):
+    with pytest.raises(Diverged, match=r"loss is nan at step 6: training diverged; last good checkpoint: .*ckpt.pt "
+                                       r"\(step 4\)"):  # steps counted from 1, as in the log lines
         run(tmp_path, tokens, micro_params(checkpoint_interval=2))
 
 
@@ -218,3 +221,43 @@ def test_two_trainings_on_one_checkpoint_do_not_race(tmp_path, tokens):
         with pytest.raises(UserError, match=r"another training is using .*ckpt.pt .*its own --checkpoint"):
             run(tmp_path, tokens, micro_params(max_steps=2))
     assert run(tmp_path, tokens, micro_params(max_steps=2))["steps"] == 2  # released with its holder
+
+
+def test_background_checkpoint_is_the_state_at_save_time_and_errors_surface(tmp_path, monkeypatch):
+    saver = checkpoint.BackgroundSaver()
+    weights = torch.zeros(1000)
+    saver.save(tmp_path / "ckpt.pt", {"model": {"w": weights}, "step": 1, "nested": [weights]})
+    weights += 1  # the next optimizer step, while the writer may still be busy
+    saver.wait()
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert state["step"] == 1 and state["model"]["w"].sum() == 0 and state["nested"][0].sum() == 0
+
+
+    def disk_full(path, state):
+        raise UserError(f"disk full while writing {path}")
+
+    monkeypatch.setattr(checkpoint, "save", disk_full)
+    saver.save(tmp_path / "ckpt.pt", {"step": 2})  # returns at once: the write fails on the thread
+    with pytest.raises(UserError, match="disk full"):
+        saver.wait()  # ... and the training thread hears of it
+    saver.wait()  # reported once
+
+
+def test_deferred_syncs_log_the_same_numbers_and_still_catch_a_nan(tmp_path, tokens, monkeypatch):
+    """CUDA's loop reads the device only at log, eval and checkpoint steps: same losses, every step timed."""
+    params = micro_params(log_interval=4, eval_interval=6, checkpoint_interval=100)
+    every = run(tmp_path, tokens, params, "every")
+    monkeypatch.setattr(trainer, "sync_every_step", lambda runtime: False)
+    deferred = run(tmp_path, tokens, params, "deferred")
+    assert losses(tmp_path, "deferred") == losses(tmp_path, "every")  # rows at steps 1, 4, 8, 12
+    assert deferred["val"] == every["val"] and deferred["perf"]["timed_steps"] == every["perf"]["timed_steps"] == 11
+    original, calls = trainer.backward_micro_batches, {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = original(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 2 else loss
+
+    monkeypatch.setattr(trainer, "backward_micro_batches", poisoned)
+    with pytest.raises(Diverged, match=r"loss is nan at step 2: "):  # found at step 4's sync, named by its step
+        run(tmp_path, tokens, params, "nan")

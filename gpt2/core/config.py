@@ -118,6 +118,7 @@ class TrainConfig:
     compile: bool = False
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     attention: Literal["flash", "manual"] = "flash"
+    sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math"] = "auto"  # the kernel behind flash
     pad_vocab: bool = True
     fused_adamw: bool = True
     loss_chunk: int = 8192  # positions whose logits exist at once in the training loss; 0 = all (plain path)
@@ -145,6 +146,7 @@ class TrainConfig:
     log_interval: int = 10
     checkpoint_interval: int = 40
     save_checkpoint: bool = True  # false: measurement runs (the ladder) write no checkpoint
+    async_checkpoint: bool = True  # write checkpoints on a thread from a CPU copy; training goes on meanwhile
     timing_warmup_steps: int = 5
     peak_tflops: float | None = None  # peak FLOP/s of this device for MFU; null = look it up by name
     resume: Literal["auto", "never"] = "auto"

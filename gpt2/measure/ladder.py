@@ -311,11 +311,13 @@ def analyse(ladder: Ladder, plan_: Plan, runs: list[list[experiments.Experiment]
         if metrics:
             step_ms = [m["perf"]["step_ms"] for m in metrics]
             tps = statistics.median(m["perf"]["tokens_per_s"] for m in metrics)
+            walls = [m["perf"].get("tokens_per_s_wall") for m in metrics if m["perf"].get("tokens_per_s_wall")]
             mfus = [m["perf"].get("mfu") for m in metrics if m["perf"].get("mfu") is not None]
             losses = [m["val"]["loss"] for m in metrics if m.get("val", {}).get("loss") is not None]
             runtime = (group[0].files.get(TRAIN_RUN) or {}).get("runtime") or {}
             row.update(step_ms=statistics.median(step_ms), step_ms_min=min(step_ms), step_ms_max=max(step_ms),
-                       tokens_per_s=tps, peak_mem_gb=max(m["mem"]["peak_gb"] for m in metrics),
+                       tokens_per_s=tps, tokens_per_s_wall=statistics.median(walls) if walls else None,
+                       peak_mem_gb=max(m["mem"]["peak_gb"] for m in metrics),
                        mfu=statistics.median(mfus) if mfus else None,
                        val_loss=statistics.median(losses) if losses else None, runtime=runtime,
                        ran=_what_ran(rung, plan_.sections[i]["train"], runtime))
@@ -360,21 +362,22 @@ def _fmt(value: Any) -> str:
 
 
 def table(rows: list[dict[str, Any]], steps: int) -> str:
-    head = ("| # | rung | what ran | ms/step median (min–max) | tokens/s | vs previous | cumulative | "
-            f"peak mem (GB) | MFU | val loss after {steps} steps | note |")
-    lines = [head, "|" + "---|" * 11]
+    head = ("| # | rung | what ran | ms/step median (min–max) | tokens/s | wall tokens/s | vs previous | "
+            f"cumulative | peak mem (GB) | MFU | val loss after {steps} steps | note |")
+    lines = [head, "|" + "---|" * 12]
     for row in rows:
         if not row["runs"]:
-            lines.append(f"| {row['index']} | {row['rung']} | | failed | | | | | | | see `dvc queue logs` |")
+            lines.append(f"| {row['index']} | {row['rung']} | | failed | | | | | | | | see `dvc queue logs` |")
             continue
         spread = f"{row['step_ms']:.1f} ({row['step_ms_min']:.1f}–{row['step_ms_max']:.1f})"
         vs = f"{row['vs_previous']:.2f}×" if row["vs_previous"] else ""
         cumulative = f"{row['cumulative']:.2f}×" if row["cumulative"] else ""
         mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "n/a"
         loss = f"{row['val_loss']:.3f}" if row["val_loss"] is not None else ""
+        wall = f"{row['tokens_per_s_wall']:,.0f}" if row.get("tokens_per_s_wall") else ""
         note = "" if row["effect"] in ("acts", "baseline") else row["effect"]
         lines.append(f"| {row['index']} | {row['rung']} | {row['ran'] or 'baseline'} | {spread} | "
-                     f"{row['tokens_per_s']:,.0f} | {vs} | {cumulative} | {row['peak_mem_gb']:.2f} | {mfu} | {loss} "
+                     f"{row['tokens_per_s']:,.0f} | {wall} | {vs} | {cumulative} | {row['peak_mem_gb']:.2f} | {mfu} | {loss} "
                      f"| {note} |")
     return "\n".join(lines) + "\n"
 
@@ -460,6 +463,7 @@ def log_to_mlflow(rows: list[dict[str, Any]], plan_: Plan, runs: list[list[exper
         for row in rows:
             if row["runs"]:
                 tracker.log_metrics({"ladder/step_ms": row["step_ms"], "ladder/tokens_per_s": row["tokens_per_s"],
+                                     "ladder/tokens_per_s_wall": row.get("tokens_per_s_wall"),
                                      "ladder/cumulative_speedup": row["cumulative"], "ladder/peak_mem_gb":
                                      row["peak_mem_gb"], "ladder/mfu": row["mfu"], "ladder/val_loss": row["val_loss"]},
                                     step=row["index"])

@@ -13,6 +13,7 @@ import contextlib
 import os
 import pickle
 import random
+import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,6 +81,55 @@ def exclusive(path: str | os.PathLike) -> Iterator[None]:
 def save(path: str | os.PathLike, state: dict[str, Any]) -> None:
     with atomic_file(path) as tmp:
         torch.save({"format": FORMAT, **state}, tmp)
+
+
+def to_cpu(obj: Any) -> Any:
+    """A copy of ``obj`` whose tensors are CPU copies: what the next optimizer step cannot change."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
+class BackgroundSaver:
+    """Checkpoints written on a thread while training goes on.
+
+    ``save`` copies the state to the CPU first (a device-to-host copy: a fraction of a second for
+    GPT-2 124M) so the file is exactly that step's, then writes it atomically in the background;
+    the seconds of serializing 1.5 GB no longer stall the step. One write at a time: the next
+    ``save`` waits for the previous one. ``wait`` raises a failed write's error (disk full) in
+    the training thread. With ``enabled`` false it writes in place, as before."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def save(self, path: str | os.PathLike, state: dict[str, Any]) -> None:
+        self.wait()
+        if not self.enabled:
+            save(path, state)
+            return
+        snapshot = to_cpu(state)
+        self._thread = threading.Thread(target=self._write, args=(path, snapshot), name="checkpoint-writer")
+        self._thread.start()
+
+    def _write(self, path: str | os.PathLike, state: dict[str, Any]) -> None:
+        try:
+            save(path, state)
+        except BaseException as exc:  # re-raised in the training thread by wait()
+            self._error = exc
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from gpt2.core.config import TrainConfig
 from gpt2.core.errors import UserError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "math": "MATH"}
 
 
 @dataclass
@@ -31,6 +33,7 @@ class Runtime:
     dtype: str  # fp32 | bf16 | fp16: what autocast really uses
     tf32: bool  # whether TF32 matmuls are enabled (CUDA only)
     keep_host_memory: bool = False  # whether glibc was told to keep big blocks (CPU on Linux only)
+    sdpa: str = "auto"  # the attention kernel asked for (train.sdpa_backend); auto: the dispatcher's choice
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -42,6 +45,14 @@ class Runtime:
         if self.dtype == "fp32":
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def attention(self) -> contextlib.AbstractContextManager:
+        """Restrict scaled_dot_product_attention to the kernel asked for (no-op for auto)."""
+        if self.sdpa == "auto":
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[self.sdpa]))
 
     def synchronize(self) -> None:
         """Wait for queued device work, so that a clock read afterwards is honest."""
@@ -71,7 +82,8 @@ def resolve(cfg: TrainConfig) -> Runtime:
         warnings.append(f"train.keep_host_memory is inert here: {where}")
     if cfg.fused_adamw and device.type == "mps":
         warnings.append("train.fused_adamw may be unsupported on mps; PyTorch falls back or errors")
-    return Runtime(device=device, device_name=name, dtype=dtype, tf32=tf32, keep_host_memory=kept, warnings=warnings)
+    return Runtime(device=device, device_name=name, dtype=dtype, tf32=tf32, keep_host_memory=kept,
+                   sdpa=cfg.sdpa_backend, warnings=warnings)
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -133,14 +145,24 @@ def _dtype(asked: str, device: torch.device, warnings: list[str]) -> str:
 
 
 def sdpa_backend(runtime: Runtime, n_head: int, head_dim: int, seq_len: int) -> str:
-    """The kernel PyTorch's dispatcher picks for the ``flash`` path with these shapes and dtype.
+    """The kernel that runs the ``flash`` path with these shapes and dtype.
 
     One of flash_attention, efficient_attention, cudnn_attention, overrideable or math
     (math means no fused kernel: slow, and a sign that shapes or dtype rule the others out).
+    With ``train.sdpa_backend`` set, that kernel, after checking it can run here at all.
     """
     from torch.nn.attention import SDPBackend
 
     q = torch.zeros(1, n_head, seq_len, head_dim, device=runtime.device, dtype=runtime.autocast_dtype)
+    if runtime.sdpa != "auto":
+        try:
+            with runtime.attention():
+                torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        except RuntimeError as exc:
+            raise UserError(f"train.sdpa_backend {runtime.sdpa} cannot run on {runtime.device_name} in "
+                            f"{runtime.dtype} with head size {head_dim} ({str(exc).splitlines()[0][:200]}); "
+                            "set train.sdpa_backend: auto") from None
+        return SDPA_BACKENDS[runtime.sdpa].lower()
     try:
         return SDPBackend(torch._fused_sdp_choice(q, q, q, None, 0.0, True)).name.lower()
     except (AttributeError, RuntimeError, ValueError):  # private API: absent in some builds

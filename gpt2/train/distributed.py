@@ -99,14 +99,14 @@ def mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
     return value
 
 
-def step_consensus(loss: torch.Tensor, stop: bool, d: Dist) -> tuple[float, bool]:
-    """(the loss averaged over ranks, whether any rank must stop), in one all-reduce: a signal that
-    reached one rank stops every rank after the same step."""
-    if d.world == 1:
-        return float(loss), stop
-    both = torch.stack([loss.detach().float(), torch.tensor(float(stop), device=loss.device)])
-    dist.all_reduce(both, op=dist.ReduceOp.SUM)
-    return float(both[0]) / d.world, bool(both[1] > 0)
+def step_consensus(losses: list[torch.Tensor], stop: bool, d: Dist) -> tuple[list[float], bool]:
+    """(each step's loss averaged over ranks, whether any rank must stop), in one all-reduce at a
+    sync point: a signal that reached one rank stops every rank after the same step."""
+    both = torch.stack([*(loss.detach().float() for loss in losses), torch.tensor(float(stop), device=losses[0].device)])
+    if d.world > 1:
+        dist.all_reduce(both, op=dist.ReduceOp.SUM)
+    values = both.tolist()  # the one read of the device between sync points
+    return [v / d.world for v in values[:-1]], values[-1] > 0
 
 
 def gather(obj: object, d: Dist) -> list[object]:

@@ -19,6 +19,7 @@ with an N times larger micro-batch.
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,21 +31,36 @@ from gpt2.core.tokens import DTYPE, open_tokens, read_meta
 
 
 class TokenSplit:
-    """One split's tokens, held in RAM (``preload``) or mapped per use (``memmap``)."""
+    """One split's tokens, held in RAM (``preload``) or mapped per use (``memmap``).
+
+    With several processes on a machine (DDP), ``preload`` maps the file once and reads it into the
+    page cache instead: every rank then uses the same physical copy, where private arrays would
+    hold one copy per rank (8 GPUs: 8 × 20 GB for FineWeb's 10 B tokens)."""
 
     def __init__(self, tokens_dir: str | Path, split: str, mode: Literal["preload", "memmap"],
-                 meta: dict[str, Any] | None = None) -> None:
+                 meta: dict[str, Any] | None = None, shared: bool = False) -> None:
         meta = meta or read_meta(tokens_dir)
         checked = open_tokens(tokens_dir, split, meta)  # validates dtype and length
         self.name, self.mode, self.length = split, mode, len(checked)
         self.path = Path(tokens_dir) / meta["splits"][split]["file"]
-        self._ram = np.fromfile(self.path, dtype=DTYPE) if mode == "preload" else None
+        self._ram = None
+        if mode == "preload":
+            self._ram = shared_pages(self.path) if shared else np.fromfile(self.path, dtype=DTYPE)
         del checked
 
     def array(self) -> np.ndarray:
         if self._ram is not None:
             return self._ram
         return np.memmap(self.path, dtype=DTYPE, mode="r")
+
+
+def shared_pages(path: Path) -> np.ndarray:
+    """A read-only map of the file, read ahead into the page cache: one copy for every process."""
+    mapped = np.memmap(path, dtype=DTYPE, mode="r")
+    advise = getattr(getattr(mapped, "_mmap", None), "madvise", None)
+    if advise is not None and hasattr(mmap, "MADV_WILLNEED"):
+        advise(mmap.MADV_WILLNEED)  # the kernel reads it in now, not on the first batches
+    return mapped
 
 
 class BatchSampler:

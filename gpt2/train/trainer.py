@@ -1,9 +1,13 @@
 """The training loop: AMP, compile, accumulation, clipping, checkpoints and honest timing.
 
-Timing: the device is synchronized before every clock read, so a step's time
-is the time its work really took (data loading included); the first
-``timing_warmup_steps`` steps (compilation, autotuning) are left out of the
-summaries, which are medians.
+Timing: a step's time is the time its work really took on the device (data loading and host
+stalls included): CUDA events at each step's start, read at sync points (log, eval, checkpoint
+steps), so the GPU is never drained just to look at a clock (train/timing.py); elsewhere the
+device is synchronized before each clock read. The first ``timing_warmup_steps`` steps
+(compilation, autotuning) are left out of the summaries, which are medians.
+
+Between sync points the loop reads nothing from the GPU: losses stay on the device and are
+checked (NaN, mean over ranks, a stop signal) together at the next sync point.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from gpt2.train.distributed import Dist
 from gpt2.train.flops import flops_per_token, peak_flops
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.optim import build_optimizer, lr_at
+from gpt2.train.timing import StepTimer
 from gpt2.train.tracking import MlflowTracker, Tracker, flatten, git_commit
 
 TRAIN_COLUMNS = ("step", "loss", "lr", "grad_norm", "step_ms", "tokens_per_s", "mfu", "mem_gb")
@@ -111,8 +116,9 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         torch.manual_seed(cfg.seed + dist_info.rank)  # each rank its own dropout masks
     optimizer = build_optimizer(model, cfg)
     scaler = torch.amp.GradScaler(runtime.device.type, enabled=runtime.dtype == "fp16")
-    train_data = TokenSplit(tokens_dir, "train", cfg.data_loading, meta)
-    val_data = TokenSplit(tokens_dir, "val", cfg.data_loading, meta)
+    shared = dist_info.world > 1  # ranks on one machine share the page cache's copy of the tokens
+    train_data = TokenSplit(tokens_dir, "train", cfg.data_loading, meta, shared)
+    val_data = TokenSplit(tokens_dir, "val", cfg.data_loading, meta, shared)
     sampler = BatchSampler(train_data, cfg.micro_batch_size, seq_len, cfg.seed, cfg.batching, runtime.device,
                            dist_info.rank, dist_info.world)
     BatchSampler(val_data, cfg.micro_batch_size, seq_len, cfg.seed, cfg.batching, runtime.device)  # length check
@@ -125,7 +131,9 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     if dist_info.ddp:
         from torch.nn.parallel import DistributedDataParallel
 
-        step_model = DistributedDataParallel(eval_model, device_ids=[device.index] if device.type == "cuda" else None)
+        step_model = DistributedDataParallel(eval_model, device_ids=[device.index] if device.type == "cuda" else None,
+                                             gradient_as_bucket_view=True,  # grads live in the buckets: no copy
+                                             broadcast_buffers=False)  # the only buffer, the logit mask, is constant
     return Setup(
         params=params, runtime=runtime, model_cfg=model_cfg, model=model, step_model=step_model,
         eval_model=eval_model, dist=dist_info,
@@ -148,6 +156,8 @@ def run_name(s: Setup) -> str:
 def inert_switch_warnings(s: Setup) -> list[str]:
     cfg, device = s.params.train, s.runtime.device.type
     warnings = list(s.runtime.warnings)
+    if cfg.attention == "manual" and cfg.sdpa_backend != "auto":
+        warnings.append(f"train.sdpa_backend {cfg.sdpa_backend} is inert: train.attention is manual (no SDPA)")
     if not cfg.compile and cfg.compile_mode != "default":
         warnings.append(f"train.compile_mode {cfg.compile_mode} is inert: train.compile is false")
     if cfg.compile and device != "cuda" and cfg.compile_mode in ("reduce-overhead",):
@@ -172,7 +182,7 @@ def backward_micro_batches(model: torch.nn.Module, batches: Iterator[tuple[torch
         x, y = next(batches)
         last = i == steps - 1
         with nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync():
-            with runtime.autocast():
+            with runtime.autocast(), runtime.attention():
                 _, loss = model(x, y)
             loss = loss / steps
             total += loss.detach()
@@ -180,8 +190,9 @@ def backward_micro_batches(model: torch.nn.Module, batches: Iterator[tuple[torch
     return total
 
 
-def optimizer_step(s: Setup) -> tuple[float, bool]:
-    """Unscale, measure (and clip) the gradient norm, step. Returns (grad norm, skipped by GradScaler)."""
+def optimizer_step(s: Setup) -> tuple[torch.Tensor, bool]:
+    """Unscale, measure (and clip) the gradient norm, step. Returns (grad norm, still on the device;
+    skipped by GradScaler, which reads the device: fp16 only)."""
     cfg = s.params.train
     s.scaler.unscale_(s.optimizer)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
@@ -191,7 +202,7 @@ def optimizer_step(s: Setup) -> tuple[float, bool]:
     s.scaler.update()
     s.optimizer.zero_grad(set_to_none=True)
     skipped = scale is not None and s.scaler.get_scale() < scale
-    return float(norm), skipped
+    return norm, skipped
 
 
 @torch.no_grad()
@@ -205,7 +216,7 @@ def estimate_loss(s: Setup, split: TokenSplit) -> float:
     total = torch.zeros((), device=s.runtime.device)
     for _ in range(cfg.eval_iters):
         x, y = sampler.next()
-        with s.runtime.autocast():
+        with s.runtime.autocast(), s.runtime.attention():
             _, loss = s.eval_model(x, y)
         total += loss.float()
     s.eval_model.train()
@@ -343,7 +354,10 @@ def warmup_s(history: History, steps: int) -> float:
     return round(sum(history.step_s[:steps]), 3)
 
 
-def summarize(s: Setup, history: History, step: int, wall_s: float) -> dict[str, Any]:
+def summarize(s: Setup, history: History, step: int, wall_s: float, first_step: int = 0) -> dict[str, Any]:
+    """The run's figures. ``tokens_per_s`` is the median step's; ``tokens_per_s_wall`` divides the
+    tokens of this session (steps ``first_step``..``step``) by its whole wall time: model build,
+    compilation, evals and checkpoints included."""
     cfg = s.params.train
     timed = history.step_s[cfg.timing_warmup_steps:] or history.step_s
     step_s = statistics.median(timed)
@@ -357,6 +371,7 @@ def summarize(s: Setup, history: History, step: int, wall_s: float) -> dict[str,
         "perf": {
             "step_ms": round(1000 * step_s, 3),
             "tokens_per_s": round(tokens_per_s, 1),
+            "tokens_per_s_wall": round((step - first_step) * s.tokens_per_step / wall_s, 1) if wall_s > 0 else None,
             "tokens_per_s_per_device": round(tokens_per_s / s.dist.world, 1),
             "mfu": round(s.flops_per_token * tokens_per_s / (s.peak_flops * s.dist.world), 5) if s.peak_flops else None,
             "timed_steps": len(timed),
@@ -374,7 +389,7 @@ def summarize(s: Setup, history: History, step: int, wall_s: float) -> dict[str,
 
 # What metrics.json (DVC metrics: `dvc exp show`, `dvc metrics show`) keeps: the figures people compare.
 # Everything else about the run (steps, tokens, world size, what really ran) goes to summary.json.
-COMPARED = {"train": ("loss",), "val": ("loss", "ppl"), "perf": ("step_ms", "tokens_per_s", "mfu"),
+COMPARED = {"train": ("loss",), "val": ("loss", "ppl"), "perf": ("step_ms", "tokens_per_s", "tokens_per_s_wall", "mfu"),
             "mem": ("peak_gb",), "wall_s": None}
 
 
@@ -417,10 +432,11 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
     Under DDP every rank runs this; rank 0 alone logs, tracks and writes."""
     cfg = params.train
     ckpt_path, report_dir = Path(ckpt_path), Path(report_dir)
+    started = time.perf_counter()  # wall-clock throughput counts building the model and loading the data too
     s = build(params, tokens_dir)
     try:
         with checkpoint.exclusive(ckpt_path) if s.dist.main else nullcontext():
-            return _train(s, ckpt_path, report_dir)
+            return _train(s, ckpt_path, report_dir, started)
     except (getattr(torch.distributed, "DistError", RuntimeError), RuntimeError) as exc:
         if s.dist.world > 1 and _is_collective_failure(exc):
             raise distributed.collective_error(exc, s.dist, cfg.dist_timeout_s) from None
@@ -435,7 +451,7 @@ def _is_collective_failure(exc: BaseException) -> bool:
         word in text for word in ("gloo", "nccl", "timed out", "timeout", "connection", "peer"))
 
 
-def _train(s: Setup, ckpt_path: Path, report_dir: Path) -> dict[str, Any]:
+def _train(s: Setup, ckpt_path: Path, report_dir: Path, started: float) -> dict[str, Any]:
     params, cfg, main = s.params, s.params.train, s.dist.main
     history, step, run_id = History(), 0, None
     state = load_for_resume(ckpt_path, s)
@@ -473,7 +489,7 @@ def _train(s: Setup, ckpt_path: Path, report_dir: Path) -> dict[str, Any]:
         if not cfg.save_checkpoint and main:
             ckpt_path.parent.mkdir(parents=True, exist_ok=True)  # the stage's DVC out exists, empty
         runtime = {k: v for k, v in info.items() if k != "params"}  # what really ran (the ladder reads it)
-        metrics = _loop(s, step, history, ckpt_path, tracker, runtime)
+        metrics = _loop(s, step, history, ckpt_path, tracker, runtime, started)
         if main:
             write_reports(report_dir, metrics, history)
         tracker.log_metrics({"summary/" + k: v for k, v in flatten(compared_figures(metrics)).items()
@@ -489,37 +505,52 @@ def _train(s: Setup, ckpt_path: Path, report_dir: Path) -> dict[str, Any]:
 
 
 def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Tracker,
-          runtime: dict[str, Any]) -> dict[str, Any]:
+          runtime: dict[str, Any], started: float) -> dict[str, Any]:
+    saver = checkpoint.BackgroundSaver(s.params.train.async_checkpoint)
+    try:
+        return _steps(s, step, history, ckpt_path, tracker, runtime, started, step, saver)
+    finally:
+        saver.wait()  # the last checkpoint is on disk before the run reports, returns or stops
+
+
+def _steps(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Tracker, runtime: dict[str, Any],
+           started: float, first_step: int, saver: checkpoint.BackgroundSaver) -> dict[str, Any]:
     cfg, d = s.params.train, s.dist
     batches = iter(s.sampler.next, None)
-    started = time.perf_counter()
     summary = None
     last_saved = step if ckpt_path.exists() else None
+    timer, pending = StepTimer(s.runtime), []  # losses of the steps since the last sync point
+    every_step = sync_every_step(s.runtime)
     s.step_model.train()
     with stop_on_signals() as stop:
         while step < s.total_steps:
             lr = lr_at(step, cfg, s.total_steps)
             for group in s.optimizer.param_groups:
                 group["lr"] = lr
-            s.runtime.synchronize()
-            t0 = time.perf_counter()
-            loss = backward_micro_batches(s.step_model, batches, cfg.grad_accum_steps, s.runtime, s.scaler)
+            timer.mark()
+            pending.append(backward_micro_batches(s.step_model, batches, cfg.grad_accum_steps, s.runtime, s.scaler))
             norm, skipped = optimizer_step(s)
-            # one collective per step: the mean loss, and whether any rank was asked to stop
-            loss_value, stopping = distributed.step_consensus(loss, stop["signal"] is not None, d)  # synchronizes
-            s.runtime.synchronize()
-            dt = time.perf_counter() - t0
-            if not math.isfinite(loss_value):
-                where = f"{ckpt_path} (step {last_saved})" if last_saved is not None else "none was saved yet"
-                raise Diverged(f"loss is {loss_value} at step {step}: training diverged; last good checkpoint: "
-                               f"{where}; lower train.lr, set train.grad_clip, or use bf16 instead of fp16")
             history.fp16_skipped += skipped
             step += 1
-            history.step_s.append(dt)
+            logging = step % cfg.log_interval == 0 or step == s.total_steps or step == 1
+            if not (every_step or logging or step == cfg.timing_warmup_steps or step % cfg.eval_interval == 0
+                    or step % cfg.checkpoint_interval == 0):
+                continue  # no host sync: the GPU keeps working while the host queues the next step
+            # a sync point, at the same steps on every rank: step times, losses, and whether to stop
+            timer.mark()
+            history.step_s.extend(timer.durations())
+            losses, stopping = distributed.step_consensus(pending, stop["signal"] is not None, d)
+            first = step - len(pending) + 1
+            pending.clear()
+            bad = next((i for i, value in enumerate(losses) if not math.isfinite(value)), None)
+            if bad is not None:
+                where = f"{ckpt_path} (step {last_saved})" if last_saved is not None else "none was saved yet"
+                raise Diverged(f"loss is {losses[bad]} at step {first + bad}: training diverged; last good "
+                               f"checkpoint: {where}; lower train.lr, set train.grad_clip, or use bf16 instead of fp16")
             if step == cfg.timing_warmup_steps and d.main:
                 tracker.log_metrics({"perf/warmup_s": warmup_s(history, cfg.timing_warmup_steps)}, step=step)
-            if d.main and (step % cfg.log_interval == 0 or step == s.total_steps or step == 1):
-                _log_step(s, history, step, loss_value, lr, norm, dt, tracker)
+            if d.main and logging:
+                _log_step(s, history, step, losses[-1], lr, float(norm), history.step_s[-1], tracker)
             if step % cfg.eval_interval == 0 or step == s.total_steps:
                 val = estimate_loss(s, s.val_data)
                 history.val.append({"step": step, "val_loss": val})
@@ -527,14 +558,15 @@ def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Track
                 if d.main:
                     print(f"step {step}/{s.total_steps} | val loss {val:.4f}", file=sys.stderr)
             if step == s.total_steps:
-                summary = {**summarize(s, history, step, time.perf_counter() - started), "runtime": runtime}
+                summary = {**summarize(s, history, step, time.perf_counter() - started, first_step), "runtime": runtime}
             due = step % cfg.checkpoint_interval == 0 or step == s.total_steps or stopping
             if due and cfg.save_checkpoint:
                 rngs = distributed.gather(checkpoint.rng_states(), d)  # every rank takes part
                 if d.main:
-                    checkpoint.save(ckpt_path, checkpoint_state(s, step, history, tracker.run_id, rngs, summary))
+                    saver.save(ckpt_path, checkpoint_state(s, step, history, tracker.run_id, rngs, summary))
                 last_saved = step
             if stopping:
+                saver.wait()  # "checkpoint saved" must be true when it is said
                 signum = stop["signal"] or signal.SIGTERM  # a peer was signalled
                 saved = (f"checkpoint saved to {ckpt_path}; run the stage again to resume (train.resume: auto)"
                          if cfg.save_checkpoint else "no checkpoint saved (train.save_checkpoint is false)")
@@ -542,7 +574,12 @@ def _loop(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Track
                                             f"{step}/{s.total_steps}; {saved}")
                 error.exit_code = 128 + signum
                 raise error
-    return summary or {**summarize(s, history, step, time.perf_counter() - started), "runtime": runtime}
+    return summary or {**summarize(s, history, step, time.perf_counter() - started, first_step), "runtime": runtime}
+
+
+def sync_every_step(runtime: Runtime) -> bool:
+    """Off CUDA a sync costs nothing: check losses and signals after every step there."""
+    return runtime.device.type != "cuda"
 
 
 def _log_step(s: Setup, history: History, step: int, loss: float, lr: float, norm: float, dt: float,

@@ -1,0 +1,213 @@
+"""One command that shows what the CUDA path does on this GPU: the evidence for docs/benchmarks.md.
+
+    python benchmarks/gpu_check.py --json $OUT/gpu_check.json      # on a GPU box: about 8 minutes on an H100
+    python benchmarks/gpu_check.py --smoke --json /tmp/smoke.json  # anywhere: `tiny`, a few steps (the tests)
+
+In order, each training in a fresh process (compile caches, allocator state and peak-memory counters
+do not leak between them), with the trainer's own figures (medians after the warm-up steps, CUDA
+events for step times):
+
+1. the CUDA tests (``pytest tests/test_gpu.py``);
+2. GPT-2 124M at T=1024, each rung on top of the last: fp32 → tf32 → bf16 → compile → flash
+   attention → padded vocab → fused AdamW → the largest micro-batch ``gpt2 plan`` says fits →
+   cuDNN attention; ms/step, tokens/s, MFU, peak memory against the plan's estimate;
+3. nanoGPT's train.py defaults (micro-batch 12, T=1024, bf16, compile) for a side-by-side figure;
+4. DDP in one process against the same training without it (its overhead);
+5. a 100-step run at GPT-2's 0.5M-token batch with evals and checkpoints: wall-clock tokens/s
+   against the step median.
+
+It prints one markdown table and writes the rows as JSON. Needs only torch, numpy, click and
+pyyaml (and pytest for step 1); uses data/tokens when present, else synthetic tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+from train_switches import synthetic_tokens  # noqa: E402
+
+# Each rung adds its change to every rung above it.
+RUNGS: list[tuple[str, dict[str, Any]]] = [
+    ("fp32", {"dtype": "fp32", "tf32": False, "compile": False, "attention": "manual", "pad_vocab": False,
+              "fused_adamw": False}),
+    ("+ tf32", {"tf32": True}),
+    ("+ bf16 autocast", {"dtype": "bf16"}),
+    ("+ torch.compile", {"compile": True}),
+    ("+ flash attention", {"attention": "flash"}),
+    ("+ padded vocab (50304)", {"pad_vocab": True}),
+    ("+ fused AdamW", {"fused_adamw": True}),
+    ("+ largest micro-batch", {}),  # micro_batch_size filled in from gpt2 plan
+    ("+ cuDNN attention", {"sdpa_backend": "cudnn"}),
+]
+NANOGPT = {"micro_batch_size": 12, "dtype": "bf16", "compile": True, "attention": "flash", "pad_vocab": True,
+           "fused_adamw": True}
+GPT2_BATCH_TOKENS = 524_288  # GPT-2's 0.5M-token batch
+
+
+def profile(smoke: bool) -> dict[str, Any]:
+    if smoke:  # CPU-sized: plumbing, not speed; no compile (30 s per process on a CPU)
+        return {"model": {"size": "tiny", "n_layer": 2, "n_embd": 64, "n_head": 2, "block_size": 64},
+                "seq": 64, "micro_batch": 4, "max_micro_batch": 16, "steps": 4, "long_steps": 6, "memory_gb": 8.0,
+                "compile": False}
+    return {"model": {"size": "gpt2"}, "seq": 1024, "micro_batch": 16, "max_micro_batch": 128, "steps": 20,
+            "long_steps": 100, "memory_gb": None, "compile": True}
+
+
+def train_params(prof: dict[str, Any], train: dict[str, Any], steps: int) -> dict[str, Any]:
+    base = {"max_steps": steps, "block_size": prof["seq"], "micro_batch_size": prof["micro_batch"],
+            "eval_interval": 10**9, "eval_iters": 2, "log_interval": 10, "checkpoint_interval": 10**9,
+            "save_checkpoint": False, "mlflow": False, "resume": "never", "timing_warmup_steps": 3}
+    train = {**base, **train}
+    if not prof["compile"]:
+        train["compile"] = False
+    return {"model": prof["model"], "train": train}
+
+
+def run_child(params: dict[str, Any], tokens: str, out: str) -> tuple[dict[str, Any] | None, str]:
+    spec = json.dumps({"params": params, "tokens": tokens, "out": out})
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/train_switches.py"), "--child-spec", spec],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    if result.returncode != 0 or not lines:
+        return None, (result.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    return json.loads(lines[-1][len("RESULT "):]), ""
+
+
+def estimate_gb(prof: dict[str, Any], train: dict[str, Any]) -> float | None:
+    from gpt2.measure import plan
+
+    size = prof["model"]["size"]
+    if size not in plan.SIZES or len(prof["model"]) > 1:
+        return None  # the plan knows the named sizes only
+    s = plan.shape(size, train.get("pad_vocab", True))
+    return plan.memory(s, train["micro_batch_size"], prof["seq"], train.get("dtype") != "fp32",
+                       train.get("attention") == "flash", train.get("loss_chunk", 8192)).total / 1e9
+
+
+def largest_micro_batch(prof: dict[str, Any]) -> int:
+    import torch
+
+    from gpt2.measure import plan
+
+    if prof["memory_gb"] is not None:
+        memory_gb = prof["memory_gb"]
+    else:
+        memory_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    size = prof["model"]["size"]
+    s = plan.shape(size if size in plan.SIZES and len(prof["model"]) == 1 else "tiny")
+    fits = plan.largest_micro_batch(s, prof["seq"], amp=True, flash=True, memory_gb=memory_gb, loss_chunk=8192)
+    return max(prof["micro_batch"], min(fits, prof["max_micro_batch"]))
+
+
+def row(name: str, metrics: dict[str, Any] | None, error: str, estimate: float | None,
+        train: dict[str, Any], note: str = "") -> dict[str, Any]:
+    if metrics is None:
+        return {"name": name, "failed": error, "train": train}
+    perf = metrics["perf"]
+    return {"name": name, "step_ms": perf["step_ms"], "tokens_per_s": perf["tokens_per_s"],
+            "tokens_per_s_wall": perf.get("tokens_per_s_wall"), "mfu": perf["mfu"],
+            "peak_gb": metrics["mem"]["peak_gb"], "estimate_gb": estimate, "warmup_s": perf.get("warmup_s"),
+            "sdpa": metrics.get("runtime", {}).get("sdpa_backend"), "dtype": metrics.get("runtime", {}).get("dtype"),
+            "micro_batch": train["micro_batch_size"], "accum": train.get("grad_accum_steps", 1), "note": note,
+            "train": train}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| run | micro-batch × accum | ms/step | tokens/s | wall tokens/s | MFU | peak GB (plan) | kernel | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "failed" in r:
+            lines.append(f"| {r['name']} | | failed | | | | | | {r['failed']} |")
+            continue
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+        plan_gb = f" ({r['estimate_gb']:.1f})" if r["estimate_gb"] is not None else ""
+        wall = f"{r['tokens_per_s_wall']:,.0f}" if r.get("tokens_per_s_wall") else ""
+        lines.append(f"| {r['name']} | {r['micro_batch']} × {r['accum']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} "
+                     f"| {wall} | {mfu} | {r['peak_gb']:.1f}{plan_gb} | {r['sdpa']} | {r['note']} |")
+    return "\n".join(lines) + "\n"
+
+
+@click.command()
+@click.option("--smoke", is_flag=True, help="tiny model, a few steps, no compile, no CUDA tests: checks the script")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="write the rows here")
+@click.option("--tokens", default=None, help="token folder (default: data/tokens, else synthetic)")
+@click.option("--skip-tests", is_flag=True, help="do not run tests/test_gpu.py first")
+def main(smoke: bool, json_path: str | None, tokens: str | None, skip_tests: bool) -> None:
+    import torch
+
+    started = time.perf_counter()
+    gpu = torch.cuda.is_available()
+    if not gpu and not smoke:
+        raise click.UsageError("no CUDA device here; run with --smoke to check the script on this machine")
+    prof = profile(smoke)
+    report: dict[str, Any] = {"device": torch.cuda.get_device_name() if gpu else platform.machine(),
+                              "torch": str(torch.__version__), "smoke": smoke, "date": time.strftime("%Y-%m-%d")}
+    if gpu and not smoke and not skip_tests:
+        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"],
+                               cwd=ROOT, capture_output=True, text=True)
+        report["tests"] = (tests.stdout.strip().splitlines() or ["no output"])[-1]
+        print(f"gpu_check: tests/test_gpu.py: {report['tests']}", file=sys.stderr)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        token_dir = tokens or (str(ROOT / "data/tokens") if (ROOT / "data/tokens/meta.json").exists()
+                               else str(synthetic_tokens(Path(tmp) / "tokens", 5_000_000 if not smoke else 200_000)))
+
+        def measure(name: str, train: dict[str, Any], steps: int, note: str = "") -> dict[str, Any]:
+            params = train_params(prof, train, steps)
+            metrics, error = run_child(params, token_dir, f"{tmp}/{len(rows)}")
+            result = row(name, metrics, error, estimate_gb(prof, params["train"]), params["train"], note)
+            rows.append(result)
+            shown = f"{result['tokens_per_s']:,.0f} tok/s" if "failed" not in result else f"failed: {error}"
+            print(f"gpu_check: [{time.perf_counter() - started:.0f} s] {name}: {shown}", file=sys.stderr)
+            return result
+
+        ladder: dict[str, Any] = {}
+        for name, change in RUNGS:
+            if name == "+ largest micro-batch":
+                change = {"micro_batch_size": largest_micro_batch(prof)}
+            if name == "+ cuDNN attention" and not gpu:
+                continue  # no cuDNN attention on a CPU
+            candidate = {**ladder, **change}
+            if "failed" not in measure(name, candidate, prof["steps"]):
+                ladder = candidate  # a rung that failed (out of memory, a kernel missing here) is not carried on
+        best = ladder
+        measure("nanoGPT train.py defaults", {**NANOGPT}, prof["steps"], "micro-batch 12, T=1024, bf16, compile")
+        plain = measure("best, plain (for DDP)", best, prof["steps"])
+        ddp = measure("best, DDP in 1 process", {**best, "distributed": "ddp"}, prof["steps"])
+        if "failed" not in plain and "failed" not in ddp:
+            ddp["note"] = f"DDP overhead {100 * (ddp['step_ms'] / plain['step_ms'] - 1):+.1f}%"
+        batch = best.get("micro_batch_size", prof["micro_batch"]) * prof["seq"]
+        accum = max(1, round(GPT2_BATCH_TOKENS / batch)) if not smoke else 2
+        steps = prof["long_steps"]
+        long = measure(f"{steps} steps, GPT-2 batch, evals and checkpoints",
+                       {**best, "grad_accum_steps": accum, "eval_interval": steps // 2, "eval_iters": 20,
+                        "checkpoint_interval": steps // 2, "save_checkpoint": True, "timing_warmup_steps": 3}, steps)
+        if "failed" not in long and long.get("tokens_per_s_wall"):
+            long["note"] = f"wall clock {100 * long['tokens_per_s_wall'] / long['tokens_per_s']:.1f}% of the step median"
+    report["rows"] = rows
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    text = table(rows)
+    print(f"\nDevice: {report['device']}, torch {report['torch']}, {report['date']}; "
+          f"{'smoke mode (tiny)' if smoke else 'GPT-2 124M, T=1024'}; {prof['steps']} steps per run "
+          f"(the first 3 untimed); {report['seconds']:.0f} s in all.\n")
+    print(text)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
