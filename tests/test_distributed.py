@@ -131,3 +131,13 @@ def test_preload_under_ddp_shares_one_mapped_copy(tokens):
     shared = TokenSplit(tokens, "train", "preload", shared=True)
     assert not isinstance(private.array(), np.memmap) and isinstance(shared.array(), np.memmap)
     assert shared.array().flags.writeable is False and np.array_equal(shared.array(), private.array())
+
+
+def test_the_first_step_gets_the_longer_deadline(tmp_path, tokens):
+    """A rank slow in step 1 (compilation) is waited for; the same delay later is a failure."""
+    first = torchrun(tmp_path / "first", tokens, "--fault", "hang", "--fault-rank", "1", "--fault-step", "0",
+                     "--hang-s", "5", micro_batch_size=2, dist_timeout_s=2.0, dist_first_step_timeout_s=60.0)
+    assert first.returncode == 0, first.stderr[-2000:]
+    later = torchrun(tmp_path / "later", tokens, "--fault", "hang", "--fault-rank", "1", "--fault-step", "3",
+                     "--hang-s", "5", micro_batch_size=2, dist_timeout_s=2.0, dist_first_step_timeout_s=60.0)
+    assert later.returncode != 0 and "train.dist_timeout_s = 2 s" in later.stderr

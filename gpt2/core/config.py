@@ -154,6 +154,7 @@ class TrainConfig:
     distributed: Literal["off", "ddp"] = "off"  # ddp: DistributedDataParallel, launched by torchrun
     nproc_per_node: int = 1  # processes on this machine when the stage launches torchrun itself
     dist_timeout_s: float = 600.0  # a collective waiting longer (a peer died or hangs) fails every rank
+    dist_first_step_timeout_s: float = 1800.0  # the same for the first step, which compiles
     # tracking
     mlflow: bool = True
     experiment: str = "gpt2"
@@ -179,6 +180,8 @@ class TrainConfig:
                 "an integer >= 0")
         require(self.nproc_per_node >= 1, f"{at}.nproc_per_node", self.nproc_per_node, positive)
         require(self.dist_timeout_s > 0, f"{at}.dist_timeout_s", self.dist_timeout_s, "a number > 0")
+        require(self.dist_first_step_timeout_s > 0, f"{at}.dist_first_step_timeout_s", self.dist_first_step_timeout_s,
+                "a number > 0")
         require(self.nproc_per_node == 1 or self.distributed == "ddp", f"{at}.nproc_per_node", self.nproc_per_node,
                 "1 unless train.distributed is ddp")
         require(self.peak_tflops is None or self.peak_tflops > 0, f"{at}.peak_tflops", self.peak_tflops,

@@ -53,7 +53,16 @@ def launch(cfg: TrainConfig, args: list[str]) -> int:
                "-m", "gpt2.train.cli", *args]
     print(f"train: launching {cfg.nproc_per_node} processes: {' '.join(command[1:])}", file=sys.stderr)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(cfg)))}
-    return subprocess.run(command, env=env).returncode
+    code = subprocess.run(command, env=env).returncode
+    if code != 0:
+        print(f"train: {cfg.nproc_per_node} processes ended with exit status {code}. The first rank to fail says why "
+              "above (its `error:` line). On CUDA (NCCL) a rank that dies or hangs is noticed by PyTorch's watchdog, "
+              f"which ends every rank after train.dist_timeout_s = {cfg.dist_timeout_s:g} s (the first step: "
+              f"train.dist_first_step_timeout_s = {cfg.dist_first_step_timeout_s:g} s, for compilation) with "
+              "'Watchdog caught collective operation timeout' or 'ProcessGroupNCCL' lines: those are the "
+              "consequence; the cause is the first rank's own error, or a rank that stopped printing.",
+              file=sys.stderr)
+    return code
 
 
 def _threads_per_rank(cfg: TrainConfig) -> int:
@@ -77,12 +86,21 @@ def init(cfg: TrainConfig, device: torch.device) -> tuple[Dist, torch.device]:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    timeout = datetime.timedelta(seconds=cfg.dist_timeout_s)
+    # the first step compiles (minutes, at different speeds per rank): its collectives get a longer
+    # deadline; set_step_deadline() shortens it once that step is done
+    timeout = datetime.timedelta(seconds=max(cfg.dist_timeout_s, cfg.dist_first_step_timeout_s))
     if not dist.is_initialized():
         where = {"store": dist.HashStore(), "rank": 0, "world_size": 1} if alone else {}
         dist.init_process_group(backend, timeout=timeout, **where,
                                 **({"device_id": device} if device.type == "cuda" else {}))
     return Dist(rank=rank, local_rank=local_rank, world=world, ddp=True), device
+
+
+def set_step_deadline(cfg: TrainConfig, d: Dist) -> None:
+    """After the first step: collectives that wait longer than ``dist_timeout_s`` fail every rank."""
+    set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # PyTorch >= 2.2
+    if d.world > 1 and set_timeout is not None and cfg.dist_first_step_timeout_s > cfg.dist_timeout_s:
+        set_timeout(datetime.timedelta(seconds=cfg.dist_timeout_s))
 
 
 def shutdown(d: Dist) -> None:

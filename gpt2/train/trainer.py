@@ -319,7 +319,8 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
 
 
 # Train fields that change neither the weights nor the measured figures: a finished run is reused across them.
-_REUSABLE_TRAIN_FIELDS = {"mlflow", "experiment", "resume", "dist_timeout_s"}
+_REUSABLE_TRAIN_FIELDS = {"mlflow", "experiment", "resume", "dist_timeout_s", "dist_first_step_timeout_s",
+                          "async_checkpoint"}
 
 
 def same_run(state: dict[str, Any], s: Setup) -> bool:
@@ -547,6 +548,8 @@ def _steps(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Trac
                 where = f"{ckpt_path} (step {last_saved})" if last_saved is not None else "none was saved yet"
                 raise Diverged(f"loss is {losses[bad]} at step {first + bad}: training diverged; last good "
                                f"checkpoint: {where}; lower train.lr, set train.grad_clip, or use bf16 instead of fp16")
+            if first == first_step + 1:
+                distributed.set_step_deadline(cfg, d)  # the first sync point: compilation is done
             if step == cfg.timing_warmup_steps and d.main:
                 tracker.log_metrics({"perf/warmup_s": warmup_s(history, cfg.timing_warmup_steps)}, step=step)
             if d.main and logging:
