@@ -123,6 +123,8 @@ class TrainConfig:
     fused_adamw: bool = True
     loss_chunk: int = 8192  # positions whose logits exist at once in the training loss; 0 = all (plain path)
     keep_host_memory: bool = True  # CPU: glibc keeps freed big blocks for reuse instead of re-faulting them
+    # where the weights start: scratch (GPT-2's init), OpenAI's GPT-2 by name, or a Hugging Face directory / file
+    init_from: str = "scratch"
     # data
     data_loading: Literal["preload", "memmap"] = "preload"
     batching: Literal["vectorized", "loop"] = "vectorized"
@@ -175,6 +177,8 @@ class TrainConfig:
         require(self.weight_decay >= 0, f"{at}.weight_decay", self.weight_decay, "a number >= 0")
         require(all(0 <= b < 1 for b in self.betas), f"{at}.betas", list(self.betas), "two numbers in [0, 1)")
         require(self.grad_clip >= 0, f"{at}.grad_clip", self.grad_clip, "a number >= 0 (0 = off)")
+        require(bool(self.init_from.strip()), f"{at}.init_from", self.init_from,
+                "scratch, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a path")
         require(self.loss_chunk >= 0, f"{at}.loss_chunk", self.loss_chunk, "an integer >= 0 (0 = plain loss)")
         require(self.timing_warmup_steps >= 0, f"{at}.timing_warmup_steps", self.timing_warmup_steps,
                 "an integer >= 0")

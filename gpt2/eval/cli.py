@@ -1,4 +1,4 @@
-"""`gpt2 evaluate` (the evaluate stage's command) and `gpt2 sample`."""
+"""`gpt2 evaluate` (the evaluate stage's command), `gpt2 sample` and `gpt2 export`."""
 
 from __future__ import annotations
 
@@ -46,3 +46,14 @@ def sample(ckpt: str, prompt: str, max_new_tokens: int, temperature: float, top_
     build(EvalConfig, {"temperature": temperature, "top_k": top_k, "top_p": top_p}, "sample")
     sampling = SamplingConfig(max_new_tokens, temperature, top_k, top_p, stop_at_eot, kv_cache)
     stream_sample(ckpt, prompt, sampling, num_samples, seed, device, dtype)
+
+
+@click.command()
+@click.argument("checkpoint_path", metavar="CHECKPOINT", type=click.Path(dir_okay=False))
+@click.argument("out_dir", metavar="OUT_DIR", type=click.Path(file_okay=False))
+@user_errors
+def export(checkpoint_path: str, out_dir: str) -> None:
+    """Write CHECKPOINT as a Hugging Face model directory (safetensors, config, GPT-2 tokenizer files)."""
+    from gpt2.eval.export import export as run
+
+    run(checkpoint_path, out_dir)

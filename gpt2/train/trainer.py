@@ -35,6 +35,7 @@ from gpt2.core.errors import UserError
 from gpt2.core.progress import clock
 from gpt2.core.tokens import read_meta
 from gpt2.model.gpt import GPT, GPTConfig, gpt_config
+from gpt2.model.sizes import SIZES
 from gpt2.train import checkpoint, distributed
 from gpt2.train.curves import render_curves
 from gpt2.train.device import Runtime, resolve, sdpa_backend
@@ -89,6 +90,7 @@ class Setup:
     flops_per_token: float
     peak_flops: float | None
     meta: dict[str, Any]
+    init: dict[str, str] = field(default_factory=dict)  # where the weights came from (train.init_from)
 
 
 def seed_everything(seed: int) -> None:
@@ -110,7 +112,9 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     if seq_len > model_cfg.block_size:
         raise UserError(f"train.block_size {seq_len} exceeds the model's block_size {model_cfg.block_size}; "
                         "lower train.block_size or raise model.block_size")
-    model = GPT(model_cfg).to(runtime.device)  # the same seed on every rank: the same initial weights
+    model = GPT(model_cfg)  # the same seed on every rank: the same initial weights
+    init = load_pretrained(model, cfg.init_from, params) if cfg.init_from != "scratch" else {}
+    model = model.to(runtime.device)
     model.loss_chunk = cfg.loss_chunk
     if dist_info.world > 1:
         torch.manual_seed(cfg.seed + dist_info.rank)  # each rank its own dropout masks
@@ -141,7 +145,28 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         seq_len=seq_len, tokens_per_step=tokens_per_step, total_steps=total,
         flops_per_token=flops_per_token(model_cfg, model.num_params(exclude_position_embedding=True), seq_len),
         peak_flops=peak_flops(runtime.device_name, runtime.dtype, runtime.tf32, cfg.peak_tflops), meta=meta,
+        init=init,
     )
+
+
+def load_pretrained(model: GPT, source: str, params: Params) -> dict[str, str]:
+    """Start ``model`` from pretrained GPT-2 weights; the model section must describe them."""
+    from gpt2.model import hf
+
+    weights = hf.locate(source)
+    state, config = hf.read_pretrained(weights)
+    have = hf.dims_from_state(state)
+    if config is not None:
+        have["n_head"] = hf.config_dims(config)["n_head"]
+    want = {k: getattr(model.cfg, k) for k in have}
+    if have != want:
+        diffs = ", ".join(f"{k} {have[k]} (model section: {want[k]})" for k in have if have[k] != want[k])
+        named = next((size for size, dims in SIZES.items() if all(dims.get(k) == have.get(k) for k in dims)), None)
+        fix = f"set model.size: {named} and no overrides" if named else "set the model overrides to these dimensions"
+        raise UserError(f"train.init_from {source}: the weights have {diffs}, which the model section "
+                        f"(model.size {params.model.size}) contradicts; {fix}")
+    model.load_state_dict(hf.from_hf(state, model.cfg))
+    return {"init_from": source, "init_file": str(weights), "init_sha256": hf.sha256(weights)}
 
 
 def run_name(s: Setup) -> str:
@@ -474,7 +499,7 @@ def _train(s: Setup, ckpt_path: Path, report_dir: Path, started: float) -> dict[
         "tf32": s.runtime.tf32, "compile": cfg.compile, "attention": cfg.attention,
         "sdpa_backend": backend if cfg.attention == "flash" else "manual (no SDPA)",
         "keep_host_memory": s.runtime.keep_host_memory, "world_size": s.dist.world,
-        "params": s.model.num_params(), "torch": str(torch.__version__),
+        "params": s.model.num_params(), "torch": str(torch.__version__), **s.init,
     }
     if main:
         print("train: " + ", ".join(f"{k}={v}" for k, v in info.items()), file=sys.stderr)

@@ -1,0 +1,44 @@
+"""``gpt2 export``: a checkpoint as a Hugging Face model directory.
+
+``transformers.GPT2LMHeadModel.from_pretrained(OUT_DIR)`` loads it (config.json +
+model.safetensors, padded vocabulary rows dropped) and ``AutoTokenizer.from_pretrained(OUT_DIR)``
+gives the pipeline's token ids (vocab.json + merges.txt built offline from the BPE ranks): the
+checkpoint goes on to generation, lm-evaluation-harness or serving with the Hugging Face stack.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from gpt2.core.atomic import atomic_dir
+from gpt2.core.errors import UserError
+from gpt2.data.hf_tokenizer import write_tokenizer
+from gpt2.model.gpt import GPTConfig
+from gpt2.model.hf import hf_config, to_hf
+from gpt2.train import checkpoint
+
+
+def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise UserError("gpt2 export writes model.safetensors and needs the safetensors package: "
+                        "pip install -c constraints.txt -e '.[hf]'") from None
+    state = checkpoint.load(ckpt_path)
+    cfg = GPTConfig(**state["model_config"])
+    if not cfg.bias:
+        raise UserError(f"{ckpt_path} was trained with model.bias: false; Hugging Face's GPT-2 always has biases, "
+                        "so it cannot hold this model")
+    weights = to_hf(checkpoint.clean_state_dict(state["model"]), cfg)
+    del weights["lm_head.weight"]  # tied to wte: transformers ties it again on load (tie_word_embeddings)
+    out = Path(out_dir)
+    with atomic_dir(out) as tmp:
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
+        (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 50256, "eos_token_id": 50256}) + "\n")
+        write_tokenizer(tmp)
+    print(f"export: {ckpt_path} (step {state['step']}, {sum(w.numel() for w in weights.values()):,} parameters) → "
+          f"{out}/ (GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained load it)", file=sys.stderr)
+    return out

@@ -1,0 +1,142 @@
+"""`gpt2 export` against the reference: transformers loads the directory and computes the same logits
+and the same token ids as this pipeline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import micro_params
+
+from gpt2.cli import main
+from gpt2.core.errors import UserError
+from gpt2.data.tokenizer import gpt2_encoding
+from gpt2.eval.export import export
+from gpt2.model.gpt import GPT, GPTConfig
+from gpt2.model.hf import from_hf, to_hf
+from gpt2.train import checkpoint
+from gpt2.train.trainer import train
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+
+def trained(tmp_path, tokens, **switches):
+    train(micro_params(max_steps=2, **switches), tokens, tmp_path / "ckpt.pt", tmp_path / "reports")
+    return tmp_path / "ckpt.pt"
+
+
+@pytest.mark.parametrize("pad_vocab, attention", [(True, "flash"), (False, "manual")])
+def test_transformers_loads_the_export_and_computes_the_same_logits(tmp_path, tokens, runner, pad_vocab, attention):
+    ckpt = trained(tmp_path, tokens, pad_vocab=pad_vocab, attention=attention)
+    result = runner.invoke(main, ["export", str(ckpt), str(tmp_path / "hf")])
+    assert result.exit_code == 0, result.output
+    reference = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    state = checkpoint.load(ckpt)
+    ours = GPT(GPTConfig(**state["model_config"]))
+    ours.load_state_dict(checkpoint.clean_state_dict(state["model"]))
+    ours.eval()
+    idx = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = reference(idx).logits
+        logits, _ = ours(idx, idx)
+    assert expected.shape == (2, 16, 50257)
+    assert torch.allclose(logits[..., :50257], expected, atol=1e-5, rtol=0)
+    assert json.loads((tmp_path / "hf/config.json").read_text())["vocab_size"] == 50257
+
+
+def test_autotokenizer_gives_the_pipelines_ids(tmp_path, tokens):
+    export(trained(tmp_path, tokens), tmp_path / "hf")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ours = gpt2_encoding()
+    texts = ["Hello world", "ROMEO:\n  But, soft! what light through yonder window breaks?\n\n",
+             "naïve café — 日本語 🙂 tabs\tand   spaces  ", "<|endoftext|> is special", "'s 're 've 'll 123 4567"]
+    for text in texts:
+        assert tokenizer.encode(text) == ours.encode(text, allowed_special="all"), text
+    assert tokenizer.decode(ours.encode_ordinary(texts[2])) == texts[2]
+    assert tokenizer.eos_token_id == 50256 and len(tokenizer) == 50257
+
+
+def test_weights_convert_both_ways_exactly():
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50257, padded_vocab_size=50304)
+    state = GPT(cfg).state_dict()
+    back = from_hf(to_hf(state, cfg), cfg)
+    for name, tensor in state.items():
+        if name in ("transformer.wte.weight", "lm_head.weight"):  # tied; padded rows come back as zeros
+            assert torch.equal(back[name][:50257], tensor[:50257]) and not back[name][50257:].any()
+        else:
+            assert torch.equal(back[name], tensor), name
+
+
+def test_a_model_without_biases_is_refused_and_nothing_written(tmp_path, tokens):
+    train(micro_params(model={"bias": False}, max_steps=2), tokens, tmp_path / "ckpt.pt", tmp_path / "reports")
+    with pytest.raises(UserError, match="model.bias: false; Hugging Face's GPT-2 always has biases"):
+        export(tmp_path / "ckpt.pt", tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+# --------------------------------------------------------------------------- train.init_from
+
+
+def reference_model(folder, safe: bool = True):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=32, vocab_size=50257)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    if safe:
+        model.save_pretrained(folder)
+    else:  # the older PyTorch format (transformers 5 writes safetensors only)
+        model.config.save_pretrained(folder)
+        torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    return model
+
+
+@pytest.mark.parametrize("pad_vocab, attention", [(True, "flash"), (False, "flash"), (True, "manual")])
+def test_init_from_a_transformers_directory_gives_its_logits(tmp_path, tokens, pad_vocab, attention):
+    from gpt2.train import trainer
+
+    reference = reference_model(tmp_path / "hf")
+    s = trainer.build(micro_params(init_from=str(tmp_path / "hf"), pad_vocab=pad_vocab, attention=attention), tokens)
+    idx = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(1))
+    s.model.eval()
+    s.model.loss_chunk = 0  # all logits, not just the training loss
+    with torch.no_grad():
+        logits, _ = s.model(idx, idx)
+        expected = reference(idx).logits
+    assert torch.allclose(logits[..., :50257], expected, atol=1e-5, rtol=0)
+    assert s.init["init_from"] == str(tmp_path / "hf") and len(s.init["init_sha256"]) == 64
+
+
+def test_init_from_a_pytorch_bin_trains_and_records_its_source(tmp_path, tokens):
+    reference_model(tmp_path / "hf", safe=False)
+    metrics = train(micro_params(init_from=str(tmp_path / "hf"), max_steps=2), tokens, tmp_path / "c.pt",
+                    tmp_path / "r")
+    assert metrics["runtime"]["init_file"].endswith("pytorch_model.bin") and metrics["steps"] == 2
+
+
+def test_init_from_errors_name_the_cause(tmp_path, tokens):
+    from gpt2.train import trainer
+
+    reference_model(tmp_path / "hf")
+    with pytest.raises(UserError, match=r"the weights have n_layer 2 \(model section: 3\), which the model section "
+                                        r"\(model.size tiny\) contradicts"):
+        trainer.build(micro_params(model={"n_layer": 3}, init_from=str(tmp_path / "hf")), tokens)
+    with pytest.raises(UserError, match="is no such file or directory, nor one of scratch, gpt2"):
+        trainer.build(micro_params(init_from=str(tmp_path / "nope")), tokens)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="holds neither model.safetensors nor pytorch_model.bin"):
+        trainer.build(micro_params(init_from=str(tmp_path / "empty")), tokens)
+    (tmp_path / "junk.safetensors").write_bytes(b"not weights")
+    with pytest.raises(UserError, match="is not a readable weights file"):
+        trainer.build(micro_params(init_from=str(tmp_path / "junk.safetensors")), tokens)
+
+
+def test_init_from_a_name_offline_says_where_to_put_the_files(tmp_path, tokens, monkeypatch):
+    from gpt2.train import trainer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # an empty cache
+    with pytest.raises(UserError, match=r"openai-community/gpt2 is neither in the Hugging Face cache nor reachable; "
+                                        r"download it where the hub is reachable"):
+        trainer.build(micro_params(init_from="gpt2"), tokens)
