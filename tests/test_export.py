@@ -140,3 +140,29 @@ def test_init_from_a_name_offline_says_where_to_put_the_files(tmp_path, tokens, 
     with pytest.raises(UserError, match=r"openai-community/gpt2 is neither in the Hugging Face cache nor reachable; "
                                         r"download it where the hub is reachable"):
         trainer.build(micro_params(init_from="gpt2"), tokens)
+
+
+def test_evaluate_scores_a_pretrained_model_like_a_checkpoint(tmp_path, tokens, runner):
+    """eval.pretrained: the val loss transformers itself computes on the same windows."""
+    import numpy as np
+
+    from gpt2.core.config import EvalConfig
+    from gpt2.eval.evaluate import evaluate, windows
+
+    reference = reference_model(tmp_path / "hf")
+    cfg = EvalConfig(pretrained=str(tmp_path / "hf"), mlflow=False, max_new_tokens=4, num_samples=1,
+                     prompts=("The king",), device="cpu")
+    summary = evaluate(cfg, tmp_path / "no-checkpoint.pt", tokens, tmp_path / "eval")
+    val = np.fromfile(tokens / "val.bin", dtype=np.uint16).astype(np.int64)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start, length in windows(len(val), 32, cfg.max_tokens, cfg.seed):
+            ids = torch.from_numpy(val[start:start + length + 1])[None]
+            total += reference(ids[:, :-1], labels=None).logits.log_softmax(-1)[0].gather(
+                1, ids[0, 1:, None]).sum().item() * -1
+            count += length
+    assert summary["val"]["loss"] == pytest.approx(total / count, abs=1e-5)
+    assert summary["pretrained"] == str(tmp_path / "hf")
+    assert (tmp_path / "eval/samples.md").read_text().splitlines()[2].startswith(f"Pretrained {tmp_path / 'hf'}")
+    result = runner.invoke(main, ["evaluate", "--pretrained", str(tmp_path / "nope"), "--out", str(tmp_path / "e2")])
+    assert result.exit_code == 2 and "no such file or directory" in result.output

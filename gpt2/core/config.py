@@ -210,6 +210,7 @@ class EvalConfig:
     stop_at_eot: bool = True
     kv_cache: bool = True
     keep_host_memory: bool = True  # as train.keep_host_memory
+    pretrained: str | None = None  # score OpenAI's GPT-2 (gpt2, ...) or a Hugging Face directory instead of the checkpoint
     mlflow: bool = True
 
     def check(self, at: str) -> None:

@@ -12,13 +12,18 @@ from gpt2.core.cli import PARAMS, user_errors
 @click.option("--checkpoint", "ckpt", default="checkpoints/ckpt.pt", show_default=True, help="checkpoint file")
 @click.option("--tokens", default="data/tokens", show_default=True, help="token files folder")
 @click.option("--out", default="reports/eval", show_default=True, help="report folder (metrics.json, samples.md)")
+@click.option("--pretrained", default=None, help="score gpt2 ... gpt2-xl or a Hugging Face directory instead of "
+              "the checkpoint (eval.pretrained)")
 @user_errors
-def evaluate(params_path: str, ckpt: str, tokens: str, out: str) -> None:
-    """Val loss, perplexity and a unigram baseline of a checkpoint, plus samples."""
+def evaluate(params_path: str, ckpt: str, tokens: str, out: str, pretrained: str | None) -> None:
+    """Val loss, perplexity and a unigram baseline of a checkpoint (or a pretrained GPT-2), plus samples."""
+    import dataclasses
+
     from gpt2.core.config import load_params
     from gpt2.eval.evaluate import evaluate as run
 
-    run(load_params(params_path).eval, ckpt, tokens, out)
+    cfg = load_params(params_path).eval
+    run(dataclasses.replace(cfg, pretrained=pretrained) if pretrained else cfg, ckpt, tokens, out)
 
 
 @click.command()

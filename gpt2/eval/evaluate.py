@@ -53,6 +53,28 @@ def load_model(ckpt_path: str | Path, runtime: Runtime) -> Loaded:
     return Loaded(model=model, state=state, runtime=runtime)
 
 
+def load_pretrained_model(source: str, runtime: Runtime) -> Loaded:
+    """OpenAI's GPT-2 (by name) or a Hugging Face GPT-2 directory, scored like a checkpoint."""
+    import dataclasses
+
+    from gpt2.model import hf
+
+    weights = hf.locate(source)
+    state, config = hf.read_pretrained(weights)
+    if config is None:
+        raise UserError(f"eval.pretrained {source}: no config.json beside {weights.name} (the number of heads is "
+                        "not in the weights); point it at the model's directory")
+    dims = hf.config_dims(config)
+    cfg = GPTConfig(n_layer=dims["n_layer"], n_head=dims["n_head"], n_embd=dims["n_embd"],
+                    block_size=dims["block_size"], vocab_size=dims["vocab_size"], padded_vocab_size=dims["vocab_size"])
+    model = GPT(cfg)
+    model.load_state_dict(hf.from_hf(state, cfg))
+    model.to(runtime.device).eval()
+    pseudo = {"step": 0, "model_config": dataclasses.asdict(cfg), "mlflow_run_id": None, "pretrained": source,
+              "params": {"train": {"experiment": "gpt2"}}}
+    return Loaded(model=model, state=pseudo, runtime=runtime)
+
+
 def windows(n_tokens: int, block: int, max_tokens: int | None, seed: int) -> list[tuple[int, int]]:
     """(start, length) of each scored window: length positions predict the next token each."""
     predictions = n_tokens - 1
@@ -120,7 +142,8 @@ def samples(loaded: Loaded, cfg: EvalConfig, encoded: list[list[int]], eot_id: i
     sampling = SamplingConfig(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_at_eot, cfg.kv_cache)
     state = loaded.state
     lines = ["# Samples", "",
-             f"Checkpoint step {state['step']}; temperature {cfg.temperature}, top_k {cfg.top_k}, top_p {cfg.top_p}, "
+             (f"Pretrained {state['pretrained']}" if state.get("pretrained") else f"Checkpoint step {state['step']}")
+             + f"; temperature {cfg.temperature}, top_k {cfg.top_k}, top_p {cfg.top_p}, "
              f"seed {cfg.seed}, KV cache {'on' if cfg.kv_cache else 'off'}.", ""]
     generated, seconds = 0, 0.0
     for p, (prompt, ids) in enumerate(zip(cfg.prompts, encoded)):
@@ -149,7 +172,7 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
              out_dir: str | Path = "reports/eval") -> dict[str, Any]:
     """Score and sample the checkpoint; write metrics.json and samples.md (each atomically, both or none)."""
     runtime = eval_runtime(cfg.device, cfg.dtype, cfg.keep_host_memory)
-    loaded = load_model(ckpt_path, runtime)
+    loaded = load_pretrained_model(cfg.pretrained, runtime) if cfg.pretrained else load_model(ckpt_path, runtime)
     meta = read_meta(tokens_dir)
     model_vocab = loaded.model.cfg.vocab_size
     if model_vocab != meta["vocab_size"]:
@@ -175,6 +198,7 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
         "baseline": {"unigram_loss": baseline},
         "sample": {"tokens_per_s": round(tokens_per_s, 1)},
         "checkpoint_step": loaded.state["step"],
+        **({"pretrained": cfg.pretrained} if cfg.pretrained else {}),
     }
     out = Path(out_dir)
     with atomic_file(out / "samples.md") as tmp:
@@ -192,7 +216,8 @@ def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Pat
     from gpt2.train.tracking import MlflowTracker
 
     experiment = state.get("params", {}).get("train", {}).get("experiment", "gpt2")
-    tracker = MlflowTracker(experiment, state.get("mlflow_run_id"), run_name=f"evaluate step {state['step']}")
+    name = f"evaluate {state['pretrained']}" if state.get("pretrained") else f"evaluate step {state['step']}"
+    tracker = MlflowTracker(experiment, state.get("mlflow_run_id"), run_name=name)
     tracker.set_tags({"training_run_id": state.get("mlflow_run_id"), "eval.val_tokens": metrics["val"]["tokens"]})
     tracker.log_metrics({"eval/val_loss": metrics["val"]["loss"], "eval/val_ppl": metrics["val"]["ppl"],
                          "eval/unigram_loss": metrics["baseline"]["unigram_loss"],
