@@ -261,3 +261,13 @@ def test_deferred_syncs_log_the_same_numbers_and_still_catch_a_nan(tmp_path, tok
     monkeypatch.setattr(trainer, "backward_micro_batches", poisoned)
     with pytest.raises(Diverged, match=r"loss is nan at step 2: "):  # found at step 4's sync, named by its step
         run(tmp_path, tokens, params, "nan")
+
+
+def test_async_checkpoint_off_writes_in_the_loop(tmp_path, monkeypatch):
+    """train.async_checkpoint: false: the file is complete when save returns, and no thread is started."""
+    import threading
+
+    monkeypatch.setattr(threading.Thread, "start", lambda self: pytest.fail("started a writer thread"))
+    saver = checkpoint.BackgroundSaver(enabled=False)
+    saver.save(tmp_path / "ckpt.pt", {"step": 3})
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 3

@@ -32,7 +32,6 @@ def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
         raise UserError(f"{ckpt_path} was trained with model.bias: false; Hugging Face's GPT-2 always has biases, "
                         "so it cannot hold this model")
     weights = to_hf(checkpoint.clean_state_dict(state["model"]), cfg)
-    del weights["lm_head.weight"]  # tied to wte: transformers ties it again on load (tie_word_embeddings)
     out = Path(out_dir)
     with atomic_dir(out) as tmp:
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})

@@ -62,7 +62,8 @@ def from_hf(state: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.T
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
-    """A GPT2LMHeadModel state dict from this project's (padded vocabulary rows dropped)."""
+    """A GPT2LMHeadModel state dict from this project's (padded vocabulary rows dropped), without the
+    tied ``lm_head.weight``: transformers ties it to wte again on load (tie_word_embeddings)."""
     out = {}
     for name, tensor in state.items():
         if name == "lm_head.weight":
@@ -73,7 +74,6 @@ def to_hf(state: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Ten
         if name == "transformer.wte.weight":
             tensor = tensor[: cfg.vocab_size]
         out[name] = tensor.contiguous()
-    out["lm_head.weight"] = out["transformer.wte.weight"]
     return out
 
 

@@ -544,6 +544,10 @@ def _steps(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Trac
     cfg, d = s.params.train, s.dist
     batches = iter(s.sampler.next, None)
     summary = None
+
+    def finished() -> dict[str, Any]:
+        return {**summarize(s, history, step, time.perf_counter() - started, first_step), "runtime": runtime}
+
     last_saved = step if ckpt_path.exists() else None
     timer, pending = StepTimer(s.runtime), []  # losses of the steps since the last sync point
     every_step = sync_every_step(s.runtime)
@@ -586,7 +590,7 @@ def _steps(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Trac
                 if d.main:
                     print(f"step {step}/{s.total_steps} | val loss {val:.4f}", file=sys.stderr)
             if step == s.total_steps:
-                summary = {**summarize(s, history, step, time.perf_counter() - started, first_step), "runtime": runtime}
+                summary = finished()
             due = step % cfg.checkpoint_interval == 0 or step == s.total_steps or stopping
             if due and cfg.save_checkpoint:
                 rngs = distributed.gather(checkpoint.rng_states(), d)  # every rank takes part
@@ -602,7 +606,7 @@ def _steps(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Trac
                                             f"{step}/{s.total_steps}; {saved}")
                 error.exit_code = 128 + signum
                 raise error
-    return summary or {**summarize(s, history, step, time.perf_counter() - started, first_step), "runtime": runtime}
+    return summary or finished()
 
 
 def sync_every_step(runtime: Runtime) -> bool:
