@@ -144,6 +144,7 @@ def new_project(base: Path) -> Path:
         shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
     run(root, "git", "init", "-q")
     run(root, sys.executable, "-m", "dvc", "init", "-q")
+    shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")  # the project's cache settings (links)
     set_params(root, download={"source": str(make_corpus(base / "corpus", n_docs=10))},
                model=MICRO_MODEL, train={**MICRO_TRAIN, "block_size": 8, "micro_batch_size": 2},
                eval={"mlflow": False, "max_new_tokens": 10, "num_samples": 1})

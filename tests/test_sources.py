@@ -73,6 +73,17 @@ def test_archives_and_gzip(tmp_path, corpus):
     assert (out / manifest["files"][0]["path"]).read_bytes() == (corpus / "doc00.txt").read_bytes()
 
 
+def test_a_downloaded_archive_is_known_by_its_url_not_its_cache_name(tmp_path, corpus, monkeypatch):
+    """The HTTP cache stores a download under a hashed name: the URL's name says what it is."""
+    cached = tmp_path / "cache" / "4f1c2a9e8b7d6c5a.done"
+    cached.parent.mkdir()
+    with tarfile.open(cached, "w:gz") as archive:
+        archive.add(corpus, arcname="corpus")
+    monkeypatch.setattr("gpt2.data.sources.download_url", lambda url, **kwargs: cached)
+    manifest, _ = fetch(tmp_path, "https://example.org/corpus.tar.gz")
+    assert manifest["documents"] == 12
+
+
 def test_empty_files_in_a_directory_are_skipped(tmp_path, corpus):
     (corpus / "empty.txt").write_text("")
     (corpus / ".hidden.txt").write_text("secret")

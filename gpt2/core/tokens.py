@@ -1,16 +1,29 @@
 """The token file format shared by tokenize, stats, train and evaluate.
 
-``data/tokens/{train,val}.bin`` are flat little-endian uint16 arrays (GPT-2
-ids reach 50256, so int16 would overflow) with the EOT id after every
-document. ``meta.json`` says how many tokens each file holds, so a truncated
-file or one written with another dtype is caught before anyone reads it.
+A split is a flat little-endian uint16 array (GPT-2 ids reach 50256, so int16
+would overflow). ``meta.json`` says which files hold it and how many tokens
+each holds, so a truncated file or one written with another dtype is caught
+before anyone reads it:
+
+- text tokenized here: one file per split, ``{train,val}.bin``, with the EOT id
+  after every document;
+- imported token shards (llm.c / modded-nanogpt ``.bin`` with a 1024-byte
+  header, nanoGPT's headerless files): a list of ``shards``, each a file, the
+  byte offset of its first token and its token count. The files are hard links
+  to the downloaded ones, read in place: no second copy.
+
+``open_tokens`` hides the difference: one file is a memmap, several are a
+``ShardedTokens`` that slices and gathers across file boundaries.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
@@ -20,6 +33,14 @@ FORMAT = "gpt2-tokens/1"
 DTYPE = "uint16"
 META = "meta.json"
 SPLITS = ("train", "val")
+CHUNK = 1 << 24  # tokens per pass when a whole split is scanned: 32 MB of uint16
+
+
+@dataclass(frozen=True)
+class Shard:
+    file: str  # relative to the token folder
+    offset: int  # bytes before the first token (an llm.c header: 1024)
+    tokens: int
 
 
 def read_meta(tokens_dir: str | Path) -> dict[str, Any]:
@@ -36,21 +57,103 @@ def read_meta(tokens_dir: str | Path) -> dict[str, Any]:
     return meta
 
 
-def open_tokens(tokens_dir: str | Path, split: str, meta: dict[str, Any] | None = None) -> np.memmap:
-    """Memory-map one split after checking its length against meta.json."""
-    meta = meta or read_meta(tokens_dir)
+def split_shards(meta: dict[str, Any], split: str) -> list[Shard]:
     info = meta["splits"][split]
-    path = Path(tokens_dir) / info["file"]
+    if "shards" in info:
+        return [Shard(s["file"], s["offset"], s["tokens"]) for s in info["shards"]]
+    return [Shard(info["file"], 0, info["tokens"])]
+
+
+def open_shard(tokens_dir: str | Path, shard: Shard) -> np.ndarray:
+    """Memory-map one file's tokens after checking its length against meta.json."""
+    path = Path(tokens_dir) / shard.file
     if not path.is_file():
         raise UserError(f"{path} not found; run the tokenize stage again")
     itemsize = np.dtype(DTYPE).itemsize
-    expected = info["tokens"] * itemsize
+    expected = shard.offset + shard.tokens * itemsize
     size = path.stat().st_size
     if size != expected:
         kind = "is truncated" if size < expected else "is longer than expected"
-        raise UserError(f"{path} has {size} bytes but meta.json says {info['tokens']} {DTYPE} tokens "
+        raise UserError(f"{path} has {size} bytes but meta.json says {shard.tokens} {DTYPE} tokens "
                         f"({expected} bytes): the file {kind} or was written with another dtype; "
                         "run the tokenize stage again")
-    if size == 0:
+    if shard.tokens == 0:
         return np.zeros(0, dtype=DTYPE)  # np.memmap refuses empty files
-    return np.memmap(path, dtype=DTYPE, mode="r")
+    return np.memmap(path, dtype=DTYPE, mode="r", offset=shard.offset, shape=(shard.tokens,))
+
+
+class ShardedTokens:
+    """Several token files read as one array, without concatenating them (20 GB of FineWeb shards
+    stay on disk, mapped): ``len``, slices, and ``windows`` for training batches. A file is opened
+    the first time it is read, so a batch that touches two of a hundred shards maps two."""
+
+    def __init__(self, lengths: Sequence[int], open_part: Callable[[int], np.ndarray]) -> None:
+        self.bounds = np.cumsum([0, *lengths])
+        self.part = functools.lru_cache(maxsize=None)(open_part)
+
+    @classmethod
+    def of(cls, parts: Sequence[np.ndarray]) -> ShardedTokens:
+        return cls([len(p) for p in parts], parts.__getitem__)
+
+    def __len__(self) -> int:
+        return int(self.bounds[-1])
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        start, stop, step = index.indices(len(self))
+        if step != 1:
+            raise IndexError("ShardedTokens slices take no step")
+        pieces = []
+        shard = int(np.searchsorted(self.bounds, start, side="right")) - 1
+        while start < stop:
+            lo, hi = self.bounds[shard], self.bounds[shard + 1]
+            pieces.append(self.part(shard)[start - lo:min(stop, hi) - lo])
+            start, shard = hi, shard + 1
+        return np.concatenate(pieces) if len(pieces) > 1 else np.asarray(pieces[0] if pieces else [], dtype=DTYPE)
+
+    def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """``length`` tokens from each start: one gather per shard; a window across a boundary is joined."""
+        out = np.empty((len(starts), length), dtype=DTYPE)
+        shard = np.searchsorted(self.bounds, starts, side="right") - 1
+        inside = starts + length <= self.bounds[shard + 1]
+        offsets = np.arange(length)
+        for s in np.unique(shard[inside]):
+            rows = np.flatnonzero(inside & (shard == s))
+            out[rows] = self.part(int(s))[(starts[rows] - self.bounds[s])[:, None] + offsets]
+        for row in np.flatnonzero(~inside):
+            out[row] = self[int(starts[row]):int(starts[row]) + length]
+        return out
+
+
+Tokens = Union[np.ndarray, ShardedTokens]
+
+
+def windows(tokens: Tokens, starts: np.ndarray, length: int) -> np.ndarray:
+    """The ``(len(starts), length)`` batch of windows: one fancy-index gather."""
+    if isinstance(tokens, ShardedTokens):
+        return tokens.windows(starts, length)
+    return tokens[starts[:, None] + np.arange(length)]
+
+
+def open_tokens(tokens_dir: str | Path, split: str, meta: dict[str, Any] | None = None, lazy: bool = False
+                ) -> Tokens:
+    """One split's tokens, mapped: an array for one file, a ``ShardedTokens`` for several. Every file's
+    length is checked against meta.json now, unless ``lazy`` (then each file is mapped when first read)."""
+    meta = meta or read_meta(tokens_dir)
+    shards = split_shards(meta, split)
+    if len(shards) == 1:
+        return open_shard(tokens_dir, shards[0])
+    if lazy:
+        return ShardedTokens([s.tokens for s in shards], lambda i: open_shard(tokens_dir, shards[i]))
+    return ShardedTokens.of([open_shard(tokens_dir, s) for s in shards])
+
+
+def chunks(tokens: Tokens, size: int = CHUNK) -> Iterator[tuple[int, np.ndarray]]:
+    """(offset, tokens) in bounded pieces: a whole split scanned in constant memory."""
+    for lo in range(0, len(tokens), size):
+        yield lo, np.asarray(tokens[lo:lo + size])
+
+
+def split_label(meta: dict[str, Any], split: str) -> str:
+    """How messages name a split: its file, or its shard files."""
+    files = [s.file for s in split_shards(meta, split)]
+    return files[0] if len(files) == 1 else f"{split} shards ({files[0]}, … {len(files)} files)"

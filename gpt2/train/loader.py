@@ -26,37 +26,42 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from gpt2.core import tokens as token_files
 from gpt2.core.errors import UserError
-from gpt2.core.tokens import DTYPE, open_tokens, read_meta
+from gpt2.core.tokens import DTYPE, Shard, ShardedTokens, Tokens, open_shard, open_tokens, read_meta
 
 
 class TokenSplit:
     """One split's tokens, held in RAM (``preload``) or mapped per use (``memmap``).
 
-    With several processes on a machine (DDP), ``preload`` maps the file once and reads it into the
+    With several processes on a machine (DDP), ``preload`` maps the files once and reads them into the
     page cache instead: every rank then uses the same physical copy, where private arrays would
     hold one copy per rank (8 GPUs: 8 × 20 GB for FineWeb's 10 B tokens)."""
 
     def __init__(self, tokens_dir: str | Path, split: str, mode: Literal["preload", "memmap"],
                  meta: dict[str, Any] | None = None, shared: bool = False) -> None:
-        meta = meta or read_meta(tokens_dir)
-        checked = open_tokens(tokens_dir, split, meta)  # validates dtype and length
-        self.name, self.mode, self.length = split, mode, len(checked)
-        self.path = Path(tokens_dir) / meta["splits"][split]["file"]
-        self._ram = None
-        if mode == "preload":
-            self._ram = shared_pages(self.path) if shared else np.fromfile(self.path, dtype=DTYPE)
-        del checked
+        self.meta = meta or read_meta(tokens_dir)
+        self.dir, self.name, self.mode = Path(tokens_dir), split, mode
+        self.length = len(open_tokens(tokens_dir, split, self.meta))  # validates dtype and lengths
+        self.label = token_files.split_label(self.meta, split)
+        shards = token_files.split_shards(self.meta, split)
+        self._ram: Tokens | None = None
+        if mode == "preload" and shared:
+            parts = [shared_pages(self.dir, s) for s in shards]
+            self._ram = parts[0] if len(parts) == 1 else ShardedTokens.of(parts)
+        elif mode == "preload":
+            self._ram = np.concatenate([np.fromfile(self.dir / s.file, dtype=DTYPE, count=s.tokens, offset=s.offset)
+                                        for s in shards])
 
-    def array(self) -> np.ndarray:
+    def array(self) -> Tokens:
         if self._ram is not None:
             return self._ram
-        return np.memmap(self.path, dtype=DTYPE, mode="r")
+        return open_tokens(self.dir, self.name, self.meta, lazy=True)
 
 
-def shared_pages(path: Path) -> np.ndarray:
+def shared_pages(tokens_dir: Path, shard: Shard) -> np.ndarray:
     """A read-only map of the file, read ahead into the page cache: one copy for every process."""
-    mapped = np.memmap(path, dtype=DTYPE, mode="r")
+    mapped = open_shard(tokens_dir, shard)
     advise = getattr(getattr(mapped, "_mmap", None), "madvise", None)
     if advise is not None and hasattr(mmap, "MADV_WILLNEED"):
         advise(mmap.MADV_WILLNEED)  # the kernel reads it in now, not on the first batches
@@ -69,13 +74,12 @@ class BatchSampler:
     def __init__(self, data: TokenSplit, batch_size: int, block_size: int, seed: int,
                  batching: Literal["vectorized", "loop"], device: torch.device, rank: int = 0, world: int = 1) -> None:
         if data.length < block_size + 1:
-            raise UserError(f"{data.name}.bin has {data.length} tokens, fewer than block_size + 1 = {block_size + 1}; "
+            raise UserError(f"{data.label} has {data.length} tokens, fewer than block_size + 1 = {block_size + 1}; "
                             "lower train.block_size or use a larger corpus")
         self.data, self.batch_size, self.block_size = data, batch_size, block_size
         self.batching, self.device = batching, device
         self.rank, self.world = rank, world
         self.rng = np.random.default_rng(seed)
-        self._window = np.arange(block_size + 1)
 
     def state(self) -> dict[str, Any]:
         return self.rng.bit_generator.state
@@ -91,15 +95,15 @@ class BatchSampler:
             return self._vectorized(tokens, starts)
         return self._loop(tokens, starts)
 
-    def _vectorized(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = torch.from_numpy(tokens[starts[:, None] + self._window].astype(np.int64))
+    def _vectorized(self, tokens: Tokens, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = torch.from_numpy(token_files.windows(tokens, starts, self.block_size + 1).astype(np.int64))
         if self.device.type == "cuda":
             batch = batch.pin_memory().to(self.device, non_blocking=True)
         else:
             batch = batch.to(self.device)
         return batch[:, :-1], batch[:, 1:]
 
-    def _loop(self, tokens: np.ndarray, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _loop(self, tokens: Tokens, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         T = self.block_size
         x = torch.stack([torch.from_numpy(tokens[i:i + T].astype(np.int64)) for i in starts])
         y = torch.stack([torch.from_numpy(tokens[i + 1:i + 1 + T].astype(np.int64)) for i in starts])
