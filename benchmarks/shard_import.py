@@ -43,8 +43,15 @@ def stage(name: str, work: Path) -> None:
         tokenize_corpus(TokenizeConfig(), work / "raw", work / "tokens")
     else:
         dataset_stats(StatsConfig(), work / "tokens", work / "stats")
-    print(json.dumps({"seconds": time.perf_counter() - start,
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"seconds": time.perf_counter() - start, "peak_rss_mb": peak_rss_mb()}))
+
+
+def peak_rss_mb() -> float:
+    """This process's own peak (VmHWM): getrusage's ru_maxrss keeps the parent's peak across fork and exec."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def write_shards(folder: Path, tokens: int, shard_tokens: int) -> None:
