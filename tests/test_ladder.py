@@ -26,7 +26,7 @@ def test_the_projects_ladder_is_the_documented_one():
     spec = ladder.load_ladder(ROOT / "ladder.yaml")
     names = [r.name for r in spec.rungs]
     assert names == ["baseline", "ram preload", "vectorized batching", "keep host memory", "tf32", "amp", "compile",
-                     "flash attention", "padded vocab", "fused adamw", "grad accumulation"]
+                     "flash attention", "padded vocab", "fused adamw", "grad accumulation", "muon"]
     assert all(len(r.changes) == 1 for r in spec.rungs[1:])  # one switch per rung
     assert set(spec.profiles) == {"cpu", "cuda"} and spec.profiles["cuda"].model == {"size": "gpt2"}
 
@@ -39,7 +39,8 @@ def test_each_rung_is_the_one_above_plus_its_change():
     for rung, above, this in zip(spec.rungs[1:], trains, trains[1:]):
         changed = {k for k in this if this[k] != above[k]}
         assert changed == set(rung.changes), rung.name
-    assert trains[-1]["grad_accum_steps"] == 2048 // (8 * 128)  # "target": the profile's batch in micro-batches
+    assert trains[-2]["grad_accum_steps"] == 2048 // (8 * 128)  # "target": the profile's batch in micro-batches
+    assert trains[-1]["optimizer"] == "muon" and trains[-1]["target_val_loss"] is None
     assert all(t["max_steps"] == 12 and not t["save_checkpoint"] and t["resume"] == "never" for t in trains)
     assert {s["model"]["size"] for s in p.sections} == {"tiny"}
     assert p.sets[6]["train.compile"] is True and p.sets[6]["model.size"] == "tiny"
@@ -90,11 +91,16 @@ def test_missing_ladder_file(tmp_path):
         ladder.load_ladder(tmp_path / "nope.yaml")
 
 
-def fake_run(p: ladder.Plan, i: int, step_ms: float, runtime: dict, name: str = "", loss: float = 9.0) -> Experiment:
+def fake_run(p: ladder.Plan, i: int, step_ms: float, runtime: dict, name: str = "", loss: float = 9.0,
+             target_s: float | None = None) -> Experiment:
     train = p.sections[i]["train"]
     tokens = train["micro_batch_size"] * 128 * train["grad_accum_steps"]
     metrics = {"perf": {"step_ms": step_ms, "tokens_per_s": tokens / step_ms * 1000, "mfu": None},
                "mem": {"peak_gb": 1.0 + i}, "val": {"loss": loss}}
+    if p.profile.target is not None:
+        steps = None if target_s is None else round(target_s * 1000 / step_ms)
+        metrics["target"] = {"reached": target_s is not None, "time_s": target_s, "steps": steps,
+                             "tokens": None if steps is None else steps * tokens}
     return Experiment(name or f"ladder-{i:02d}-x-1", f"rev{i}", "t", {"model": p.sections[i]["model"],
                       "train": p.sections[i]["train"]}, {ladder.TRAIN_METRICS: metrics},
                       {ladder.TRAIN_RUN: {"runtime": runtime}})
@@ -129,7 +135,7 @@ def test_failed_rung_is_marked_and_the_next_compares_with_the_last_measured(tmp_
     cpu = {"device": "cpu", "dtype": "fp32", "tf32": False}
     rows = ladder.analyse(spec, p, [[fake_run(p, 0, 100.0, cpu)], [], [fake_run(p, 2, 50.0, cpu)]])
     assert rows[1]["effect"] == "failed" and rows[2]["vs_previous"] == pytest.approx(2.0)
-    assert "| 1 | a | | failed |" in ladder.table(rows, 16)
+    assert "| 1 | a |  | failed |" in ladder.table(rows, 16)
 
 
 def test_only_ladder_experiments_with_the_same_params_are_reused(tmp_path):
@@ -140,7 +146,7 @@ def test_only_ladder_experiments_with_the_same_params_are_reused(tmp_path):
     other_name = fake_run(p, 3, 10.0, cpu, "my-experiment")
     other_steps = fake_run(ladder.plan(spec, PARAMS, "cpu", steps=5), 3, 10.0, cpu, "ladder-03-keep-host-memory-2")
     found = ladder.measured(p, [same, other_name, other_steps])
-    assert [[e.name for e in runs] for runs in found] == [[], [], [], ["ladder-03-keep-host-memory-1"]] + [[]] * 7
+    assert [[e.name for e in runs] for runs in found] == [[], [], [], ["ladder-03-keep-host-memory-1"]] + [[]] * 8
 
 
 # --------------------------------------------------------------------------- end to end
@@ -193,3 +199,61 @@ def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path):
     dvc(root, "exp", "run", "--queue", "-n", "waiting", "train")
     refused = run(root, *command, check=False)
     assert refused.returncode == 2 and "already queued" in refused.stderr and "waiting" in refused.stderr
+
+
+CPU = {"device": "cpu", "dtype": "fp32", "tf32": False, "sdpa_backend": "flash_attention", "device_name": "x"}
+NOISE_LADDER = ("baseline: {tf32: false, pad_vocab: false, fused_adamw: false}\nrungs:\n"
+                "  - {name: tf32, set: {tf32: true}}\n  - {name: pad, set: {pad_vocab: true}}\n"
+                "  - {name: fused, set: {fused_adamw: true}}\nprofiles: {cpu: {repeats: 2}}\n")
+
+
+def test_a_gain_inside_the_repeats_interval_or_the_inert_rungs_move_is_not_a_gain(tmp_path):
+    spec = load(tmp_path, NOISE_LADDER)
+    p = ladder.plan(spec, PARAMS, "cpu")
+    runs = [[fake_run(p, 0, 100.0, CPU), fake_run(p, 0, 104.0, CPU)],
+            [fake_run(p, 1, 97.0, CPU), fake_run(p, 1, 99.0, CPU)],  # tf32: inert here, moved 4%: the floor
+            [fake_run(p, 2, 95.0, CPU), fake_run(p, 2, 96.5, CPU)],  # 2.4% faster, intervals apart: within the floor
+            [fake_run(p, 3, 60.0, CPU), fake_run(p, 3, 61.0, CPU)]]  # 1.57x: a gain
+    rows = ladder.analyse(spec, p, runs)
+    assert rows[1]["effect"] == "no effect on this device" and rows[1]["noise_floor"] == pytest.approx(0.0405, abs=1e-4)
+    assert rows[2]["inside_noise"] == {"tokens_per_s": True} and rows[3]["inside_noise"] == {"tokens_per_s": False}
+    text = ladder.table(rows, 12)
+    assert "| 1.02× (inside noise) |" in text and "| 1.58× |" in text
+    assert ladder.noise_verdict(rows, 2).startswith("Noise: rungs that changed nothing here moved tokens/s by up to 4.1%")
+    # overlapping intervals: inside noise whatever the floor
+    runs[2] = [fake_run(p, 2, 90.0, CPU), fake_run(p, 2, 99.0, CPU)]
+    assert ladder.analyse(spec, p, runs)[2]["inside_noise"]["tokens_per_s"] is True
+
+
+def test_a_ladder_too_noisy_to_read_says_so_first(tmp_path):
+    spec = load(tmp_path, NOISE_LADDER)
+    p = ladder.plan(spec, PARAMS, "cpu")
+    runs = [[fake_run(p, 0, 100.0, CPU), fake_run(p, 0, 400.0, CPU)],
+            [fake_run(p, 1, 20.0, CPU), fake_run(p, 1, 380.0, CPU)],  # changed nothing, "5.97x faster"
+            [fake_run(p, 2, 90.0, CPU), fake_run(p, 2, 300.0, CPU)],
+            [fake_run(p, 3, 80.0, CPU), fake_run(p, 3, 350.0, CPU)]]
+    rows = ladder.analyse(spec, p, runs)
+    assert ladder.noise_verdict(rows, 2).startswith("**Too noisy to read:**")
+    assert ladder.noise_verdict(rows, 1).startswith("**One run per rung")
+    (tmp_path / "out").mkdir()
+    ladder.write_report(tmp_path / "out", rows, p, runs)
+    report = (tmp_path / "out" / "ladder.md").read_text()
+    assert report.splitlines()[2].startswith("**Too noisy to read:**")
+
+
+def test_with_a_target_every_run_trains_to_it_and_the_table_gives_time_to_target(tmp_path):
+    spec = load(tmp_path, NOISE_LADDER.replace("{repeats: 2}", "{repeats: 2, steps: 200, target: 6.1}"))
+    p = ladder.plan(spec, PARAMS, "cpu")
+    train = p.sections[0]["train"]
+    assert train["target_val_loss"] == 6.1 and train["stop_at_target"] and train["max_steps"] == 200
+    assert train["eval_interval"] == 10 and train["eval_iters"] == 10  # params.yaml's eval size, not the profile's
+    assert ladder.plan(spec, PARAMS, "cpu", target=5.5).sections[0]["train"]["target_val_loss"] == 5.5
+    runs = [[fake_run(p, 0, 100.0, CPU, target_s=20.0), fake_run(p, 0, 100.0, CPU, target_s=22.0)],
+            [fake_run(p, 1, 100.0, CPU, target_s=21.0), fake_run(p, 1, 100.0, CPU, target_s=21.5)],
+            [fake_run(p, 2, 100.0, CPU, target_s=10.0), fake_run(p, 2, 100.0, CPU, target_s=None)],
+            [fake_run(p, 3, 100.0, CPU), fake_run(p, 3, 100.0, CPU)]]
+    rows = ladder.analyse(spec, p, runs)
+    assert rows[0]["time_s"] == 21.0 and rows[2]["reached"] == 1 and rows[2]["time_speedup"] == pytest.approx(2.1)
+    text = ladder.table(rows, 200, 6.1)
+    assert "time to 6.1 (s)" in text and "| 21.0 (20.0–22.0) |" in text
+    assert "10.0 (10.0–10.0) reached 1/2" in text and "| not reached |" in text and "| 2.10× |" in text

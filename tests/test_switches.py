@@ -13,7 +13,7 @@ from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.train import loader, trainer
 from gpt2.train.device import resolve
 from gpt2.train.loader import BatchSampler, TokenSplit
-from gpt2.train.optim import build_optimizer, lr_at
+from gpt2.train.optim import build_optimizers, lr_at
 
 
 def setup(tokens, **train):
@@ -70,13 +70,14 @@ def test_tf32_switch_sets_matmul_precision_and_is_declared_inert_on_cpu():
 
 
 def test_fused_adamw_switch_selects_the_fused_kernel(tokens):
-    assert setup(tokens, fused_adamw=True).optimizer.defaults["fused"] is True
-    assert not setup(tokens, fused_adamw=False).optimizer.defaults["fused"]
+    assert setup(tokens, fused_adamw=True).optimizers[0].defaults["fused"] is True
+    assert not setup(tokens, fused_adamw=False).optimizers[0].defaults["fused"]
 
 
 def test_weight_decay_only_on_matrices():
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=4, vocab_size=10, padded_vocab_size=10))
-    decay, no_decay = build_optimizer(model, TrainConfig(weight_decay=0.1)).param_groups
+    [optimizer] = build_optimizers(model, TrainConfig(weight_decay=0.1))
+    decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decay["params"])
     assert no_decay["weight_decay"] == 0.0 and all(p.dim() == 1 for p in no_decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))

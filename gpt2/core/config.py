@@ -141,6 +141,11 @@ class TrainConfig:
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0  # 0 = no clipping
+    # optimizer: adamw for every parameter, or muon for the hidden matrices (AdamW, with the keys above, for the rest)
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    muon_lr: float = 0.02  # peak; follows the same warmup and decay as lr
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0
     seed: int = 1337
     # measuring
     eval_interval: int = 40
@@ -150,6 +155,8 @@ class TrainConfig:
     save_checkpoint: bool = True  # false: measurement runs (the ladder) write no checkpoint
     async_checkpoint: bool = True  # write checkpoints on a thread from a CPU copy; training goes on meanwhile
     timing_warmup_steps: int = 5
+    target_val_loss: float | None = None  # time to target: first eval at or below it records time, tokens, steps
+    stop_at_target: bool = True  # ... and ends the run there
     peak_tflops: float | None = None  # peak FLOP/s of this device for MFU; null = look it up by name
     resume: Literal["auto", "never"] = "auto"
     # many processes (README, "Many GPUs")
@@ -177,6 +184,11 @@ class TrainConfig:
         require(self.weight_decay >= 0, f"{at}.weight_decay", self.weight_decay, "a number >= 0")
         require(all(0 <= b < 1 for b in self.betas), f"{at}.betas", list(self.betas), "two numbers in [0, 1)")
         require(self.grad_clip >= 0, f"{at}.grad_clip", self.grad_clip, "a number >= 0 (0 = off)")
+        require(self.muon_lr > 0, f"{at}.muon_lr", self.muon_lr, "a number > 0")
+        require(0 <= self.muon_momentum < 1, f"{at}.muon_momentum", self.muon_momentum, "a number in [0, 1)")
+        require(self.muon_weight_decay >= 0, f"{at}.muon_weight_decay", self.muon_weight_decay, "a number >= 0")
+        require(self.target_val_loss is None or self.target_val_loss > 0, f"{at}.target_val_loss",
+                self.target_val_loss, "null or a number > 0")
         require(bool(self.init_from.strip()), f"{at}.init_from", self.init_from,
                 "scratch, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a path")
         require(self.loss_chunk >= 0, f"{at}.loss_chunk", self.loss_chunk, "an integer >= 0 (0 = plain loss)")
@@ -211,6 +223,9 @@ class EvalConfig:
     kv_cache: bool = True
     keep_host_memory: bool = True  # as train.keep_host_memory
     pretrained: str | None = None  # score OpenAI's GPT-2 (gpt2, ...) or a Hugging Face directory instead of the checkpoint
+    hellaswag: bool = False  # HellaSwag validation accuracy (acc_norm, acc), downloaded once into the cache
+    hellaswag_limit: int | None = None  # score only the first N items (a quick look); null = all 10,042
+    hellaswag_file: str | None = None  # a local copy of hellaswag_val.jsonl instead of the download
     mlflow: bool = True
 
     def check(self, at: str) -> None:
@@ -222,6 +237,8 @@ class EvalConfig:
         require(self.top_k >= 0, f"{at}.top_k", self.top_k, "an integer >= 0 (0 = off)")
         require(0 < self.top_p <= 1, f"{at}.top_p", self.top_p, "a number in (0, 1]")
         require(self.num_samples >= 1, f"{at}.num_samples", self.num_samples, "an integer >= 1")
+        require(self.hellaswag_limit is None or self.hellaswag_limit >= 1, f"{at}.hellaswag_limit",
+                self.hellaswag_limit, "null or an integer >= 1")
 
 
 @dataclass(frozen=True)

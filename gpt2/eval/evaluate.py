@@ -193,9 +193,11 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
     baseline = unigram_loss(open_tokens(tokens_dir, "train", meta), val, spans, meta["vocab_size"])
     print(f"evaluate: val loss {loss:.4f} (ppl {math.exp(loss):.1f}) over {n:,} tokens in "
           f"{time.perf_counter() - started:.1f} s; unigram baseline {baseline:.4f}", file=sys.stderr)
+    hellaswag = score_hellaswag(loaded, cfg) if cfg.hellaswag else None
     text, tokens_per_s = samples(loaded, cfg, encoded, meta["eot_id"])
     summary = {
         "val": {"loss": loss, "ppl": math.exp(loss), "tokens": n},
+        **({"hellaswag": hellaswag} if hellaswag else {}),
         "baseline": {"unigram_loss": baseline},
         "sample": {"tokens_per_s": round(tokens_per_s, 1)},
         "checkpoint_step": loaded.state["step"],
@@ -207,10 +209,23 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
     write_json(out / "summary.json", summary)
     # DVC's metrics: the figures compared across experiments (named apart from train's val.loss, so
     # `dvc exp show` needs no file prefix); the rest stays in summary.json
-    write_json(out / "metrics.json", {"eval": {"val_loss": round(loss, 4), "val_ppl": round(math.exp(loss), 2)}})
+    compared = {"val_loss": round(loss, 4), "val_ppl": round(math.exp(loss), 2)}
+    if hellaswag:
+        compared |= {"hellaswag_acc_norm": round(hellaswag["acc_norm"], 4), "hellaswag_acc": round(hellaswag["acc"], 4)}
+    write_json(out / "metrics.json", {"eval": compared})
     if cfg.mlflow:
         log_to_training_run(loaded.state, summary, out)
     return summary
+
+
+def score_hellaswag(loaded: Loaded, cfg: EvalConfig) -> dict[str, Any]:
+    from gpt2.data.tokenizer import gpt2_encoding
+    from gpt2.eval import hellaswag
+
+    path = hellaswag.locate(cfg.hellaswag_file)
+    items = hellaswag.read_items(path, gpt2_encoding().encode_ordinary, cfg.hellaswag_limit)
+    return hellaswag.score(loaded.model, items, loaded.model.cfg.block_size, loaded.runtime.device,
+                           loaded.runtime.autocast, max(1, cfg.batch_size // 4))
 
 
 def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Path) -> None:
@@ -222,7 +237,9 @@ def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Pat
     tracker.set_tags({"training_run_id": state.get("mlflow_run_id"), "eval.val_tokens": metrics["val"]["tokens"]})
     tracker.log_metrics({"eval/val_loss": metrics["val"]["loss"], "eval/val_ppl": metrics["val"]["ppl"],
                          "eval/unigram_loss": metrics["baseline"]["unigram_loss"],
-                         "eval/sample_tokens_per_s": metrics["sample"]["tokens_per_s"]}, step=state["step"])
+                         "eval/sample_tokens_per_s": metrics["sample"]["tokens_per_s"],
+                         **{f"eval/hellaswag_{k}": v for k, v in metrics.get("hellaswag", {}).items()}},
+                        step=state["step"])
     tracker.log_artifact(out / "samples.md")
     tracker.log_artifact(out / "summary.json")
     tracker.end()

@@ -20,13 +20,15 @@ from gpt2.core.cli import PARAMS, user_errors
 @click.option("--repeats", default=None, type=click.IntRange(min=1), help="runs per rung instead of the profile's")
 @click.option("--fresh", is_flag=True, help="measure every rung again instead of reusing experiments with the same params")
 @click.option("--mlflow/--no-mlflow", default=None, help="log to MLflow (default: params.yaml train.mlflow)")
+@click.option("--target", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="val loss: every run trains to it (steps is the cap); the table adds time and tokens to target")
 @user_errors
 def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str | None, steps: int | None,
-           repeats: int | None, fresh: bool, mlflow: bool | None) -> None:
+           repeats: int | None, fresh: bool, mlflow: bool | None, target: float | None) -> None:
     """Measure what each optimization buys: every rung of ladder.yaml as DVC experiments, then a table and plot."""
     from gpt2.measure.ladder import run_ladder
 
-    run_ladder(ladder_path, params_path, out, device, model, steps, repeats, fresh, mlflow)
+    run_ladder(ladder_path, params_path, out, device, model, steps, repeats, fresh, mlflow, target)
 
 
 @click.command()

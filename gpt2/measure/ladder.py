@@ -56,6 +56,7 @@ class Profile:
     steps: int
     repeats: int
     target_batch_tokens: int
+    target: float | None = None  # val loss: every run trains to it (or to `steps`), the table gains time to target
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,13 @@ def load_ladder(path: str | Path) -> Ladder:
         raise UserError(f"{where}: two rungs have the same name: {', '.join(slugs)}")
     profiles = {}
     for device, raw in (data.get("profiles") or {}).items():
-        _keys(raw, {"model", "train", "steps", "repeats", "target_batch_tokens"}, f"{where}: profiles.{device}")
+        _keys(raw, {"model", "train", "steps", "repeats", "target_batch_tokens", "target"}, f"{where}: profiles.{device}")
         profile = Profile(model=raw.get("model") or {}, train=raw.get("train") or {}, steps=raw.get("steps", 20),
-                          repeats=raw.get("repeats", 2), target_batch_tokens=raw.get("target_batch_tokens", 0))
+                          repeats=raw.get("repeats", 2), target_batch_tokens=raw.get("target_batch_tokens", 0),
+                          target=raw.get("target"))
+        if profile.target is not None and (isinstance(profile.target, bool) or not isinstance(profile.target, int | float)
+                                           or profile.target <= 0):
+            raise UserError(f"{where}: profiles.{device}.target = {profile.target!r}; expected a val loss > 0 or null")
         for name in ("steps", "repeats", "target_batch_tokens"):
             value = getattr(profile, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "target_batch_tokens"
@@ -135,14 +140,23 @@ def _train_changes(data: Any, where: str) -> dict[str, Any]:
 
 
 def plan(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str | None = None,
-         steps: int | None = None, repeats: int | None = None, mlflow: bool | None = None) -> Plan:
-    """Each rung's complete model and train params on ``device`` (cpu, cuda or mps), validated."""
+         steps: int | None = None, repeats: int | None = None, mlflow: bool | None = None,
+         target: float | None = None) -> Plan:
+    """Each rung's complete model and train params on ``device`` (cpu, cuda or mps), validated.
+
+    With a target val loss, ``steps`` is the cap, the val loss is measured 20 times over it (over
+    params.yaml's ``eval_iters`` batches, not the profile's), and a run stops at the first
+    measurement at or below the target."""
     profile = ladder.profiles.get(device) or ladder.profiles["cpu"]
-    profile = dataclasses.replace(profile, steps=steps or profile.steps, repeats=repeats or profile.repeats)
+    profile = dataclasses.replace(profile, steps=steps or profile.steps, repeats=repeats or profile.repeats,
+                                  target=target or profile.target)
     model_set = {**profile.model, **({"size": model} if model else {})}
     fixed = {**profile.train, "device": device, "max_steps": profile.steps, "max_tokens": None,
-             "eval_interval": profile.steps, "checkpoint_interval": profile.steps, "save_checkpoint": False,
-             "resume": "never", "log_interval": max(1, profile.steps // 5)}
+             "eval_interval": max(1, profile.steps // 20) if profile.target else profile.steps,
+             "checkpoint_interval": profile.steps, "save_checkpoint": False, "resume": "never",
+             "log_interval": max(1, profile.steps // 5), "target_val_loss": profile.target, "stop_at_target": True}
+    if profile.target:  # the val figure at the size whose noise was measured (params.yaml), not the profile's glance
+        fixed["eval_iters"] = (raw_params.get("train") or {}).get("eval_iters", TrainConfig.eval_iters)
     if mlflow is not None:
         fixed["mlflow"] = mlflow
     sections, sets, changes = [], [], {}
@@ -212,7 +226,7 @@ def schedule(repeats: int, have: list[int]) -> list[tuple[int, int]]:
 def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path = "params.yaml",
                out: str | Path = "reports/ladder", device: str = "auto", model: str | None = None,
                steps: int | None = None, repeats: int | None = None, fresh: bool = False,
-               mlflow: bool | None = None) -> list[dict[str, Any]]:
+               mlflow: bool | None = None, target: float | None = None) -> list[dict[str, Any]]:
     """Measure every rung as DVC experiments (reusing ones already measured), then write the report."""
     root = Path.cwd()
     ladder = load_ladder(ladder_path)
@@ -220,7 +234,7 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
     if not isinstance(raw, dict):
         raise UserError(f"params file {str(params_path)!r} must be a mapping of sections")
     device = resolve_device(device)
-    plan_ = plan(ladder, raw, device, model, steps, repeats, mlflow)
+    plan_ = plan(ladder, raw, device, model, steps, repeats, mlflow, target)
     experiments.check_repo(root)
     waiting = experiments.pending(root)
     if waiting:
@@ -302,7 +316,7 @@ def _measure(root: Path, ladder: Ladder, plan_: Plan, todo: list[tuple[int, int]
 
 def analyse(ladder: Ladder, plan_: Plan, runs: list[list[experiments.Experiment]]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    base_tps = None
+    base: dict[str, Any] | None = None
     previous: dict[str, Any] | None = None
     for i, (rung, group) in enumerate(zip(ladder.rungs, runs)):
         metrics = [e.metrics[TRAIN_METRICS] for e in group]
@@ -310,26 +324,92 @@ def analyse(ladder: Ladder, plan_: Plan, runs: list[list[experiments.Experiment]
                                "runs": len(metrics), "experiments": [e.name for e in group]}
         if metrics:
             step_ms = [m["perf"]["step_ms"] for m in metrics]
-            tps = statistics.median(m["perf"]["tokens_per_s"] for m in metrics)
+            tps = [m["perf"]["tokens_per_s"] for m in metrics]
             walls = [m["perf"].get("tokens_per_s_wall") for m in metrics if m["perf"].get("tokens_per_s_wall")]
             mfus = [m["perf"].get("mfu") for m in metrics if m["perf"].get("mfu") is not None]
             losses = [m["val"]["loss"] for m in metrics if m.get("val", {}).get("loss") is not None]
             runtime = (group[0].files.get(TRAIN_RUN) or {}).get("runtime") or {}
             row.update(step_ms=statistics.median(step_ms), step_ms_min=min(step_ms), step_ms_max=max(step_ms),
-                       tokens_per_s=tps, tokens_per_s_wall=statistics.median(walls) if walls else None,
+                       tokens_per_s=statistics.median(tps), tokens_per_s_min=min(tps), tokens_per_s_max=max(tps),
+                       tokens_per_s_wall=statistics.median(walls) if walls else None,
                        peak_mem_gb=max(m["mem"]["peak_gb"] for m in metrics),
                        mfu=statistics.median(mfus) if mfus else None,
                        val_loss=statistics.median(losses) if losses else None, runtime=runtime,
                        ran=_what_ran(rung, plan_.sections[i]["train"], runtime))
-            base_tps = base_tps or (tps if i == 0 else None)
-            row["vs_previous"] = tps / previous["tokens_per_s"] if previous else None
-            row["cumulative"] = tps / base_tps if base_tps else None
+            if plan_.profile.target is not None:
+                row.update(_target_figures(metrics))
+            base = base or (row if i == 0 else None)
+            row["vs_previous"] = row["tokens_per_s"] / previous["tokens_per_s"] if previous else None
+            row["cumulative"] = row["tokens_per_s"] / base["tokens_per_s"] if base else None
+            if row.get("time_s"):
+                row["time_speedup"] = base["time_s"] / row["time_s"] if base and base.get("time_s") else None
+                row["time_vs_previous"] = (previous["time_s"] / row["time_s"] if previous and previous.get("time_s")
+                                           else None)
             row["effect"] = _effect(rung, plan_.sections[i]["train"], runtime, previous) if i else "baseline"
+            row["previous"] = previous["index"] if previous else None
             previous = row
         else:
             row["effect"] = "failed"
         rows.append(row)
+    mark_noise(rows)
     return rows
+
+
+def _target_figures(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """Time (s), tokens and steps to the target over the runs that reached it; how many did."""
+    reached = [m["target"] for m in metrics if (m.get("target") or {}).get("reached")]
+    figures: dict[str, Any] = {"reached": len(reached)}
+    if reached:
+        times = [t["time_s"] for t in reached]
+        figures.update(time_s=statistics.median(times), time_s_min=min(times), time_s_max=max(times),
+                       tokens_to_target=statistics.median(t["tokens"] for t in reached),
+                       steps_to_target=statistics.median(t["steps"] for t in reached))
+    return figures
+
+
+NO_EFFECT = "no effect on this device"
+
+
+def mark_noise(rows: list[dict[str, Any]]) -> None:
+    """Flag each rung's gain that its repeats cannot tell from noise, and measure the noise itself.
+
+    A gain is "inside noise" when the rung's min–max interval over its repeats overlaps the rung
+    above's, or when it is no larger than the largest move of a rung that changed nothing here
+    (``no effect on this device``: its difference from the rung above is this machine's noise).
+    The floor and the verdict go on every row (``noise``) for the report's header."""
+    measured = {r["index"]: r for r in rows if r["runs"]}
+    floor = max((abs(r["vs_previous"] - 1) for r in measured.values() if r["effect"] == NO_EFFECT
+                 and r.get("vs_previous")), default=0.0)
+    for row in measured.values():
+        above = measured.get(row.get("previous"))
+        row["inside_noise"] = {}
+        if above is None or row["effect"] == NO_EFFECT:
+            continue
+        for key, ratio in (("tokens_per_s", "vs_previous"), ("time_s", "time_vs_previous")):
+            if row.get(ratio) is None:
+                continue
+            overlap = row[f"{key}_min"] <= above[f"{key}_max"] and above[f"{key}_min"] <= row[f"{key}_max"]
+            row["inside_noise"][key] = overlap or abs(row[ratio] - 1) <= floor
+    for row in measured.values():
+        row["noise_floor"] = floor
+
+
+def noise_verdict(rows: list[dict[str, Any]], repeats: int) -> str:
+    """The report's first words on noise: too noisy to read, or how noisy."""
+    acting = [r for r in rows if r["runs"] and r["effect"] not in ("baseline", NO_EFFECT, "failed")]
+    floor = max((r.get("noise_floor", 0.0) for r in rows if r["runs"]), default=0.0)
+    noisy = [r for r in acting if r["inside_noise"].get("tokens_per_s")]
+    advice = ("run it on an idle machine, with more steps per run (--steps) or more repeats (--repeats)")
+    if repeats < 2:
+        return f"**One run per rung: no interval, so no gain can be told from noise.** To read it, {advice}."
+    if floor > 0.10 or (acting and len(noisy) > len(acting) / 2):
+        return (f"**Too noisy to read:** a rung that changed nothing here moved tokens/s by {100 * floor:.0f}%, and "
+                f"{len(noisy)} of {len(acting)} rungs' gains are inside the noise. To read it, {advice}.")
+    shown = f"rungs that changed nothing here moved tokens/s by up to {100 * floor:.1f}%" if floor else \
+        "no rung here was inert, so the noise floor is the repeats' intervals alone"
+    return (f"Noise: {shown}; a gain whose min–max interval over the repeats overlaps the rung above's, or "
+            f"that is no larger than that, is marked *inside noise* and not counted as a gain ({len(noisy)} of "
+            f"{len(acting)} rungs).")
 
 
 def _resolved(key: str, train: dict[str, Any], runtime: dict[str, Any]) -> Any:
@@ -361,25 +441,41 @@ def _fmt(value: Any) -> str:
 # --------------------------------------------------------------------------- reports
 
 
-def table(rows: list[dict[str, Any]], steps: int) -> str:
-    head = ("| # | rung | what ran | ms/step median (min–max) | tokens/s | wall tokens/s | vs previous | "
-            f"cumulative | peak mem (GB) | MFU | val loss after {steps} steps | note |")
-    lines = [head, "|" + "---|" * 12]
+def table(rows: list[dict[str, Any]], steps: int, target: float | None = None) -> str:
+    head = ["#", "rung", "what ran", "ms/step median (min–max)", "tokens/s median (min–max)", "wall tokens/s",
+            "vs previous", "cumulative", "peak mem (GB)", "MFU",
+            f"val loss after {steps} steps" if target is None else "val loss at the end", "note"]
+    if target is not None:
+        head[8:8] = [f"time to {target} (s)", "time speedup", "tokens to target"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         if not row["runs"]:
-            lines.append(f"| {row['index']} | {row['rung']} | | failed | | | | | | | | see `dvc queue logs` |")
+            cells = [str(row["index"]), row["rung"], "", "failed"] + [""] * (len(head) - 5) + ["see `dvc queue logs`"]
+            lines.append("| " + " | ".join(cells) + " |")
             continue
-        spread = f"{row['step_ms']:.1f} ({row['step_ms_min']:.1f}–{row['step_ms_max']:.1f})"
-        vs = f"{row['vs_previous']:.2f}×" if row["vs_previous"] else ""
-        cumulative = f"{row['cumulative']:.2f}×" if row["cumulative"] else ""
-        mfu = f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "n/a"
-        loss = f"{row['val_loss']:.3f}" if row["val_loss"] is not None else ""
-        wall = f"{row['tokens_per_s_wall']:,.0f}" if row.get("tokens_per_s_wall") else ""
-        note = "" if row["effect"] in ("acts", "baseline") else row["effect"]
-        lines.append(f"| {row['index']} | {row['rung']} | {row['ran'] or 'baseline'} | {spread} | "
-                     f"{row['tokens_per_s']:,.0f} | {wall} | {vs} | {cumulative} | {row['peak_mem_gb']:.2f} | {mfu} | {loss} "
-                     f"| {note} |")
+        noise = row.get("inside_noise") or {}
+        cells = [str(row["index"]), row["rung"], row["ran"] or "baseline",
+                 f"{row['step_ms']:.1f} ({row['step_ms_min']:.1f}–{row['step_ms_max']:.1f})",
+                 f"{row['tokens_per_s']:,.0f} ({row['tokens_per_s_min']:,.0f}–{row['tokens_per_s_max']:,.0f})",
+                 f"{row['tokens_per_s_wall']:,.0f}" if row.get("tokens_per_s_wall") else "",
+                 _ratio(row.get("vs_previous"), noise.get("tokens_per_s")), _ratio(row.get("cumulative")),
+                 f"{row['peak_mem_gb']:.2f}", f"{100 * row['mfu']:.1f}%" if row["mfu"] is not None else "n/a",
+                 f"{row['val_loss']:.3f}" if row["val_loss"] is not None else "",
+                 "" if row["effect"] in ("acts", "baseline") else row["effect"]]
+        if target is not None:
+            reached = f"{row['time_s']:.1f} ({row['time_s_min']:.1f}–{row['time_s_max']:.1f})" if row.get("time_s") else ""
+            if row["reached"] < row["runs"]:
+                reached += f" reached {row['reached']}/{row['runs']}" if row["reached"] else "not reached"
+            cells[8:8] = [reached.strip(), _ratio(row.get("time_speedup"), noise.get("time_s")),
+                          f"{row['tokens_to_target']:,.0f}" if row.get("tokens_to_target") else ""]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _ratio(value: float | None, inside_noise: bool = False) -> str:
+    if value is None:
+        return ""
+    return f"{value:.2f}× (inside noise)" if inside_noise else f"{value:.2f}×"
 
 
 def describe(plan_: Plan, rows: list[dict[str, Any]]) -> str:
@@ -392,13 +488,17 @@ def describe(plan_: Plan, rows: list[dict[str, Any]]) -> str:
     return (f"Device: {runtime.get('device_name', plan_.device)} ({plan_.device}), torch {runtime.get('torch', '?')}. "
             f"Model {model['size']}, micro-batch {train['micro_batch_size']} × {seq} tokens, "
             f"{plan_.profile.steps} steps per run (the first {train['timing_warmup_steps']} untimed), "
-            f"{plan_.profile.repeats} run(s) per rung in alternating order; speedups compare tokens/s.")
+            f"{plan_.profile.repeats} run(s) per rung in alternating order; speedups compare tokens/s"
+            + (f"; with a target val loss of {plan_.profile.target}, every run trains until its val loss (measured "
+               f"every {train['eval_interval']} steps) reaches it, or {plan_.profile.steps} steps: time to target is "
+               "wall clock from the start of the run, compile and evals included." if plan_.profile.target else "."))
 
 
 def write_report(out: Path, rows: list[dict[str, Any]], plan_: Plan,
                  runs: list[list[experiments.Experiment]]) -> None:
     today = datetime.date.today().isoformat()
-    text = (f"# Optimization ladder ({today})\n\n{describe(plan_, rows)}\n\n{table(rows, plan_.profile.steps)}\n"
+    text = (f"# Optimization ladder ({today})\n\n{noise_verdict(rows, plan_.profile.repeats)}\n\n{describe(plan_, rows)}"
+            f"\n\n{table(rows, plan_.profile.steps, plan_.profile.target)}\n"
             "Each rung adds one change to the rung above (ladder.yaml). A rung marked \"no effect on this device\" "
             "ran the same configuration as the rung above: its difference from it is this machine's run-to-run "
             "noise, the floor under every other figure. Experiments: "
@@ -425,7 +525,8 @@ def render_png(rows: list[dict[str, Any]], subtitle: str) -> bytes:
     done = [r for r in rows if r["runs"]]
     labels = [f"{r['index']} {r['rung']}" for r in done][::-1]
     fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 0.45 * len(done) + 1.8), dpi=100, sharey=True)
-    colors = ["tab:gray" if r["effect"] == "no effect on this device" else "tab:blue" for r in done][::-1]
+    colors = ["tab:gray" if r["effect"] == NO_EFFECT or r["inside_noise"].get("tokens_per_s") else "tab:blue"
+              for r in done][::-1]  # gray: no gain that the repeats can tell from noise
     speed.barh(labels, [r["cumulative"] or 0 for r in done][::-1], color=colors)
     speed.axvline(1.0, color="black", linewidth=0.8)
     speed.set(xlabel="cumulative speedup (tokens/s vs baseline)", title="Speed")
@@ -465,7 +566,9 @@ def log_to_mlflow(rows: list[dict[str, Any]], plan_: Plan, runs: list[list[exper
                 tracker.log_metrics({"ladder/step_ms": row["step_ms"], "ladder/tokens_per_s": row["tokens_per_s"],
                                      "ladder/tokens_per_s_wall": row.get("tokens_per_s_wall"),
                                      "ladder/cumulative_speedup": row["cumulative"], "ladder/peak_mem_gb":
-                                     row["peak_mem_gb"], "ladder/mfu": row["mfu"], "ladder/val_loss": row["val_loss"]},
+                                     row["peak_mem_gb"], "ladder/mfu": row["mfu"], "ladder/val_loss": row["val_loss"],
+                                     "ladder/time_to_target_s": row.get("time_s"),
+                                     "ladder/tokens_to_target": row.get("tokens_to_target")},
                                     step=row["index"])
         for name in ("ladder.md", "ladder.png", "ladder.json"):
             tracker.log_artifact(out / name)

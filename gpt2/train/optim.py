@@ -1,4 +1,4 @@
-"""AdamW with GPT-2's parameter groups, and the learning-rate schedule."""
+"""The optimizers with GPT-2's parameter groups, and the learning-rate schedule."""
 
 from __future__ import annotations
 
@@ -9,19 +9,46 @@ import torch
 from gpt2.core.config import TrainConfig
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def build_optimizers(model: torch.nn.Module, cfg: TrainConfig) -> list[torch.optim.Optimizer]:
+    """``adamw``: one AdamW for every parameter. ``muon``: ``torch.optim.Muon`` for the hidden matrices
+    (attention and MLP weights), AdamW for the rest (embeddings, the tied LM head, gains, biases), the
+    split of modded-nanogpt and nanochat: Muon orthogonalizes a matrix's update, which means nothing
+    for an embedding's rows (each a separate lookup) or for a vector.
+
+    Every param group remembers its peak learning rate as ``peak_lr``; ``set_lr`` scales it."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if cfg.optimizer == "muon":
+        hidden = [p for n, p in named if p.dim() == 2 and not _embedding(n)]
+        muon = torch.optim.Muon([{"params": hidden, "peak_lr": cfg.muon_lr}], lr=cfg.muon_lr,
+                                momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
+        taken = {id(p) for p in hidden}
+        return [muon, adamw([(n, p) for n, p in named if id(p) not in taken], cfg)]
+    return [adamw(named, cfg)]
+
+
+def _embedding(name: str) -> bool:
+    return name.endswith(("wte.weight", "wpe.weight", "lm_head.weight"))
+
+
+def adamw(named: list[tuple[str, torch.nn.Parameter]], cfg: TrainConfig) -> torch.optim.AdamW:
     """Weight decay on matrices (2-D and up: linears, embeddings), none on biases and LayerNorm gains.
 
     ``fused_adamw`` selects PyTorch's fused kernel (one kernel for all parameters);
     off, PyTorch picks its default (multi-tensor ``foreach`` on CUDA).
     """
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for _, p in named]
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay, "peak_lr": cfg.lr},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "peak_lr": cfg.lr},
     ]
     extra = {"fused": True} if cfg.fused_adamw else {}
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, **extra)
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=cfg.betas, **extra)
+
+
+def set_lr(optimizers: list[torch.optim.Optimizer], scale: float) -> None:
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["lr"] = group["peak_lr"] * scale
 
 
 def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:

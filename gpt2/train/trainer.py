@@ -42,7 +42,7 @@ from gpt2.train.device import Runtime, resolve, sdpa_backend
 from gpt2.train.distributed import Dist
 from gpt2.train.flops import flops_per_token, peak_flops
 from gpt2.train.loader import BatchSampler, TokenSplit
-from gpt2.train.optim import build_optimizer, lr_at
+from gpt2.train.optim import build_optimizers, lr_at, set_lr
 from gpt2.train.timing import StepTimer
 from gpt2.train.tracking import MlflowTracker, Tracker, flatten, git_commit
 
@@ -66,6 +66,8 @@ class History:
     val: list[dict[str, float]] = field(default_factory=list)
     step_s: list[float] = field(default_factory=list)
     fp16_skipped: int = 0
+    elapsed_s: float = 0.0  # wall time of the run up to its last checkpoint (earlier sessions of a resumed run)
+    target: dict[str, float] | None = None  # when val loss first reached train.target_val_loss
 
 
 @dataclass
@@ -79,7 +81,7 @@ class Setup:
     step_model: torch.nn.Module  # what trains: DDP around the compiled model, or either alone
     eval_model: torch.nn.Module  # the compiled model or the model itself: no DDP, no collectives
     dist: Dist
-    optimizer: torch.optim.Optimizer
+    optimizers: list[torch.optim.Optimizer]  # AdamW; or Muon (hidden matrices) and AdamW (the rest)
     scaler: torch.amp.GradScaler
     sampler: BatchSampler
     train_data: TokenSplit
@@ -118,7 +120,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     model.loss_chunk = cfg.loss_chunk
     if dist_info.world > 1:
         torch.manual_seed(cfg.seed + dist_info.rank)  # each rank its own dropout masks
-    optimizer = build_optimizer(model, cfg)
+    optimizers = build_optimizers(model, cfg)
     scaler = torch.amp.GradScaler(runtime.device.type, enabled=runtime.dtype == "fp16")
     shared = dist_info.world > 1  # ranks on one machine share the page cache's copy of the tokens
     train_data = TokenSplit(tokens_dir, "train", cfg.data_loading, meta, shared)
@@ -141,7 +143,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     return Setup(
         params=params, runtime=runtime, model_cfg=model_cfg, model=model, step_model=step_model,
         eval_model=eval_model, dist=dist_info,
-        optimizer=optimizer, scaler=scaler, sampler=sampler, train_data=train_data, val_data=val_data,
+        optimizers=optimizers, scaler=scaler, sampler=sampler, train_data=train_data, val_data=val_data,
         seq_len=seq_len, tokens_per_step=tokens_per_step, total_steps=total,
         flops_per_token=flops_per_token(model_cfg, model.num_params(exclude_position_embedding=True), seq_len),
         peak_flops=peak_flops(runtime.device_name, runtime.dtype, runtime.tf32, cfg.peak_tflops), meta=meta,
@@ -219,13 +221,16 @@ def optimizer_step(s: Setup) -> tuple[torch.Tensor, bool]:
     """Unscale, measure (and clip) the gradient norm, step. Returns (grad norm, still on the device;
     skipped by GradScaler, which reads the device: fp16 only)."""
     cfg = s.params.train
-    s.scaler.unscale_(s.optimizer)
+    for optimizer in s.optimizers:
+        s.scaler.unscale_(optimizer)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm)
     scale = s.scaler.get_scale() if s.scaler.is_enabled() else None
-    s.scaler.step(s.optimizer)
+    for optimizer in s.optimizers:
+        s.scaler.step(optimizer)
     s.scaler.update()
-    s.optimizer.zero_grad(set_to_none=True)
+    for optimizer in s.optimizers:
+        optimizer.zero_grad(set_to_none=True)
     skipped = scale is not None and s.scaler.get_scale() < scale
     return norm, skipped
 
@@ -290,7 +295,7 @@ def checkpoint_state(s: Setup, step: int, history: History, run_id: str | None,
     return {
         "metrics": metrics,  # set once the run is finished: its reports can be rebuilt without training
         "model": checkpoint.clean_state_dict(s.model.state_dict()),
-        "optimizer": s.optimizer.state_dict(),
+        "optimizer": [optimizer.state_dict() for optimizer in s.optimizers],
         "scaler": s.scaler.state_dict(),
         "step": step,
         "total_steps": s.total_steps,
@@ -315,7 +320,7 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
     if s.params.train.resume == "never" or not path.exists():
         return None
     state = checkpoint.load(path)
-    if state["step"] >= state["total_steps"]:
+    if state["step"] >= state["total_steps"] or state.get("metrics") is not None:  # or it stopped at its target
         if not same_run(state, s):
             why = "of other params or data"
         elif state.get("metrics") is None:
@@ -363,7 +368,9 @@ def _normal(value: Any) -> Any:
 
 def restore(s: Setup, state: dict[str, Any]) -> tuple[int, History, str | None]:
     s.model.load_state_dict(state["model"])
-    s.optimizer.load_state_dict(state["optimizer"])
+    saved = state["optimizer"]
+    for optimizer, optimizer_state in zip(s.optimizers, saved if isinstance(saved, list) else [saved], strict=True):
+        optimizer.load_state_dict(optimizer_state)
     s.scaler.load_state_dict(state["scaler"])
     s.sampler.load_state(state["sampler"])  # the global-batch stream: the same on every rank
     if state.get("world_size", 1) == s.dist.world:
@@ -405,6 +412,7 @@ def summarize(s: Setup, history: History, step: int, wall_s: float, first_step: 
             "world_size": s.dist.world,
         },
         "mem": {"peak_gb": round(mem.get("mem/peak_gb", mem.get("mem/rss_gb", 0.0)), 4)},
+        **({"target": target_figures(cfg.target_val_loss, history.target)} if cfg.target_val_loss is not None else {}),
         "steps": step,
         "tokens": step * s.tokens_per_step,
         "params": s.model.num_params(),
@@ -413,16 +421,22 @@ def summarize(s: Setup, history: History, step: int, wall_s: float, first_step: 
     }
 
 
+def target_figures(target: float, reached: dict[str, float] | None) -> dict[str, Any]:
+    """Time, tokens and steps to the target val loss; a target never reached has no numbers, only ``reached: false``."""
+    figures = reached or {"time_s": None, "tokens": None, "steps": None}
+    return {"val_loss": target, "reached": reached is not None, **figures}
+
+
 # What metrics.json (DVC metrics: `dvc exp show`, `dvc metrics show`) keeps: the figures people compare.
 # Everything else about the run (steps, tokens, world size, what really ran) goes to summary.json.
 COMPARED = {"train": ("loss",), "val": ("loss", "ppl"), "perf": ("step_ms", "tokens_per_s", "tokens_per_s_wall", "mfu"),
-            "mem": ("peak_gb",), "wall_s": None}
+            "mem": ("peak_gb",), "target": ("reached", "time_s", "tokens", "steps"), "wall_s": None}
 
 
 def compared_figures(summary: dict[str, Any]) -> dict[str, Any]:
     """The compared figures, rounded to what is worth reading (4 decimals of loss, 2 of perplexity)."""
     figures = {key: summary[key] if keys is None else {k: summary[key][k] for k in keys}
-               for key, keys in COMPARED.items()}
+               for key, keys in COMPARED.items() if key in summary}
     return {key: {k: _round(v, 2 if k == "ppl" else 4) for k, v in value.items()} if isinstance(value, dict) else value
             for key, value in figures.items()}
 
@@ -481,7 +495,7 @@ def _train(s: Setup, ckpt_path: Path, report_dir: Path, started: float) -> dict[
     params, cfg, main = s.params, s.params.train, s.dist.main
     history, step, run_id = History(), 0, None
     state = load_for_resume(ckpt_path, s)
-    if state is not None and state["step"] >= state["total_steps"]:
+    if state is not None and state.get("metrics") is not None:
         if main:
             write_reports(report_dir, state["metrics"], History(**state["history"]))
             print(f"train: {ckpt_path} is a finished run of these params and data ({state['step']} steps); "
@@ -548,6 +562,11 @@ def _steps(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Trac
     def finished() -> dict[str, Any]:
         return {**summarize(s, history, step, time.perf_counter() - started, first_step), "runtime": runtime}
 
+    earlier_s = history.elapsed_s  # wall time of the sessions before this one (a resumed run)
+
+    def elapsed() -> float:
+        return earlier_s + time.perf_counter() - started
+
     last_saved = step if ckpt_path.exists() else None
     timer, pending = StepTimer(s.runtime), []  # losses of the steps since the last sync point
     every_step = sync_every_step(s.runtime)
@@ -555,8 +574,7 @@ def _steps(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Trac
     with stop_on_signals() as stop:
         while step < s.total_steps:
             lr = lr_at(step, cfg, s.total_steps)
-            for group in s.optimizer.param_groups:
-                group["lr"] = lr
+            set_lr(s.optimizers, lr / cfg.lr)
             timer.mark()
             pending.append(backward_micro_batches(s.step_model, batches, cfg.grad_accum_steps, s.runtime, s.scaler))
             norm, skipped = optimizer_step(s)
@@ -589,10 +607,19 @@ def _steps(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Trac
                 tracker.log_metrics({"val/loss": val, "val/ppl": math.exp(min(val, 50))}, step=step)
                 if d.main:
                     print(f"step {step}/{s.total_steps} | val loss {val:.4f}", file=sys.stderr)
-            if step == s.total_steps:
+                if cfg.target_val_loss is not None and history.target is None and val <= cfg.target_val_loss:
+                    history.target = {"time_s": round(elapsed(), 3), "tokens": step * s.tokens_per_step, "steps": step}
+                    tracker.log_metrics({f"target/{k}": v for k, v in history.target.items()}, step=step)
+                    if d.main:
+                        print(f"step {step}/{s.total_steps} | reached the target val loss {cfg.target_val_loss} in "
+                              f"{history.target['time_s']:.1f} s, {history.target['tokens']:,} tokens"
+                              + ("; stopping (train.stop_at_target)" if cfg.stop_at_target else ""), file=sys.stderr)
+            at_target = history.target is not None and cfg.stop_at_target
+            if step == s.total_steps or at_target:
                 summary = finished()
-            due = step % cfg.checkpoint_interval == 0 or step == s.total_steps or stopping
+            due = step % cfg.checkpoint_interval == 0 or step == s.total_steps or stopping or at_target
             if due and cfg.save_checkpoint:
+                history.elapsed_s = elapsed()
                 rngs = distributed.gather(checkpoint.rng_states(), d)  # every rank takes part
                 if d.main:
                     saver.save(ckpt_path, checkpoint_state(s, step, history, tracker.run_id, rngs, summary))
@@ -606,6 +633,8 @@ def _steps(s: Setup, step: int, history: History, ckpt_path: Path, tracker: Trac
                                             f"{step}/{s.total_steps}; {saved}")
                 error.exit_code = 128 + signum
                 raise error
+            if at_target:
+                break
     return summary or finished()
 
 

@@ -1,0 +1,124 @@
+"""train.optimizer (AdamW, or Muon for the hidden matrices) and time to a target val loss."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import micro_params
+from test_distributed import torchrun, train_losses
+from test_train import interrupt_at, losses, run
+
+from gpt2.core.config import TrainConfig
+from gpt2.model.gpt import GPT, GPTConfig
+from gpt2.train import checkpoint
+from gpt2.train.optim import build_optimizers
+from gpt2.train.trainer import TrainingInterrupted
+
+pytestmark = pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch without torch.optim.Muon")
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=8, block_size=4, vocab_size=10, padded_vocab_size=16))
+    muon, adamw = build_optimizers(model, TrainConfig(optimizer="muon", muon_lr=0.03, lr=1e-3))
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    names = {id(p): n for n, p in model.named_parameters()}
+    in_muon = sorted(names[id(p)] for g in muon.param_groups for p in g["params"])
+    in_adamw = sorted(names[id(p)] for g in adamw.param_groups for p in g["params"])
+    assert in_muon == sorted(f"transformer.h.{i}.{m}.weight" for i in range(2)
+                             for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"))
+    assert {"transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight"} <= set(in_adamw)
+    assert not set(in_muon) & set(in_adamw)
+    assert len(in_muon) + len(in_adamw) == len(list(model.parameters()))  # the tied head is the embedding
+    assert muon.param_groups[0]["lr"] == 0.03 and adamw.param_groups[0]["lr"] == 1e-3
+
+
+def test_muon_learns_and_follows_the_schedule(tmp_path, tokens):
+    metrics = run(tmp_path, tokens, micro_params(optimizer="muon", max_steps=40, eval_interval=40))
+    trained = losses(tmp_path)
+    assert trained[-1] < trained[0] - 2.0 and metrics["val"]["loss"] < 9.0  # AdamW: 8.79 here
+    state = checkpoint.load(tmp_path / "run/ckpt.pt")
+    muon, adamw = state["optimizer"]
+    assert muon["param_groups"][0]["lr"] == pytest.approx(0.02 * adamw["param_groups"][0]["lr"] / 1e-2)
+
+
+def test_muon_interrupted_and_resumed_matches_uninterrupted(tmp_path, tokens, monkeypatch):
+    params = micro_params(optimizer="muon", grad_accum_steps=2)
+    run(tmp_path, tokens, params, "straight")
+    interrupt_at(monkeypatch, 5)
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path, tokens, params, "resumed")
+    monkeypatch.undo()
+    run(tmp_path, tokens, params, "resumed")
+    assert losses(tmp_path, "resumed") == losses(tmp_path, "straight")
+
+
+def test_muon_under_ddp_matches_one_process(tmp_path, tokens):
+    from gpt2.train.trainer import train
+
+    train(micro_params(optimizer="muon", micro_batch_size=4), tokens, tmp_path / "one/ckpt.pt", tmp_path / "one/reports")
+    result = torchrun(tmp_path / "two", tokens, optimizer="muon", micro_batch_size=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # Muon orthogonalizes in bf16 (Newton-Schulz): all-reduce's last-bit differences come out a little larger
+    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), abs=2e-3)
+
+
+def test_muon_with_compile(tmp_path, tokens):
+    metrics = run(tmp_path, tokens, micro_params(optimizer="muon", compile=True, max_steps=3, eval_interval=3,
+                                                 model={"n_layer": 1}))
+    assert metrics["runtime"]["compile"] is True and metrics["steps"] == 3
+
+
+def test_an_old_checkpoint_with_one_optimizer_state_still_resumes(tmp_path, tokens, monkeypatch):
+    interrupt_at(monkeypatch, 3)
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path, tokens, micro_params())
+    monkeypatch.undo()
+    path = tmp_path / "run/ckpt.pt"
+    state = checkpoint.load(path)
+    state["optimizer"] = state["optimizer"][0]  # as written before train.optimizer existed
+    torch.save(state, path)
+    assert run(tmp_path, tokens, micro_params())["steps"] == 12
+
+
+# --------------------------------------------------------------------------- time to target
+
+
+def test_reaching_the_target_records_time_tokens_steps_and_stops(tmp_path, tokens, capsys):
+    metrics = run(tmp_path, tokens, micro_params(max_steps=40, eval_interval=4, target_val_loss=9.0))
+    target = metrics["target"]
+    val = [row.split("\t") for row in (tmp_path / "run/reports/plots/val.tsv").read_text().splitlines()[1:]]
+    first = next(int(step) for step, loss in val if float(loss) <= 9.0)
+    assert target["reached"] is True and target["steps"] == first == metrics["steps"] < 40
+    assert target["tokens"] == first * 4 * 16 and 0 < target["time_s"] <= metrics["wall_s"] + 0.01  # 2 decimals
+    assert all(float(loss) > 9.0 for step, loss in val[:-1])  # the run ended at the first eval at or below it
+    compared = json.loads((tmp_path / "run/reports/metrics.json").read_text())
+    assert compared["target"] == {k: target[k] for k in ("reached", "time_s", "tokens", "steps")}
+    assert "reached the target val loss 9.0" in capsys.readouterr().err
+    # the checkpoint is a finished run: the same params rebuild the reports, nothing retrains
+    again = run(tmp_path, tokens, micro_params(max_steps=40, eval_interval=4, target_val_loss=9.0))
+    assert again == metrics
+
+
+def test_stop_at_target_false_records_it_and_goes_on(tmp_path, tokens):
+    metrics = run(tmp_path, tokens, micro_params(max_steps=24, eval_interval=4, target_val_loss=10.2,
+                                                 stop_at_target=False))
+    assert metrics["steps"] == 24 and metrics["target"]["reached"] and metrics["target"]["steps"] < 24
+
+
+def test_a_target_never_reached_has_no_numbers(tmp_path, tokens):
+    metrics = run(tmp_path, tokens, micro_params(max_steps=8, eval_interval=4, target_val_loss=0.5))
+    assert metrics["steps"] == 8
+    assert metrics["target"] == {"val_loss": 0.5, "reached": False, "time_s": None, "tokens": None, "steps": None}
+
+
+def test_time_to_target_counts_the_earlier_sessions_of_a_resumed_run(tmp_path, tokens, monkeypatch):
+    params = micro_params(max_steps=40, eval_interval=4, checkpoint_interval=4, target_val_loss=9.0)
+    interrupt_at(monkeypatch, 5)
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path, tokens, params)
+    before = checkpoint.load(tmp_path / "run/ckpt.pt")["history"]["elapsed_s"]
+    monkeypatch.undo()
+    metrics = run(tmp_path, tokens, params)
+    assert before > 0 and metrics["target"]["time_s"] > before
