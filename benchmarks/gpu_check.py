@@ -12,7 +12,8 @@ events for step times):
    attention → padded vocab → fused AdamW → the largest micro-batch ``gpt2 plan`` says fits →
    cuDNN attention; ms/step, tokens/s, MFU, peak memory against the plan's estimate;
 3. nanoGPT's train.py defaults (micro-batch 12, T=1024, bf16, compile) for a side-by-side figure;
-4. DDP in one process against the same training without it (its overhead);
+4. DDP in one process against the same training without it (its overhead), and the Muon optimizer
+   against AdamW (what its Newton-Schulz steps cost per step);
 5. a 100-step run at GPT-2's 0.5M-token batch with evals and checkpoints: wall-clock tokens/s
    against the step median.
 
@@ -189,6 +190,9 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, skip_tests: boo
         ddp = measure("best, DDP in 1 process", {**best, "distributed": "ddp"}, prof["steps"])
         if "failed" not in plain and "failed" not in ddp:
             ddp["note"] = f"DDP overhead {100 * (ddp['step_ms'] / plain['step_ms'] - 1):+.1f}%"
+        muon = measure("best, Muon optimizer", {**best, "optimizer": "muon"}, prof["steps"])
+        if "failed" not in plain and "failed" not in muon:
+            muon["note"] = f"step time vs AdamW {100 * (muon['step_ms'] / plain['step_ms'] - 1):+.1f}%"
         batch = best.get("micro_batch_size", prof["micro_batch"]) * prof["seq"]
         accum = max(1, round(GPT2_BATCH_TOKENS / batch)) if not smoke else 2
         steps = prof["long_steps"]

@@ -70,7 +70,8 @@ def spread(values: list[float], digits: int = 1) -> str:
 @click.option("--max-steps", default=480, show_default=True, help="step cap (a run that hits it never reached)")
 @click.option("--eval-interval", default=10, show_default=True, help="steps between val measurements")
 @click.option("--seeds", default=3, show_default=True)
-@click.option("--models", default="tiny,tiny-12-layers", show_default=True, help=f"of {', '.join(MODELS)}")
+@click.option("--models", default="tiny,tiny-12-layers", show_default=True,
+              help=f"of {', '.join(MODELS)}; empty: the noise table only")
 @click.option("--muon-lr", type=float, default=None, help="override train.muon_lr")
 def main(tokens: str, target: float, max_steps: int, eval_interval: int, seeds: int, models: str,
          muon_lr: float | None) -> None:
@@ -84,13 +85,16 @@ def main(tokens: str, target: float, max_steps: int, eval_interval: int, seeds: 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         train_run(work, "noise", MODELS["tiny"], {"max_steps": 160, "save_checkpoint": True}, tokens_dir)
-        mean, std, width = val_noise(work, tokens_dir, eval_tokens)
-        print(f"Noise of the val figure (tiny after 160 steps, {eval_tokens:,} tokens = the train loop's "
-              f"eval_iters × micro_batch_size × block_size, 10 window sets): mean {mean:.4f}, sd {std:.4f}, "
-              f"range {width:.4f}\n")
+        print("Noise of the val figure: tiny after 160 steps scored on 10 different window sets of each size "
+              "(1× = the train loop's eval_iters × micro_batch_size × block_size)\n")
+        print("| tokens scored | mean | sd | range |\n|---|---|---|---|")
+        for factor in (1, 4):
+            mean, std, width = val_noise(work, tokens_dir, factor * eval_tokens)
+            print(f"| {factor * eval_tokens:,} ({factor}×) | {mean:.4f} | {std:.4f} | {width:.4f} |")
+        print()
         print("| model | optimizer | time to target (s) | steps | tokens | reached | speedup (time) |")
         print("|---|---|---|---|---|---|---|")
-        for model_name in models.split(","):
+        for model_name in filter(None, models.split(",")):
             results: dict[str, list[dict]] = {"adamw": [], "muon": []}
             for seed in range(seeds):
                 order = ("adamw", "muon") if seed % 2 == 0 else ("muon", "adamw")

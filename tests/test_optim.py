@@ -122,3 +122,14 @@ def test_time_to_target_counts_the_earlier_sessions_of_a_resumed_run(tmp_path, t
     monkeypatch.undo()
     metrics = run(tmp_path, tokens, params)
     assert before > 0 and metrics["target"]["time_s"] > before
+
+
+def test_the_val_windows_are_the_same_whatever_the_training_seed(tokens):
+    from gpt2.train import trainer
+
+    first, second, other = (trainer.build(micro_params(**kw), tokens)
+                            for kw in ({"seed": 1}, {"seed": 2}, {"seed": 1, "eval_seed": 5}))
+    for setup in (second, other):
+        setup.model.load_state_dict(first.model.state_dict())
+    assert trainer.estimate_loss(first, first.val_data) == trainer.estimate_loss(second, second.val_data)
+    assert trainer.estimate_loss(first, first.val_data) != trainer.estimate_loss(other, other.val_data)

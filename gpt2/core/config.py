@@ -150,6 +150,7 @@ class TrainConfig:
     # measuring
     eval_interval: int = 40
     eval_iters: int = 10
+    eval_seed: int = 1337  # which val windows every eval scores: not train.seed, so all runs score the same text
     log_interval: int = 10
     checkpoint_interval: int = 40
     save_checkpoint: bool = True  # false: measurement runs (the ladder) write no checkpoint

@@ -237,10 +237,12 @@ def optimizer_step(s: Setup) -> tuple[torch.Tensor, bool]:
 
 @torch.no_grad()
 def estimate_loss(s: Setup, split: TokenSplit) -> float:
-    """Mean loss over ``eval_iters`` batches drawn with a fixed seed: the same windows at every eval
-    (under DDP each rank scores its slice of the global batch, as in training)."""
+    """Mean loss over ``eval_iters`` batches drawn with ``eval_seed``: the same windows at every eval and
+    in every run whatever its ``seed``, so two runs' val losses (and times to a target) differ by the
+    models, not by the text they were scored on (under DDP each rank scores its slice of the global
+    batch, as in training)."""
     cfg = s.params.train
-    sampler = BatchSampler(split, cfg.micro_batch_size, s.seq_len, cfg.seed + 1, cfg.batching, s.runtime.device,
+    sampler = BatchSampler(split, cfg.micro_batch_size, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device,
                            s.dist.rank, s.dist.world)
     s.eval_model.eval()
     total = torch.zeros((), device=s.runtime.device)
