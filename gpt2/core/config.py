@@ -213,6 +213,7 @@ class EvalConfig:
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     batch_size: int = 16
     max_tokens: int | None = 65_536  # a larger val split is scored on a seeded subset of windows; null = all
+    unigram_max_tokens: int | None = 100_000_000  # the baseline's train counts from at most this many tokens; null = all
     seed: int = 1337  # the subset of windows, and sampling
     prompts: tuple[str, ...] = ("ROMEO:", "To be, or not to be", "KING HENRY:")
     max_new_tokens: int = 100
@@ -233,6 +234,8 @@ class EvalConfig:
         require(self.batch_size >= 1, f"{at}.batch_size", self.batch_size, "an integer >= 1")
         require(self.max_tokens is None or self.max_tokens >= 1, f"{at}.max_tokens", self.max_tokens,
                 "null or an integer >= 1")
+        require(self.unigram_max_tokens is None or self.unigram_max_tokens >= 1, f"{at}.unigram_max_tokens",
+                self.unigram_max_tokens, "null or an integer >= 1")
         require(self.max_new_tokens >= 0, f"{at}.max_new_tokens", self.max_new_tokens, "an integer >= 0")
         require(self.temperature >= 0, f"{at}.temperature", self.temperature, "a number >= 0 (0 = greedy)")
         require(self.top_k >= 0, f"{at}.top_k", self.top_k, "an integer >= 0 (0 = off)")

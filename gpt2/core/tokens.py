@@ -64,8 +64,8 @@ def split_shards(meta: dict[str, Any], split: str) -> list[Shard]:
     return [Shard(info["file"], 0, info["tokens"])]
 
 
-def open_shard(tokens_dir: str | Path, shard: Shard) -> np.ndarray:
-    """Memory-map one file's tokens after checking its length against meta.json."""
+def checked_path(tokens_dir: str | Path, shard: Shard) -> Path:
+    """The shard's file, after checking its length against meta.json."""
     path = Path(tokens_dir) / shard.file
     if not path.is_file():
         raise UserError(f"{path} not found; run the tokenize stage again")
@@ -77,6 +77,12 @@ def open_shard(tokens_dir: str | Path, shard: Shard) -> np.ndarray:
         raise UserError(f"{path} has {size} bytes but meta.json says {shard.tokens} {DTYPE} tokens "
                         f"({expected} bytes): the file {kind} or was written with another dtype; "
                         "run the tokenize stage again")
+    return path
+
+
+def open_shard(tokens_dir: str | Path, shard: Shard) -> np.ndarray:
+    """Memory-map one file's tokens after checking its length against meta.json."""
+    path = checked_path(tokens_dir, shard)
     if shard.tokens == 0:
         return np.zeros(0, dtype=DTYPE)  # np.memmap refuses empty files
     return np.memmap(path, dtype=DTYPE, mode="r", offset=shard.offset, shape=(shard.tokens,))
@@ -148,9 +154,33 @@ def open_tokens(tokens_dir: str | Path, split: str, meta: dict[str, Any] | None 
 
 
 def chunks(tokens: Tokens, size: int = CHUNK) -> Iterator[tuple[int, np.ndarray]]:
-    """(offset, tokens) in bounded pieces: a whole split scanned in constant memory."""
+    """(offset, tokens) of a mapped array in bounded pieces."""
     for lo in range(0, len(tokens), size):
         yield lo, np.asarray(tokens[lo:lo + size])
+
+
+def read_chunks(tokens_dir: str | Path, shards: Sequence[Shard], size: int = CHUNK, whole_files: bool = True
+                ) -> Iterator[tuple[int, np.ndarray]]:
+    """(offset in the split, tokens) of every shard in turn, read with plain file reads into one reused
+    buffer: a whole split (10 B tokens, say) scanned in constant memory. A mapped scan would leave every
+    page it touched resident in the process (20 GB of RSS, reclaimable but alarming). The buffer is
+    overwritten by the next chunk: use each before asking for the next. ``whole_files: false`` reads
+    pieces of files (a shard's offset and tokens then a range inside it), skipping the length check."""
+    buffer = np.empty(size, dtype=DTYPE)
+    done = 0
+    for shard in shards:
+        with open(checked_path(tokens_dir, shard) if whole_files else Path(tokens_dir) / shard.file, "rb") as handle:
+            handle.seek(shard.offset)
+            for lo in range(0, shard.tokens, size):
+                view = buffer[:min(size, shard.tokens - lo)]
+                raw, filled = memoryview(view).cast("B"), 0
+                while filled < raw.nbytes:
+                    got = handle.readinto(raw[filled:])
+                    if not got:
+                        raise UserError(f"{handle.name} ended early; run the tokenize stage again")
+                    filled += got
+                yield done + lo, view
+        done += shard.tokens
 
 
 def split_label(meta: dict[str, Any], split: str) -> str:

@@ -31,7 +31,7 @@ import numpy as np
 
 from gpt2.core.errors import UserError
 from gpt2.core.progress import Progress
-from gpt2.core.tokens import Shard, chunks, open_shard
+from gpt2.core.tokens import Shard, read_chunks
 
 LLMC_MAGIC = 20240520
 LLMC_VERSION = 1  # uint16 GPT-2 tokens; llm.c's version 2 holds uint32 LLaMA-3 tokens
@@ -129,7 +129,7 @@ def import_shards(raw_dir: Path, manifest: dict[str, Any], out: Path, vocab_size
                                 f"(e.g. fineweb_{split}_000000.bin or {split}.bin) to download.source")
             eots = 0
             for shard in shards:
-                for _, chunk in chunks(open_shard(out, shard)):
+                for _, chunk in read_chunks(out, [shard]):
                     if chunk.size and int(chunk.max()) >= vocab_size:
                         raise UserError(f"{shard.file} holds token id {int(chunk.max())}, outside GPT-2's vocab of "
                                         f"{vocab_size}: it was made with another tokenizer; use GPT-2 token shards")

@@ -1,7 +1,7 @@
 """Dataset statistics of the token files: DVC metrics, DVC plot data and PNGs.
 
-Everything is computed from the .bin files in fixed-size chunks (bounded
-memory): documents are the runs between EOT tokens, so no side file is needed.
+Everything is computed from the .bin files read in fixed-size chunks (bounded
+memory, also for 10 B tokens): documents are the runs between EOT tokens, so no side file is needed.
 The PNGs are rendered with matplotlib because ``dvc plots show`` needs a CDN.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,11 @@ import numpy as np
 from gpt2.core.atomic import atomic_file, write_json
 from gpt2.core.config import StatsConfig
 from gpt2.core.errors import UserError
-from gpt2.core.tokens import SPLITS, Tokens, chunks, open_tokens, read_meta, split_label
+from gpt2.core.tokens import SPLITS, read_chunks, read_meta, split_label, split_shards
 
 
-def scan_split(tokens: Tokens, vocab_size: int, eot_id: int, name: str, eot: str = "after"
-               ) -> tuple[np.ndarray, np.ndarray]:
+def scan_split(pieces: Iterable[tuple[int, np.ndarray]], length: int, vocab_size: int, eot_id: int, name: str,
+               eot: str = "after") -> tuple[np.ndarray, np.ndarray]:
     """Token counts (length ``vocab_size``) and document lengths (tokens, EOT excluded).
 
     ``eot`` says where the separator sits: ``after`` each document (this project's files, nanoGPT's),
@@ -30,7 +31,7 @@ def scan_split(tokens: Tokens, vocab_size: int, eot_id: int, name: str, eot: str
     counts = np.zeros(vocab_size, dtype=np.int64)
     lengths: list[np.ndarray] = []
     start = 0  # index where the current document began
-    for lo, chunk in chunks(tokens):
+    for lo, chunk in pieces:
         top = int(chunk.max())
         if top >= vocab_size:
             raise UserError(f"{name} holds token id {top} >= vocab size {vocab_size}: it was written with "
@@ -42,12 +43,12 @@ def scan_split(tokens: Tokens, vocab_size: int, eot_id: int, name: str, eot: str
             lengths.append(np.diff(bounds) - 1)
             start = int(ends[-1]) + 1
     if eot == "before":
-        tail = np.array([len(tokens) - start]) if len(tokens) > start else np.zeros(0, dtype=np.int64)
+        tail = np.array([length - start]) if length > start else np.zeros(0, dtype=np.int64)
         found = np.concatenate(lengths + [tail]) if lengths else tail
         if lengths and found[0] == 0:
             found = found[1:]  # the run before the first separator: empty in a well-formed shard
         return counts, found
-    if len(tokens) and start != len(tokens):
+    if length and start != length:
         raise UserError(f"{name} does not end with the EOT token: the file is truncated; "
                         "run the tokenize stage again")
     return counts, np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
@@ -61,8 +62,9 @@ def compute(cfg: StatsConfig, tokens_dir: str | Path) -> tuple[dict[str, Any], n
     all_lengths = []
     docs, toks, nbytes = {}, {}, {}
     for split in SPLITS:
-        split_counts, lengths = scan_split(open_tokens(tokens_dir, split, meta), vocab, eot,
-                                           split_label(meta, split), meta["split"].get("eot", "after"))
+        split_counts, lengths = scan_split(read_chunks(tokens_dir, split_shards(meta, split)),
+                                           meta["splits"][split]["tokens"], vocab, eot, split_label(meta, split),
+                                           meta["split"].get("eot", "after"))
         counts += split_counts
         all_lengths.append(lengths)
         docs[split], toks[split] = len(lengths), int(split_counts.sum())

@@ -21,7 +21,17 @@ import torch
 from gpt2.core.atomic import atomic_file, write_json
 from gpt2.core.config import EvalConfig, TrainConfig
 from gpt2.core.errors import UserError
-from gpt2.core.tokens import Tokens, chunks, open_tokens, read_meta, split_label
+from gpt2.core.tokens import (
+    CHUNK,
+    Shard,
+    Tokens,
+    checked_path,
+    open_tokens,
+    read_chunks,
+    read_meta,
+    split_label,
+    split_shards,
+)
 from gpt2.eval.sample import SamplingConfig, TextStream, generate_ids
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.train import checkpoint
@@ -79,12 +89,12 @@ def windows(n_tokens: int, block: int, max_tokens: int | None, seed: int) -> lis
     """(start, length) of each scored window: length positions predict the next token each."""
     predictions = n_tokens - 1
     full = predictions // block
-    spans = [(i * block, block) for i in range(full)]
     rest = predictions - full * block
-    if max_tokens is not None and predictions > max_tokens and full > 0:
+    if max_tokens is not None and predictions > max_tokens and full > 0:  # never list every window of 10 B tokens
         keep = max(1, min(full, max_tokens // block))
         chosen = np.sort(np.random.default_rng(seed).choice(full, size=keep, replace=False))
-        return [spans[i] for i in chosen]
+        return [(int(i) * block, block) for i in chosen]
+    spans = [(i * block, block) for i in range(full)]
     if rest > 0:
         spans.append((full * block, rest))
     return spans
@@ -110,11 +120,37 @@ def val_loss(loaded: Loaded, tokens: Tokens, spans: list[tuple[int, int]], batch
     return total / count, count
 
 
-def unigram_loss(train: Tokens, val: Tokens, spans: list[tuple[int, int]], vocab_size: int) -> float:
+def train_counts(tokens_dir: str | Path, meta: dict[str, Any], max_tokens: int | None) -> np.ndarray:
+    """Token frequencies of the train split, or of ``max_tokens`` of it read in evenly spaced pieces (a
+    10 B-token split is not read whole at every evaluation for a baseline)."""
+    vocab = meta["vocab_size"]
+    counts = np.zeros(vocab, dtype=np.float64)
+    shards = split_shards(meta, "train")
+    total = sum(s.tokens for s in shards)
+    whole = max_tokens is None or total <= max_tokens
+    if not whole:
+        for shard in shards:
+            checked_path(tokens_dir, shard)
+        pieces = max(1, max_tokens // CHUNK)
+        size = max_tokens // pieces
+        shards = [_piece(shards, round(i * (total - size) / max(1, pieces - 1)), size) for i in range(pieces)]
+    for _, chunk in read_chunks(tokens_dir, shards, whole_files=whole):
+        counts += np.bincount(chunk, minlength=vocab)[:vocab]
+    return counts
+
+
+def _piece(shards: list[Shard], start: int, size: int) -> Shard:
+    """``size`` tokens from token ``start`` of the split, as a shard of the file that holds them (cut at its end)."""
+    for shard in shards:
+        if start < shard.tokens:
+            return Shard(shard.file, shard.offset + 2 * start, min(size, shard.tokens - start))
+        start -= shard.tokens
+    raise ValueError("a piece past the end of the split")
+
+
+def unigram_loss(counts: np.ndarray, val: Tokens, spans: list[tuple[int, int]]) -> float:
     """Cross-entropy of predicting every val target from train's token frequencies (add-one smoothed)."""
-    counts = np.zeros(vocab_size, dtype=np.float64)
-    for _, chunk in chunks(train):
-        counts += np.bincount(chunk, minlength=vocab_size)[:vocab_size]
+    vocab_size = len(counts)
     log_p = np.log((counts + 1) / (counts.sum() + vocab_size))
     total, n = 0.0, 0
     for start, length in spans:
@@ -182,7 +218,7 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
     label = f"{tokens_dir}/{split_label(meta, 'val')}"
     if len(val) < 2:
         raise UserError(f"{label} has {len(val)} tokens: nothing to score; use a larger corpus")
-    top = max(int(chunk.max()) for _, chunk in chunks(val))
+    top = max(int(chunk.max()) for _, chunk in read_chunks(tokens_dir, split_shards(meta, "val")))
     if top >= model_vocab:
         raise UserError(f"{label} holds token id {top}, outside the checkpoint's vocab of {model_vocab}; "
                         "the tokens do not match this checkpoint: re-run tokenize or retrain")
@@ -190,7 +226,7 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
     spans = windows(len(val), loaded.model.cfg.block_size, cfg.max_tokens, cfg.seed)
     started = time.perf_counter()
     loss, n = val_loss(loaded, val, spans, cfg.batch_size)
-    baseline = unigram_loss(open_tokens(tokens_dir, "train", meta), val, spans, meta["vocab_size"])
+    baseline = unigram_loss(train_counts(tokens_dir, meta, cfg.unigram_max_tokens), val, spans)
     print(f"evaluate: val loss {loss:.4f} (ppl {math.exp(loss):.1f}) over {n:,} tokens in "
           f"{time.perf_counter() - started:.1f} s; unigram baseline {baseline:.4f}", file=sys.stderr)
     hellaswag = score_hellaswag(loaded, cfg) if cfg.hellaswag else None
