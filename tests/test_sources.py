@@ -178,3 +178,35 @@ def test_hf_missing_field(tmp_path, monkeypatch):
     fake_datasets(monkeypatch, lambda *a, **k: iter([{"content": "x"}]))
     with pytest.raises(UserError, match="no field 'text'.*content"):
         fetch(tmp_path, "hf:x")
+
+
+def test_hf_shards_are_stored_compressed_and_tokenized_in_place(tmp_path, monkeypatch):
+    """hf_gzip_level: .jsonl.gz on disk, the same tokens as plain JSON Lines, progress counting text bytes."""
+    from gpt2.core.config import TokenizeConfig
+    from gpt2.core.tokens import open_tokens
+    from gpt2.data.encode import text_bytes, tokenize_corpus
+
+    texts = [f"Document {i}: " + "the king and the queen " * (i % 7 + 1) for i in range(60)]
+    fake_datasets(monkeypatch, lambda *a, **k: iter({"text": t} for t in texts))
+    tokens = {}
+    for level in (0, 6):
+        manifest, out = fetch(tmp_path / f"l{level}", "hf:org/set", hf_docs_per_shard=25, hf_gzip_level=level)
+        paths = [f["path"] for f in manifest["files"]]
+        assert all(p.endswith(".jsonl.gz" if level else ".jsonl") for p in paths)
+        tokenize_corpus(TokenizeConfig(), out, tmp_path / f"t{level}")
+        tokens[level] = [open_tokens(tmp_path / f"t{level}", s).tolist() for s in ("train", "val")]
+        if level:
+            lines = gzip.decompress((out / paths[0]).read_bytes()).decode().splitlines()
+            assert [json.loads(line)["text"] for line in lines] == texts[:25]
+            assert manifest["bytes"] < text_bytes(manifest) / 3  # repetitive text: well over 3x smaller
+            assert text_bytes(manifest) == sum(len(json.dumps({"text": t}) + "\n") for t in texts)
+    assert tokens[0] == tokens[6]
+
+
+def test_a_local_text_file_is_linked_not_copied(tmp_path, corpus):
+    (tmp_path / "via-symlink.txt").symlink_to(corpus / "doc01.txt")
+    manifest, out = fetch(tmp_path, corpus)
+    first = out / manifest["files"][0]["path"]
+    assert first.stat().st_ino == (corpus / "doc00.txt").stat().st_ino
+    manifest, out = fetch(tmp_path, tmp_path / "via-symlink.txt")
+    assert (out / manifest["files"][0]["path"]).read_bytes() == (corpus / "doc01.txt").read_bytes()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import collections
+import gzip
 import json
 import os
 import re
@@ -92,7 +93,7 @@ def tokenize_corpus(cfg: TokenizeConfig, raw_dir: str | Path = "data/raw",
         splits = {name: SplitWriter(tmp / f"{name}.bin", open(tmp / f"{name}.bin", "wb")) for name in ("train", "val")}
         try:
             with ThreadPoolExecutor(workers) as pool, \
-                    Progress("tokenize", total=manifest["bytes"], unit="B") as progress:
+                    Progress("tokenize", total=text_bytes(manifest), unit="B") as progress:
                 pending: collections.deque[tuple[Future, list[Piece]]] = collections.deque()
                 for batch in batches(pieces(raw_dir, manifest, is_val, cfg, decode), cfg.chunk_kb * 1024):
                     pending.append((pool.submit(encode_batch, encoding, [p.text for p in batch]), batch))
@@ -163,6 +164,11 @@ def read_manifest(raw_dir: Path) -> dict[str, Any]:
     return manifest
 
 
+def text_bytes(manifest: dict[str, Any]) -> int:
+    """The corpus's text bytes (compressed JSON Lines count what they hold, not their size on disk)."""
+    return sum(entry.get("text_bytes", entry["bytes"]) for entry in manifest["files"])
+
+
 def val_mask(n_docs: int, fraction: float, seed: int) -> np.ndarray:
     """Which documents go to val: a seeded sample of round(n·fraction), at least one, never all."""
     n_val = min(n_docs - 1, max(1, round(n_docs * fraction)))
@@ -178,7 +184,7 @@ def pieces(raw_dir: Path, manifest: dict[str, Any], is_val: np.ndarray, cfg: Tok
     for entry in manifest["files"]:
         path = raw_dir / entry["path"]
         if entry["format"] == "jsonl":
-            with open(path, "rb") as handle:
+            with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as handle:
                 for line in handle:
                     if line.strip():
                         text = json.loads(line)["text"]

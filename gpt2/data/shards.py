@@ -98,7 +98,7 @@ def shard_split(name: str) -> str:
 def link_or_copy(src: Path, dst: Path) -> bool:
     """Hard-link ``src`` to ``dst``; copy where links are impossible (another filesystem). True if linked."""
     try:
-        os.link(src, dst)
+        os.link(Path(src).resolve(), dst)  # resolved: linking a symlink itself would copy a dangling relative link
         return True
     except OSError:
         shutil.copyfile(src, dst)

