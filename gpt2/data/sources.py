@@ -23,7 +23,7 @@ import re
 import sys
 import tarfile
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -81,35 +81,28 @@ class RawWriter:
         check and the sha256. A 45 GB corpus in a local folder is not stored a second time."""
         path = self._path(name, ".txt")
         link_or_copy(source, path)
-        digest, size = hashlib.sha256(), 0
         with open(path, "rb") as handle:
-            while chunk := handle.read(BLOCK):
-                if (nul := chunk.find(b"\0")) >= 0:
-                    path.unlink()
-                    raise _not_text(name, size + nul)
-                digest.update(chunk)
-                size += len(chunk)
-                self._advance(len(chunk))
-        if size == 0:
-            path.unlink()
-            warn(f"skipped {name}: empty (0 bytes)")
-            return
-        self._record(path, size, digest.hexdigest(), 1, "text", name)
+            self._take_text(path, name, handle, None)
 
     def add_text(self, stream: IO[bytes], name: str) -> None:
-        """Copy one document's bytes; an empty document is skipped with a warning."""
+        """Copy one document's bytes (an archive member, a decompressed file)."""
         path = self._path(name, ".txt")
-        digest, size = hashlib.sha256(), 0
         with open(path, "wb") as out:
-            while chunk := stream.read(BLOCK):
-                if (nul := chunk.find(b"\0")) >= 0:  # text never holds NUL bytes; executables and images do
-                    out.close()
-                    path.unlink()
-                    raise _not_text(name, size + nul)
-                out.write(chunk)
-                digest.update(chunk)
-                size += len(chunk)
-                self._advance(len(chunk))
+            self._take_text(path, name, stream, out.write)
+
+    def _take_text(self, path: Path, name: str, stream: IO[bytes], write: Callable[[bytes], Any] | None) -> None:
+        """Read one document from ``stream`` (writing it to ``path`` when copying): a NUL byte refuses it
+        (text never holds one; executables and images do), an empty one is skipped with a warning."""
+        digest, size = hashlib.sha256(), 0
+        while chunk := stream.read(BLOCK):
+            if (nul := chunk.find(b"\0")) >= 0:
+                path.unlink()
+                raise _not_text(name, size + nul)
+            if write is not None:
+                write(chunk)
+            digest.update(chunk)
+            size += len(chunk)
+            self._advance(len(chunk))
         if size == 0:
             path.unlink()
             warn(f"skipped {name}: empty (0 bytes)")
