@@ -87,14 +87,14 @@ def batch_rate(work: Path, steps: int = 200) -> tuple[float, float]:
     """Random 8 × 1024 windows per second: from the shards (mapped) and from one file of the same tokens."""
     import torch
 
-    from gpt2.core.tokens import chunks
+    from gpt2.core.tokens import read_chunks, split_shards
     from gpt2.train.loader import BatchSampler, TokenSplit
 
     sharded = TokenSplit(work / "tokens", "train", "memmap")
     single = work / "single"
     single.mkdir()
     with open(single / "train.bin", "wb") as out:
-        for _, chunk in chunks(sharded.array()):
+        for _, chunk in read_chunks(work / "tokens", split_shards(sharded.meta, "train")):
             out.write(chunk.tobytes())
     meta = {"dtype": "uint16", "splits": {"train": {"file": "train.bin", "tokens": sharded.length}}}
     (single / "meta.json").write_text(json.dumps(meta))

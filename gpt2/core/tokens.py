@@ -153,12 +153,6 @@ def open_tokens(tokens_dir: str | Path, split: str, meta: dict[str, Any] | None 
     return ShardedTokens.of([open_shard(tokens_dir, s) for s in shards])
 
 
-def chunks(tokens: Tokens, size: int = CHUNK) -> Iterator[tuple[int, np.ndarray]]:
-    """(offset, tokens) of a mapped array in bounded pieces."""
-    for lo in range(0, len(tokens), size):
-        yield lo, np.asarray(tokens[lo:lo + size])
-
-
 def read_chunks(tokens_dir: str | Path, shards: Sequence[Shard], size: int = CHUNK, whole_files: bool = True
                 ) -> Iterator[tuple[int, np.ndarray]]:
     """(offset in the split, tokens) of every shard in turn, read with plain file reads into one reused

@@ -12,7 +12,7 @@ A ``.bin`` named exactly ``train.bin`` or ``val.bin`` without the llm.c magic is
 nanoGPT's; any other ``.bin`` must carry the header. The split is read from the
 name: a ``val`` word (``val``, ``valid``, ``validation``) or a ``train`` word.
 
-Download hard-links the files into ``data/raw/shards/`` and tokenize links them
+Download hard-links the files into ``data/raw/docs/`` and tokenize links them
 again into ``data/tokens/``: on one filesystem no byte is copied, and DVC's
 content-addressed cache stores the shared content once (README, "Token shards").
 """

@@ -49,9 +49,10 @@ class TokenSplit:
         if mode == "preload" and shared:
             parts = [shared_pages(self.dir, s) for s in shards]
             self._ram = parts[0] if len(parts) == 1 else ShardedTokens.of(parts)
-        elif mode == "preload":
-            self._ram = np.concatenate([np.fromfile(self.dir / s.file, dtype=DTYPE, count=s.tokens, offset=s.offset)
-                                        for s in shards])
+        elif mode == "preload":  # one allocation, filled shard by shard (no transient second copy)
+            self._ram = np.empty(self.length, dtype=DTYPE)
+            for lo, chunk in token_files.read_chunks(self.dir, shards):
+                self._ram[lo:lo + len(chunk)] = chunk
 
     def array(self) -> Tokens:
         if self._ram is not None:
