@@ -93,3 +93,18 @@ def test_several_processes_need_ddp(tmp_path):
     with pytest.raises(ParamError, match="train.nproc_per_node = 2.*unless train.distributed is ddp"):
         load(tmp_path, "train:\n  nproc_per_node: 2\n")
     assert load(tmp_path, "train:\n  distributed: ddp\n  nproc_per_node: 2\n").train.nproc_per_node == 2
+
+
+@pytest.mark.parametrize("text, match", [
+    ("train:\n  optimizer: sgd\n", r"train.optimizer = 'sgd'.*'adamw', 'muon'"),
+    ("train:\n  muon_lr: 0.0\n", r"train.muon_lr = 0.0.*> 0"),
+    ("train:\n  muon_momentum: 1.0\n", r"train.muon_momentum = 1.0.*\[0, 1\)"),
+    ("train:\n  muon_weight_decay: -0.1\n", r"train.muon_weight_decay = -0.1.*>= 0"),
+    ("train:\n  target_val_loss: -1.0\n", r"train.target_val_loss = -1.0.*null or a number > 0"),
+    ("eval:\n  hellaswag_limit: 0\n", r"eval.hellaswag_limit = 0.*null or an integer >= 1"),
+    ("eval:\n  unigram_max_tokens: 0\n", r"eval.unigram_max_tokens = 0.*null or an integer >= 1"),
+    ("download:\n  hf_gzip_level: 10\n", r"download.hf_gzip_level = 10.*\[0, 9\]"),
+])
+def test_this_waves_keys_are_range_checked(tmp_path, text, match):
+    with pytest.raises(ParamError, match=match):
+        load(tmp_path, text)
