@@ -106,8 +106,28 @@ ROOT = Path(__file__).resolve().parents[1]
 LITTER = ("mlruns", "mlartifacts", "mlflow.db")  # what a test that forgets its tmp_path leaves in the project
 
 
+# The user's MLflow and DVC settings: a test run must neither read nor write them (a team's tracking server,
+# a global DVC remote). Tests that need a store set their own; subprocesses inherit this cleaned environment.
+USER_SETTINGS = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID",
+                 "MLFLOW_RUN_ID", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
+                 "DVC_ROOT", "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "DVC_STAGE", "DVC_CONFIG")
+
+
 @pytest.fixture(autouse=True, scope="session")
-def leaves_no_litter_in_the_project():
+def hermetic_environment(tmp_path_factory: pytest.TempPathFactory):
+    with pytest.MonkeyPatch.context() as patch:
+        for name in USER_SETTINGS:
+            patch.delenv(name, raising=False)
+        empty = tmp_path_factory.mktemp("no-user-config")
+        patch.setenv("DVC_GLOBAL_CONFIG_DIR", str(empty))
+        patch.setenv("DVC_SYSTEM_CONFIG_DIR", str(empty))
+        patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+        patch.setenv("DVC_NO_ANALYTICS", "1")
+        yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def leaves_no_litter_in_the_project(hermetic_environment):
     """The suite writes only under tmp_path: a stray MLflow store in the checkout fails the run."""
     before = {name for name in LITTER if (ROOT / name).exists()}
     yield

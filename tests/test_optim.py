@@ -70,16 +70,28 @@ def test_muon_with_compile(tmp_path, tokens):
     assert metrics["runtime"]["compile"] is True and metrics["steps"] == 3
 
 
-def test_an_old_checkpoint_with_one_optimizer_state_still_resumes(tmp_path, tokens, monkeypatch):
+def test_a_format_1_checkpoint_resumes_exactly(tmp_path, tokens, monkeypatch):
+    """The oldest layout: one optimizer state, one RNG state, history rows named as the plot columns."""
+    run(tmp_path / "straight", tokens, micro_params())
     interrupt_at(monkeypatch, 3)
     with pytest.raises(TrainingInterrupted):
         run(tmp_path, tokens, micro_params())
     monkeypatch.undo()
     path = tmp_path / "run/ckpt.pt"
     state = checkpoint.load(path)
-    state["optimizer"] = state["optimizer"][0]  # as written before train.optimizer existed
+    names = {"train/loss": "loss", "train/lr": "lr", "train/grad_norm": "grad_norm", "perf/step_ms": "step_ms",
+             "perf/tokens_per_s": "tokens_per_s", "perf/mfu": "mfu", "mem/rss_gb": "mem_gb", "val/loss": "val_loss"}
+    for rows in (state["history"]["train"], state["history"]["val"]):
+        rows[:] = [{names.get(k, k): v for k, v in row.items() if k in names or k == "step"} for row in rows]
+    state.update(format="gpt2-checkpoint/1", optimizer=state["optimizer"][0], rng=state.pop("rng_per_rank")[0])
+    del state["world_size"]
     torch.save(state, path)
     assert run(tmp_path, tokens, micro_params())["steps"] == 12
+    assert (tmp_path / "run/reports/plots/train.tsv").read_text().splitlines()[1].split("\t")[:4] == (
+        tmp_path / "straight/run/reports/plots/train.tsv").read_text().splitlines()[1].split("\t")[:4]
+    straight, resumed = (checkpoint.load(p / "run/ckpt.pt")["history"] for p in (tmp_path / "straight", tmp_path))
+    assert [r["train/loss"] for r in resumed["train"]] == [r["train/loss"] for r in straight["train"]]
+    assert resumed["val"] == straight["val"] and all(r["mem/rss_gb"] > 0 for r in resumed["train"])
 
 
 # --------------------------------------------------------------------------- time to target
@@ -125,11 +137,11 @@ def test_time_to_target_counts_the_earlier_sessions_of_a_resumed_run(tmp_path, t
 
 
 def test_the_val_windows_are_the_same_whatever_the_training_seed(tokens):
-    from gpt2.train import trainer
+    from gpt2.train import evaluator, trainer
 
     first, second, other = (trainer.build(micro_params(**kw), tokens)
                             for kw in ({"seed": 1}, {"seed": 2}, {"seed": 1, "eval_seed": 5}))
     for setup in (second, other):
         setup.model.load_state_dict(first.model.state_dict())
-    assert trainer.estimate_loss(first, first.val_data) == trainer.estimate_loss(second, second.val_data)
-    assert trainer.estimate_loss(first, first.val_data) != trainer.estimate_loss(other, other.val_data)
+    assert evaluator.estimate_loss(first, first.val_data) == evaluator.estimate_loss(second, second.val_data)
+    assert evaluator.estimate_loss(first, first.val_data) != evaluator.estimate_loss(other, other.val_data)

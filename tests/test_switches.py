@@ -180,7 +180,7 @@ def test_grad_clip_switch_clips_the_update(tokens, monkeypatch):
         s = setup(tokens, grad_clip=clip, fused_adamw=False, lr_schedule="constant", warmup_steps=0)
         before = [p.detach().clone() for p in s.model.parameters()]
         trainer.backward_micro_batches(s.model, iter([s.sampler.next()]), 1, s.runtime, s.scaler)
-        norm, _ = trainer.optimizer_step(s)
+        norm, _ = trainer.optimizer_step(s.model, s.optimizers, s.scaler, s.params.train.grad_clip)
         updates[clip] = [p.detach() - b for p, b in zip(s.model.parameters(), before)]
         assert norm > 1.0e-3  # the logged norm is the norm before clipping
     assert seen == [1.0e-3, float("inf")]

@@ -87,3 +87,12 @@ def test_runs_outside_dvc_exp_are_named_after_what_they_trained(tmp_path, tokens
     client = mlflow.MlflowClient(uri)
     names = sorted(r.info.run_name for r in client.search_runs([client.get_experiment_by_name("gpt2").experiment_id]))
     assert names[0].startswith("tiny 2 steps fp32 flash ") and names[1].startswith("tiny 3 steps fp32 manual ")
+
+
+def test_the_suite_never_sees_the_users_mlflow_or_dvc_settings():
+    """A team's tracking server or DVC config must not receive (or break) the test suite's runs:
+    conftest's hermetic_environment removes them for every test and the subprocesses they start."""
+    from conftest import USER_SETTINGS
+
+    assert not [name for name in USER_SETTINGS if name in os.environ]
+    assert os.environ["DVC_GLOBAL_CONFIG_DIR"] == os.environ["DVC_SYSTEM_CONFIG_DIR"]

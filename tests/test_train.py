@@ -12,7 +12,8 @@ import torch
 from conftest import micro_params
 
 from gpt2.core.errors import UserError
-from gpt2.train import checkpoint, trainer
+from gpt2.train import checkpoint, metrics, trainer
+from gpt2.train.reports import PLOT_COLUMNS
 from gpt2.train.tracking import flatten
 from gpt2.train.trainer import Diverged, TrainingInterrupted, train
 
@@ -47,12 +48,13 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
         k: metrics["perf"][k] for k in ("step_ms", "tokens_per_s", "tokens_per_s_wall", "mfu")}
     assert (report / "plots/curves.png").read_bytes().startswith(b"\x89PNG")
     train_rows = (report / "plots/train.tsv").read_text().splitlines()
-    assert train_rows[0].split("\t") == list(trainer.TRAIN_COLUMNS)
+    assert train_rows[0].split("\t") == list(PLOT_COLUMNS["train.tsv"])
     assert len(train_rows) == 31
     val_rows = (report / "plots/val.tsv").read_text().splitlines()
     assert [r.split("\t")[0] for r in val_rows[1:]] == ["10", "20", "30"]
     state = checkpoint.load(tmp_path / "run/ckpt.pt")
-    assert state["step"] == 30 and set(state) >= {"model", "optimizer", "scaler", "rng", "sampler", "model_config"}
+    assert state["step"] == 30 and set(state) >= {"model", "optimizer", "scaler", "rng_per_rank", "sampler",
+                                                "model_config"}
 
 
 def test_measurement_run_writes_no_checkpoint_but_records_what_ran(tmp_path, tokens):
@@ -118,7 +120,7 @@ def test_finished_checkpoint_of_the_same_params_rebuilds_the_reports_without_tra
     for name in saved:
         (reports / name).unlink()  # what DVC does to a stage's outs before running it
     capsys.readouterr()
-    monkeypatch.setattr(trainer, "_loop", lambda *a, **k: pytest.fail("trained again"))
+    monkeypatch.setattr(trainer, "fit", lambda *a, **k: pytest.fail("trained again"))
     again = run(tmp_path, tokens, micro_params(max_steps=4, mlflow=False))  # a tracking switch is not a new run
     assert again == first
     assert {name: (reports / name).read_text() for name in saved} == saved
@@ -247,7 +249,7 @@ def test_deferred_syncs_log_the_same_numbers_and_still_catch_a_nan(tmp_path, tok
     """CUDA's loop reads the device only at log, eval and checkpoint steps: same losses, every step timed."""
     params = micro_params(log_interval=4, eval_interval=6, checkpoint_interval=100)
     every = run(tmp_path, tokens, params, "every")
-    monkeypatch.setattr(trainer, "sync_every_step", lambda runtime: False)
+    monkeypatch.setattr(metrics, "sync_every_step", lambda runtime: False)
     deferred = run(tmp_path, tokens, params, "deferred")
     assert losses(tmp_path, "deferred") == losses(tmp_path, "every")  # rows at steps 1, 4, 8, 12
     assert deferred["val"] == every["val"] and deferred["perf"]["timed_steps"] == every["perf"]["timed_steps"] == 11

@@ -9,7 +9,10 @@ from typing import Any
 
 import click
 
+from gpt2.core import log
 from gpt2.core.errors import UserError
+
+logger = log.get("cli")
 
 PARAMS = click.option("--params", "params_path", default="params.yaml", show_default=True,
                       type=click.Path(dir_okay=False), help="params file to read the stage's section from")
@@ -23,10 +26,10 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return func(*args, **kwargs)
         except UserError as exc:
-            click.echo(f"error: {exc}", err=True)
+            logger.error(str(exc), extra=log.EVERY_RANK)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
-            click.echo("interrupted; no output was written", err=True)
+            logger.info("interrupted; no output was written", extra=log.EVERY_RANK)
             sys.exit(130)
 
     return wrapper
@@ -54,4 +57,4 @@ def validate(params_path: str, out: str) -> None:
     load_params(params_path)
     with atomic_file(Path(out)) as tmp:
         tmp.write_text(VALID_MARK)
-    click.echo(f"validate: {params_path} is valid", err=True)
+    logger.info(f"validate: {params_path} is valid")

@@ -18,7 +18,6 @@ import gzip
 import json
 import os
 import re
-import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from gpt2.core import log
 from gpt2.core.atomic import atomic_dir, write_json
 from gpt2.core.config import TokenizeConfig
 from gpt2.core.errors import UserError
@@ -36,6 +36,8 @@ from gpt2.data.pypi import sha256_file
 from gpt2.data.shards import EOT_POSITION, import_shards
 from gpt2.data.sources import MANIFEST
 from gpt2.data.tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
+
+logger = log.get("tokenize")
 
 SAFE_CUT = re.compile(r"\S\n(?=\S)")
 MAX_BLOCKS_WITHOUT_CUT = 64  # then cut anyway: a file with no newlines at all
@@ -85,8 +87,8 @@ def tokenize_corpus(cfg: TokenizeConfig, raw_dir: str | Path = "data/raw",
     workers = cfg.workers or os.cpu_count() or 1
     within = n_docs == 1
     if within:
-        print("tokenize: the corpus is one document, so val is its last "
-              f"{cfg.val_fraction:.0%} of tokens (split inside the document)", file=sys.stderr)
+        logger.info("tokenize: the corpus is one document, so val is its last "
+                    f"{cfg.val_fraction:.0%} of tokens (split inside the document)")
     is_val = np.zeros(n_docs, dtype=bool) if within else val_mask(n_docs, cfg.val_fraction, cfg.seed)
     decode = DecodeStats()
     with atomic_dir(out_dir) as tmp:
@@ -121,8 +123,8 @@ def tokenize_corpus(cfg: TokenizeConfig, raw_dir: str | Path = "data/raw",
         }
         write_json(tmp / META, meta)
     total = sum(s["tokens"] for s in meta["splits"].values())
-    print(f"tokenize: {total:,} tokens (train {meta['splits']['train']['tokens']:,}, "
-          f"val {meta['splits']['val']['tokens']:,}); {decode.replaced} characters replaced", file=sys.stderr)
+    logger.info(f"tokenize: {total:,} tokens (train {meta['splits']['train']['tokens']:,}, "
+                f"val {meta['splits']['val']['tokens']:,}); {decode.replaced} characters replaced")
     return meta
 
 
@@ -142,8 +144,8 @@ def import_token_shards(raw_dir: Path, manifest: dict[str, Any], out_dir: Path) 
             "splits": splits,
         }
         write_json(tmp / META, meta)
-    print(f"tokenize: {len(manifest['files'])} {fmt} shards linked, not re-tokenized: train "
-          f"{splits['train']['tokens']:,} tokens, val {splits['val']['tokens']:,}", file=sys.stderr)
+    logger.info(f"tokenize: {len(manifest['files'])} {fmt} shards linked, not re-tokenized: train "
+                f"{splits['train']['tokens']:,} tokens, val {splits['val']['tokens']:,}")
     return meta
 
 

@@ -11,15 +11,17 @@ import hashlib
 import http.client
 import os
 import socket
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from gpt2.core import log
 from gpt2.core.errors import UserError
 from gpt2.core.progress import Progress
 from gpt2.data.pypi import cache_dir, sha256_file
+
+logger = log.get("download")
 
 BLOCK = 1 << 20
 
@@ -57,7 +59,7 @@ def download_url(
                 last_error = str(exc)
                 if attempt < retries:
                     delay = backoff_s * 2**attempt
-                    print(f"download: {last_error}; retrying in {delay:.1f} s ({attempt + 1}/{retries})", file=sys.stderr)
+                    logger.info(f"download: {last_error}; retrying in {delay:.1f} s ({attempt + 1}/{retries})")
                     time.sleep(delay)
         else:
             raise UserError(

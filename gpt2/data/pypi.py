@@ -15,7 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gpt2.core import log
 from gpt2.core.errors import UserError
+
+logger = log.get("download")
 
 
 def cache_dir() -> Path:
@@ -45,7 +48,7 @@ def fetch_sdist(name: str, version: str, sha256: str) -> Path:
     with tempfile.TemporaryDirectory(dir=target) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                "--disable-pip-version-check", "-q", "-d", tmp, f"{name}=={version}"]
-        print(f"fetching {name}=={version} (sdist) with pip", file=sys.stderr)
+        logger.info(f"fetching {name}=={version} (sdist) with pip")
         result = subprocess.run(cmd, capture_output=True, text=True)
         found = sorted(Path(tmp).glob("*.tar.gz"))
         if result.returncode != 0 or not found:

@@ -22,16 +22,18 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gpt2.core import log
 from gpt2.core.errors import UserError
 from gpt2.core.progress import Progress
 from gpt2.core.tokens import Shard, read_chunks
+
+logger = log.get("download")
 
 LLMC_MAGIC = 20240520
 LLMC_VERSION = 1  # uint16 GPT-2 tokens; llm.c's version 2 holds uint32 LLaMA-3 tokens
@@ -138,6 +140,5 @@ def import_shards(raw_dir: Path, manifest: dict[str, Any], out: Path, vocab_size
             splits[split] = {"shards": [asdict(s) for s in shards], "tokens": sum(s.tokens for s in shards),
                              "documents": eots, "bytes": None}
     if copied:
-        print(f"warning: {len(copied)} shard(s) copied, not linked (another filesystem?): {', '.join(copied[:3])}",
-              file=sys.stderr)
+        logger.warning(f"{len(copied)} shard(s) copied, not linked (another filesystem?): {', '.join(copied[:3])}")
     return splits

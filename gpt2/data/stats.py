@@ -8,17 +8,19 @@ The PNGs are rendered with matplotlib because ``dvc plots show`` needs a CDN.
 from __future__ import annotations
 
 import io
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gpt2.core import log
 from gpt2.core.atomic import atomic_file, write_json
 from gpt2.core.config import StatsConfig
 from gpt2.core.errors import UserError
 from gpt2.core.tokens import SPLITS, read_chunks, read_meta, split_label, split_shards
+
+logger = log.get("stats")
 
 
 def scan_split(pieces: Iterable[tuple[int, np.ndarray]], length: int, vocab_size: int, eot_id: int, name: str,
@@ -141,9 +143,9 @@ def dataset_stats(cfg: StatsConfig, tokens_dir: str | Path = "data/tokens", out_
             tmp.write_bytes(data)
     write_json(out / "summary.json", metrics)
     write_json(out / "metrics.json", compared_figures(metrics))
-    print(f"stats: {metrics['documents']['total']} documents, {metrics['tokens']['total']:,} tokens, "
-          f"{metrics['bytes_per_token']} bytes/token, {metrics['unique_tokens']:,} unique tokens "
-          f"({metrics['vocab_coverage']:.1%} of the vocab) → {out}/", file=sys.stderr)
+    logger.info(f"stats: {metrics['documents']['total']} documents, {metrics['tokens']['total']:,} tokens, "
+                f"{metrics['bytes_per_token']} bytes/token, {metrics['unique_tokens']:,} unique tokens "
+                f"({metrics['vocab_coverage']:.1%} of the vocab) → {out}/")
     return metrics
 
 

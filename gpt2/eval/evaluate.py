@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpt2.core import log
 from gpt2.core.atomic import atomic_file, write_json
 from gpt2.core.config import EvalConfig, TrainConfig
 from gpt2.core.errors import UserError
@@ -36,6 +37,8 @@ from gpt2.eval.sample import SamplingConfig, TextStream, generate_ids
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.train import checkpoint
 from gpt2.train.device import Runtime, resolve
+
+logger = log.get("evaluate")
 
 
 @dataclass
@@ -227,8 +230,8 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
     started = time.perf_counter()
     loss, n = val_loss(loaded, val, spans, cfg.batch_size)
     baseline = unigram_loss(train_counts(tokens_dir, meta, cfg.unigram_max_tokens), val, spans)
-    print(f"evaluate: val loss {loss:.4f} (ppl {math.exp(loss):.1f}) over {n:,} tokens in "
-          f"{time.perf_counter() - started:.1f} s; unigram baseline {baseline:.4f}", file=sys.stderr)
+    logger.info(f"evaluate: val loss {loss:.4f} (ppl {math.exp(loss):.1f}) over {n:,} tokens in "
+                f"{time.perf_counter() - started:.1f} s; unigram baseline {baseline:.4f}")
     hellaswag = score_hellaswag(loaded, cfg) if cfg.hellaswag else None
     text, tokens_per_s = samples(loaded, cfg, encoded, meta["eot_id"])
     summary = {

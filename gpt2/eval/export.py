@@ -9,15 +9,17 @@ checkpoint goes on to generation, lm-evaluation-harness or serving with the Hugg
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from gpt2.core import log
 from gpt2.core.atomic import atomic_dir
 from gpt2.core.errors import UserError
 from gpt2.data.hf_tokenizer import write_tokenizer
 from gpt2.model.gpt import GPTConfig
 from gpt2.model.hf import hf_config, to_hf
 from gpt2.train import checkpoint
+
+logger = log.get("export")
 
 
 def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
@@ -38,6 +40,6 @@ def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
         (tmp / "config.json").write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 50256, "eos_token_id": 50256}) + "\n")
         write_tokenizer(tmp)
-    print(f"export: {ckpt_path} (step {state['step']}, {sum(w.numel() for w in weights.values()):,} parameters) → "
-          f"{out}/ (GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained load it)", file=sys.stderr)
+    logger.info(f"export: {ckpt_path} (step {state['step']}, {sum(w.numel() for w in weights.values()):,} parameters) → "
+                f"{out}/ (GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained load it)")
     return out

@@ -10,7 +10,6 @@ A context longer than the model's window keeps its last tokens.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from gpt2.core import log
 from gpt2.core.errors import UserError
 from gpt2.core.progress import Progress
+
+logger = log.get("evaluate")
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 ITEMS = 10_042
@@ -106,5 +108,5 @@ def score(model: torch.nn.Module, items: list[Item], block: int, device: torch.d
             correct_norm += int((mean.argmin(1) == labels).sum())
             progress.update(len(batch))
     n = len(items)
-    print(f"hellaswag: acc_norm {correct_norm / n:.4f}, acc {correct / n:.4f} over {n:,} items", file=sys.stderr)
+    logger.info(f"hellaswag: acc_norm {correct_norm / n:.4f}, acc {correct / n:.4f} over {n:,} items")
     return {"acc_norm": correct_norm / n, "acc": correct / n, "items": n}

@@ -24,11 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpt2.core import log
 from gpt2.core.atomic import atomic_dir
 from gpt2.core.config import ModelParams, ParamError, TrainConfig, build, read_yaml, to_dict
 from gpt2.core.errors import UserError
 from gpt2.core.progress import clock
 from gpt2.measure import experiments
+
+logger = log.get("ladder")
 
 TRAIN_METRICS = "reports/train/metrics.json"
 TRAIN_RUN = "reports/train/summary.json"  # the rest of a run's summary: what really ran ("runtime")
@@ -245,9 +248,9 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
     have = [0] * len(plan_.sections) if fresh else [len(runs) for runs in measured(plan_, existing)]
     todo = schedule(plan_.profile.repeats, have)
     reused = sum(min(h, plan_.profile.repeats) for h in have)
-    print(f"ladder: {len(ladder.rungs)} rungs × {plan_.profile.repeats} repeats on {device} "
-          f"(model {plan_.sections[0]['model']['size']}, {plan_.profile.steps} steps per run): "
-          f"{len(todo)} to run, {reused} reused", file=sys.stderr)
+    logger.info(f"ladder: {len(ladder.rungs)} rungs × {plan_.profile.repeats} repeats on {device} "
+                f"(model {plan_.sections[0]['model']['size']}, {plan_.profile.steps} steps per run): "
+                f"{len(todo)} to run, {reused} reused")
     if todo:
         _measure(root, ladder, plan_, todo, {e.name for e in existing}, Path(out))
         existing = experiments.finished(root, (TRAIN_RUN,))
@@ -296,8 +299,8 @@ def _measure(root: Path, ladder: Ladder, plan_: Plan, todo: list[tuple[int, int]
         eta = f", ETA {clock(statistics.median(durations) * (len(todo) - done))}" if durations else ""
         i, r = names.get(name, (-1, 0))
         rung = ladder.rungs[i].name if i >= 0 else name
-        print(f"ladder: [{done + 1}/{len(todo)}] rung {i} {rung!r}, repeat {r + 1}/{plan_.profile.repeats} "
-              f"({name}){eta}", file=sys.stderr)
+        logger.info(f"ladder: [{done + 1}/{len(todo)}] rung {i} {rung!r}, repeat {r + 1}/{plan_.profile.repeats} "
+                    f"({name}){eta}")
 
     try:
         code = experiments.run_queue(root, on_start, out / "dvc.log")
@@ -308,7 +311,7 @@ def _measure(root: Path, ladder: Ladder, plan_: Plan, todo: list[tuple[int, int]
         error.exit_code = 130
         raise error from None
     if code != 0:
-        print(f"ladder: dvc exp run --run-all exited {code}; see {out}/dvc.log", file=sys.stderr)
+        logger.info(f"ladder: dvc exp run --run-all exited {code}; see {out}/dvc.log")
 
 
 # --------------------------------------------------------------------------- analysis

@@ -1,10 +1,12 @@
 """Checkpoints: everything needed to continue a run exactly, written atomically.
 
 A checkpoint holds the model (without torch.compile's ``_orig_mod.`` prefix),
-the optimizer, the GradScaler, the step, every RNG state (python, numpy,
-torch, cuda), the batch sampler's position, the configuration and the
-history of logged measures. Loading never shows a traceback from inside
-torch: a damaged file is reported as such, with what to do.
+the optimizers, the GradScaler, the step, every rank's RNG states (python,
+numpy, torch, cuda), the batch sampler's position, the configuration and the
+history of logged measures (train/checkpointer.py writes it). Loading never
+shows a traceback from inside torch: a damaged file is reported as such, with
+what to do. Files of an older layout are brought up to date in one place,
+``upgrade``, so the rest of the code reads one layout.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import torch
 from gpt2.core.atomic import atomic_file
 from gpt2.core.errors import UserError
 
-FORMAT = "gpt2-checkpoint/1"
+FORMAT = "gpt2-checkpoint/2"
+OLDER_FORMATS = ("gpt2-checkpoint/1",)
 COMPILED_PREFIX = "_orig_mod."
 
 
@@ -49,9 +52,8 @@ def restore_rng_states(states: dict[str, Any]) -> None:
     name, keys, pos, has_gauss, gauss = states["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(states["torch"])
-    cuda = states.get("cuda")
-    if isinstance(cuda, torch.Tensor) and torch.cuda.is_available():
-        torch.cuda.set_rng_state(cuda, torch.cuda.current_device())  # (a list: an older checkpoint's, all devices)
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"], torch.cuda.current_device())
 
 
 @contextlib.contextmanager
@@ -142,7 +144,34 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as exc:
         raise UserError(f"checkpoint {path} is corrupt or truncated (torch.load raised {exc.__class__.__name__}); "
                         "delete it to start over or restore a good copy") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    if not isinstance(state, dict) or state.get("format") not in (FORMAT, *OLDER_FORMATS):
         raise UserError(f"{path} is not a checkpoint of this pipeline (format {FORMAT!r} expected); "
                         "point to a checkpoint written by gpt2 train")
+    return upgrade(state)
+
+
+# Format 1 named the plot columns in its history rows; format 2 keeps every measure under its one name.
+_V1_MEASURES = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "step_ms": "perf/step_ms",
+                "tokens_per_s": "perf/tokens_per_s", "mfu": "perf/mfu", "val_loss": "val/loss"}
+
+
+def upgrade(state: dict[str, Any]) -> dict[str, Any]:
+    """A format-1 checkpoint in format 2's layout: one optimizer state became a list (Muon and AdamW),
+    one RNG state a list per rank, and the history's rows name each measure as MLflow does."""
+    if state["format"] == FORMAT:
+        return state
+    if not isinstance(state["optimizer"], list):
+        state["optimizer"] = [state["optimizer"]]
+    rngs = state.pop("rng_per_rank", None) or [state["rng"]]
+    for rng in rngs:
+        if not isinstance(rng.get("cuda", torch.empty(0)), torch.Tensor):
+            del rng["cuda"]  # one state per visible GPU: only restorable on a machine with as many
+    state["rng_per_rank"] = rngs
+    state.pop("rng", None)
+    state.setdefault("world_size", 1)
+    memory = "mem/allocated_gb" if "cuda" in rngs[0] else "mem/rss_gb"
+    history = state["history"]
+    for rows in (history["train"], history["val"]):
+        rows[:] = [{_V1_MEASURES.get(k, memory if k == "mem_gb" else k): v for k, v in row.items()} for row in rows]
+    state["format"] = FORMAT
     return state

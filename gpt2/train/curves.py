@@ -7,35 +7,36 @@ here (GPU boxes may lack it): without it the PNG is skipped with a note, the TSV
 from __future__ import annotations
 
 import io
-import sys
 from typing import Any
+
+from gpt2.core import log
 
 
 def render_curves(train: list[dict[str, Any]], val: list[dict[str, Any]], title: str) -> bytes | None:
     try:
         import matplotlib
     except ImportError:
-        print("train: matplotlib is not installed; skipping plots/curves.png (the .tsv files are written)",
-              file=sys.stderr)
+        log.get("train").info("train: matplotlib is not installed; skipping plots/curves.png (the .tsv files are written)")
         return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    def series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-        points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    def series(rows: list[dict[str, Any]], *keys: str) -> tuple[list[float], list[float]]:
+        points = [(r["step"], next(r[k] for k in keys if r.get(k) is not None)) for r in rows
+                  if any(r.get(k) is not None for k in keys)]
         return [p[0] for p in points], [p[1] for p in points]
 
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), dpi=100, sharex=True)
     loss, step_ms, tps, mem = axes.flat
-    loss.plot(*series(train, "loss"), label="train", linewidth=1)
-    loss.plot(*series(val, "val_loss"), label="val", marker="o", markersize=3)
+    loss.plot(*series(train, "train/loss"), label="train", linewidth=1)
+    loss.plot(*series(val, "val/loss"), label="val", marker="o", markersize=3)
     loss.set(ylabel="loss (nats/token)", title="Loss")
     loss.legend()
-    step_ms.plot(*series(train, "step_ms"), linewidth=1)
+    step_ms.plot(*series(train, "perf/step_ms"), linewidth=1)
     step_ms.set(ylabel="ms", title="Step time (warm-up steps left out)")
-    tps.plot(*series(train, "tokens_per_s"), linewidth=1)
+    tps.plot(*series(train, "perf/tokens_per_s"), linewidth=1)
     tps.set(ylabel="tokens/s", title="Throughput")
-    mem.plot(*series(train, "mem_gb"), linewidth=1)
+    mem.plot(*series(train, "mem/allocated_gb", "mem/rss_gb"), linewidth=1)
     mem.set(ylabel="GB", title="Memory (CPU: RSS; CUDA: allocated)")
     for ax in axes.flat:
         ax.grid(True, alpha=0.3)

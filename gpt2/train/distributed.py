@@ -19,8 +19,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from gpt2.core import log
 from gpt2.core.config import TrainConfig
 from gpt2.core.errors import UserError
+
+logger = log.get("train")
 
 
 @dataclass(frozen=True)
@@ -51,17 +54,16 @@ def launch(cfg: TrainConfig, args: list[str]) -> int:
     """Run ``python -m gpt2.train.cli ARGS`` in ``nproc_per_node`` processes under torchrun; its exit status."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.nproc_per_node}",
                "-m", "gpt2.train.cli", *args]
-    print(f"train: launching {cfg.nproc_per_node} processes: {' '.join(command[1:])}", file=sys.stderr)
+    logger.info(f"train: launching {cfg.nproc_per_node} processes: {' '.join(command[1:])}")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(cfg)))}
     code = subprocess.run(command, env=env).returncode
     if code != 0:
-        print(f"train: {cfg.nproc_per_node} processes ended with exit status {code}. The first rank to fail says why "
-              "above (its `error:` line). On CUDA (NCCL) a rank that dies or hangs is noticed by PyTorch's watchdog, "
-              f"which ends every rank after train.dist_timeout_s = {cfg.dist_timeout_s:g} s (the first step: "
-              f"train.dist_first_step_timeout_s = {cfg.dist_first_step_timeout_s:g} s, for compilation) with "
-              "'Watchdog caught collective operation timeout' or 'ProcessGroupNCCL' lines: those are the "
-              "consequence; the cause is the first rank's own error, or a rank that stopped printing.",
-              file=sys.stderr)
+        logger.info(f"train: {cfg.nproc_per_node} processes ended with exit status {code}. The first rank to fail says why "
+                    "above (its `error:` line). On CUDA (NCCL) a rank that dies or hangs is noticed by PyTorch's watchdog, "
+                    f"which ends every rank after train.dist_timeout_s = {cfg.dist_timeout_s:g} s (the first step: "
+                    f"train.dist_first_step_timeout_s = {cfg.dist_first_step_timeout_s:g} s, for compilation) with "
+                    "'Watchdog caught collective operation timeout' or 'ProcessGroupNCCL' lines: those are the "
+                    "consequence; the cause is the first rank's own error, or a rank that stopped printing.")
     return code
 
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from gpt2.core import log
 from gpt2.core.errors import UserError
+
+logger = log.get("train")
 
 
 def project_root() -> Path:
@@ -102,14 +104,12 @@ class MlflowTracker(Tracker):
         except mlflow.exceptions.MlflowException:
             if run_id is None:
                 raise
-            print(f"mlflow: run {run_id} from the checkpoint is not in {tracking_uri()}; starting a new run",
-                  file=sys.stderr)
+            logger.info(f"mlflow: run {run_id} from the checkpoint is not in {tracking_uri()}; starting a new run")
             self.run = mlflow.start_run(run_name=run_name, log_system_metrics=True)
         self.run_id = self.run.info.run_id
-        print(f"mlflow: run {self.run_id} ({self.run.info.run_name}) in {tracking_uri()}; see it with "
-              f"`mlflow ui --backend-store-uri {tracking_uri()}`, then open "
-              f"http://127.0.0.1:5000/#/experiments/{self.experiment_id}?workflowType=machine_learning",
-              file=sys.stderr)
+        logger.info(f"mlflow: run {self.run_id} ({self.run.info.run_name}) in {tracking_uri()}; see it with "
+                    f"`mlflow ui --backend-store-uri {tracking_uri()}`, then open "
+                    f"http://127.0.0.1:5000/#/experiments/{self.experiment_id}?workflowType=machine_learning")
 
     def log_params(self, params: dict[str, Any]) -> None:
         existing = self.mlflow.get_run(self.run_id).data.params

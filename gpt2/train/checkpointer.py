@@ -1,0 +1,73 @@
+"""Checkpoints during training: when to save, what a checkpoint holds, and the last one on disk.
+
+A save gathers every rank's RNG states (each rank's dropout continues exactly on resume), then
+rank 0 hands the state to a background writer (train/checkpoint.py) and training goes on. Leaving
+the ``with`` block waits for the last write, so "checkpoint saved" is true when the run says it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpt2.core.config import to_dict
+from gpt2.train import checkpoint, distributed
+from gpt2.train.reports import History
+from gpt2.train.setup import Setup
+from gpt2.train.tracking import Tracker
+
+
+class Checkpointer:
+    def __init__(self, s: Setup, path: Path, history: History, tracker: Tracker,
+                 elapsed_s: Callable[[], float], step: int) -> None:
+        self.s, self.cfg, self.path, self.history, self.tracker = s, s.params.train, path, history, tracker
+        self.elapsed_s = elapsed_s
+        self.saver = checkpoint.BackgroundSaver(self.cfg.async_checkpoint)
+        self.last_saved = step if path.exists() else None
+        if not self.cfg.save_checkpoint and s.dist.main:
+            path.parent.mkdir(parents=True, exist_ok=True)  # the stage's DVC out exists, empty
+
+    def due(self, step: int) -> bool:
+        return self.cfg.save_checkpoint and step % self.cfg.checkpoint_interval == 0
+
+    def save(self, step: int, summary: dict[str, Any] | None = None) -> None:
+        """Save this step (every rank takes part); ``summary`` marks a finished run, whose reports
+        can then be rebuilt from the checkpoint without training again."""
+        if not self.cfg.save_checkpoint:
+            return
+        self.history.elapsed_s = self.elapsed_s()
+        rngs = distributed.gather(checkpoint.rng_states(), self.s.dist)
+        if self.s.dist.main:
+            self.saver.save(self.path, state(self.s, step, self.history, self.tracker.run_id, rngs, summary))
+        self.last_saved = step
+
+    def last_good(self) -> str:
+        return f"{self.path} (step {self.last_saved})" if self.last_saved is not None else "none was saved yet"
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.saver.wait()  # the last checkpoint is on disk before the run reports, returns or stops
+
+
+def state(s: Setup, step: int, history: History, run_id: str | None, rngs: list[Any],
+          summary: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "metrics": summary,  # set once the run is finished: its reports can be rebuilt without training
+        "model": checkpoint.clean_state_dict(s.model.state_dict()),
+        "optimizer": [optimizer.state_dict() for optimizer in s.optimizers],
+        "scaler": s.scaler.state_dict(),
+        "step": step,
+        "total_steps": s.total_steps,
+        "rng_per_rank": rngs,  # restored rank by rank when the world size matches
+        "world_size": s.dist.world,
+        "sampler": s.sampler.state(),
+        "model_config": dataclasses.asdict(s.model_cfg),
+        "params": {"model": to_dict(s.params.model), "train": to_dict(s.params.train)},
+        "data": s.data_identity,
+        "history": dataclasses.asdict(history),
+        "mlflow_run_id": run_id,
+    }

@@ -1,0 +1,127 @@
+"""Step timing, sync points and the record of each log step.
+
+Between sync points the loop reads nothing from the GPU: losses stay on the device, each step's
+start is a CUDA event (train/timing.py), and both are read together at the next sync point (a log,
+eval or checkpoint step), where NaN losses and stop signals are checked across ranks in one
+all-reduce. Off CUDA a sync costs nothing, so every step is one.
+
+A log step builds one record, ``{"train/loss": …, "perf/step_ms": …, "mem/rss_gb": …}``, and hands
+it to every sink: the history (plots and summary), MLflow, and the console line.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from gpt2.core import log
+from gpt2.core.errors import UserError
+from gpt2.core.progress import clock
+from gpt2.train import distributed
+from gpt2.train.device import Runtime
+from gpt2.train.reports import History, warmup_s
+from gpt2.train.setup import Setup
+from gpt2.train.timing import StepTimer
+from gpt2.train.tracking import Tracker
+
+logger = log.get("train")
+
+
+class Diverged(UserError):
+    """The loss became NaN or infinite."""
+
+
+def sync_every_step(runtime: Runtime) -> bool:
+    """Off CUDA a sync costs nothing: check losses and signals after every step there."""
+    return runtime.device.type != "cuda"
+
+
+def memory_gb(runtime: Runtime) -> dict[str, float]:
+    if runtime.device.type == "cuda":
+        return {"mem/allocated_gb": torch.cuda.memory_allocated(runtime.device) / 1e9,
+                "mem/peak_gb": torch.cuda.max_memory_allocated(runtime.device) / 1e9}
+    return {"mem/rss_gb": rss_bytes() / 1e9}
+
+
+def rss_bytes() -> int:
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+    except ImportError:  # minimal environments: Linux's /proc
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Metrics:
+    """Owns the step clock, the losses not yet read, and when to log."""
+
+    def __init__(self, s: Setup, history: History, tracker: Tracker, last_checkpoint: Callable[[], str]) -> None:
+        self.s, self.cfg, self.history, self.tracker = s, s.params.train, history, tracker
+        self.last_checkpoint = last_checkpoint  # named in the error when the loss diverges
+        self.timer = StepTimer(s.runtime)
+        self.every_step = sync_every_step(s.runtime)
+        self.pending: list[torch.Tensor] = []  # losses of the steps since the last sync point
+        self.synced = False
+
+    def step_started(self) -> None:
+        self.timer.mark()
+
+    def step_done(self, loss: torch.Tensor, fp16_skipped: bool) -> None:
+        self.pending.append(loss)
+        self.history.fp16_skipped += fp16_skipped
+
+    def due(self, step: int) -> bool:
+        """A log step: the first, every ``log_interval``-th and the last."""
+        return step % self.cfg.log_interval == 0 or step == self.s.total_steps or step == 1
+
+    def must_sync(self, step: int) -> bool:
+        """Whether the step times and losses must be read now (the loop also syncs for evals and checkpoints)."""
+        return self.every_step or self.due(step) or step == self.cfg.timing_warmup_steps
+
+    def sync(self, step: int, stop_here: bool) -> bool:
+        """Read the pending step times and losses; raise if a loss is not finite. Returns whether any
+        rank was asked to stop. Every rank calls this at the same steps."""
+        self.timer.mark()
+        self.history.step_s.extend(self.timer.durations())
+        self.losses, stopping = distributed.step_consensus(self.pending, stop_here, self.s.dist)
+        first = step - len(self.pending) + 1
+        self.pending.clear()
+        bad = next((i for i, value in enumerate(self.losses) if not math.isfinite(value)), None)
+        if bad is not None:
+            raise Diverged(f"loss is {self.losses[bad]} at step {first + bad}: training diverged; last good "
+                           f"checkpoint: {self.last_checkpoint()}; lower train.lr, set train.grad_clip, or use "
+                           "bf16 instead of fp16")
+        if not self.synced:
+            distributed.set_step_deadline(self.cfg, self.s.dist)  # the first sync point: compilation is done
+            self.synced = True
+        if step == self.cfg.timing_warmup_steps:
+            self.tracker.log_metrics({"perf/warmup_s": warmup_s(self.history, step)}, step=step)
+        return stopping
+
+    def log(self, step: int, lr: float, grad_norm: torch.Tensor) -> None:
+        """One record for this step, to the history, MLflow and the console."""
+        s = self.s
+        record = {"train/loss": self.losses[-1], "train/lr": lr, "train/grad_norm": float(grad_norm)}
+        # warm-up steps (compilation, autotuning) stay out of the speed series: one 30 s step would flatten
+        # every plot of step time; their total is its own measure, perf/warmup_s
+        dt = self.history.step_s[-1]
+        tokens_per_s = s.tokens_per_step / dt
+        mfu = s.flops_per_token * tokens_per_s / (s.peak_flops * s.dist.world) if s.peak_flops else None
+        if step > self.cfg.timing_warmup_steps:
+            record |= {"perf/step_ms": 1000 * dt, "perf/tokens_per_s": tokens_per_s,
+                       "perf/tokens_per_s_per_device": tokens_per_s / s.dist.world, "perf/mfu": mfu}
+        if s.scaler.is_enabled():  # fp16: steps GradScaler skipped after an overflow (always 0 otherwise)
+            record["perf/fp16_skipped_steps"] = self.history.fp16_skipped
+        record |= memory_gb(s.runtime)
+        self.history.train.append({"step": step, **record})
+        self.tracker.log_metrics(record, step=step)
+        eta_s = (s.total_steps - step) * statistics.median(self.history.step_s[-20:])
+        shown = f" | MFU {100 * mfu:.1f}%" if mfu is not None else ""
+        logger.info(f"step {step}/{s.total_steps} | loss {record['train/loss']:.4f} | lr {lr:.2e} | "
+                    f"norm {record['train/grad_norm']:.2f} | {1000 * dt:.0f} ms | {tokens_per_s / 1000:.1f}K tok/s"
+                    f"{shown} | ETA {clock(eta_s)}")

@@ -1,0 +1,127 @@
+"""What a run reports: its history, its summary, and the files DVC and people read.
+
+Every measure has one name, ``section/name`` (``train/loss``, ``perf/step_ms``, ``val/loss``):
+MLflow logs it so, the history keeps it so, and the summary nests it as ``{"perf": {"step_ms": …}}``.
+The plot files (``plots/train.tsv``, ``plots/val.tsv``) are DVC outputs whose column names are
+part of ``dvc plots``' contract: ``PLOT_COLUMNS`` maps each column to the measure it shows.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpt2.core.atomic import atomic_dir, write_json
+from gpt2.train.curves import render_curves
+
+
+@dataclass
+class History:
+    """The run so far: log records (for the plots), every step time (for the summaries), and a few tallies.
+
+    Checkpointed whole, so a resumed run reports as if it had never stopped."""
+
+    train: list[dict[str, float]] = field(default_factory=list)  # one record per log step (``train/loss`` …)
+    val: list[dict[str, float]] = field(default_factory=list)  # one record per eval (``val/loss``)
+    step_s: list[float] = field(default_factory=list)
+    fp16_skipped: int = 0
+    elapsed_s: float = 0.0  # wall time of the run up to its last checkpoint (earlier sessions of a resumed run)
+    target: dict[str, float] | None = None  # when val loss first reached train.target_val_loss
+
+
+# Each plot file's columns, and the measure each column shows (memory: RSS on CPU, allocated on CUDA).
+PLOT_COLUMNS = {
+    "train.tsv": {"step": ("step",), "loss": ("train/loss",), "lr": ("train/lr",), "grad_norm": ("train/grad_norm",),
+                  "step_ms": ("perf/step_ms",), "tokens_per_s": ("perf/tokens_per_s",), "mfu": ("perf/mfu",),
+                  "mem_gb": ("mem/allocated_gb", "mem/rss_gb")},
+    "val.tsv": {"step": ("step",), "val_loss": ("val/loss",)},
+}
+
+# What metrics.json (DVC metrics: `dvc exp show`, `dvc metrics show`) keeps: the figures people compare.
+# Everything else about the run (steps, tokens, world size, what really ran) goes to summary.json.
+COMPARED = {"train": ("loss",), "val": ("loss", "ppl"), "perf": ("step_ms", "tokens_per_s", "tokens_per_s_wall", "mfu"),
+            "mem": ("peak_gb",), "target": ("reached", "time_s", "tokens", "steps"), "wall_s": None}
+
+
+def warmup_s(history: History, steps: int) -> float:
+    """Seconds spent in the untimed first steps: compilation and autotuning, mostly."""
+    return round(sum(history.step_s[:steps]), 3)
+
+
+def summarize(history: History, step: int, wall_s: float, first_step: int, *, tokens_per_step: int, world: int,
+              flops_per_token: float, peak_flops: float | None, timing_warmup_steps: int,
+              target_val_loss: float | None, num_params: int, memory: dict[str, float]) -> dict[str, Any]:
+    """The run's figures. ``tokens_per_s`` is the median step's; ``tokens_per_s_wall`` divides the
+    tokens of this session (steps ``first_step``..``step``) by its whole wall time: model build,
+    compilation, evals and checkpoints included."""
+    timed = history.step_s[timing_warmup_steps:] or history.step_s
+    step_s = statistics.median(timed)
+    tokens_per_s = tokens_per_step / step_s
+    last_val = history.val[-1]["val/loss"] if history.val else None
+    return {
+        "train": {"loss": history.train[-1].get("train/loss") if history.train else None},
+        "val": {"loss": last_val, "ppl": math.exp(last_val) if last_val is not None else None},
+        "perf": {
+            "step_ms": round(1000 * step_s, 3),
+            "tokens_per_s": round(tokens_per_s, 1),
+            "tokens_per_s_wall": round((step - first_step) * tokens_per_step / wall_s, 1) if wall_s > 0 else None,
+            "tokens_per_s_per_device": round(tokens_per_s / world, 1),
+            "mfu": round(flops_per_token * tokens_per_s / (peak_flops * world), 5) if peak_flops else None,
+            "timed_steps": len(timed),
+            "warmup_s": warmup_s(history, timing_warmup_steps),
+            "world_size": world,
+        },
+        "mem": {"peak_gb": round(memory.get("mem/peak_gb", memory.get("mem/rss_gb", 0.0)), 4)},
+        **({"target": target_figures(target_val_loss, history.target)} if target_val_loss is not None else {}),
+        "steps": step,
+        "tokens": step * tokens_per_step,
+        "params": num_params,
+        "fp16_skipped_steps": history.fp16_skipped,
+        "wall_s": round(wall_s, 2),
+    }
+
+
+def target_figures(target: float, reached: dict[str, float] | None) -> dict[str, Any]:
+    """Time, tokens and steps to the target val loss; a target never reached has no numbers, only ``reached: false``."""
+    figures = reached or {"time_s": None, "tokens": None, "steps": None}
+    return {"val_loss": target, "reached": reached is not None, **figures}
+
+
+def compared_figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """The compared figures, rounded to what is worth reading (4 decimals of loss, 2 of perplexity)."""
+    figures = {key: summary[key] if keys is None else {k: summary[key][k] for k in keys}
+               for key, keys in COMPARED.items() if key in summary}
+    return {key: {k: _round(v, 2 if k == "ppl" else 4) for k, v in value.items()} if isinstance(value, dict) else value
+            for key, value in figures.items()}
+
+
+def _round(value: Any, digits: int) -> Any:
+    return round(value, digits) if isinstance(value, float) else value
+
+
+def write_reports(report_dir: Path, summary: dict[str, Any], history: History) -> None:
+    """metrics.json (compared figures), summary.json (the whole summary), plots/*.tsv and plots/curves.png."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_dir(report_dir / "plots") as tmp:
+        for name, rows in (("train.tsv", history.train), ("val.tsv", history.val)):
+            (tmp / name).write_text(plot_table(PLOT_COLUMNS[name], rows))
+        png = render_curves(history.train, history.val, f"{summary['params']:,} parameters, {summary['steps']} steps")
+        if png is not None:
+            (tmp / "curves.png").write_bytes(png)
+    write_json(report_dir / "summary.json", summary)
+    write_json(report_dir / "metrics.json", compared_figures(summary))
+
+
+def plot_table(columns: dict[str, tuple[str, ...]], rows: list[dict[str, Any]]) -> str:
+    """Tab-separated rows with a header; a measure a row lacks (a warm-up step's speed) is an empty cell."""
+    def cell(row: dict[str, Any], keys: tuple[str, ...]) -> str:
+        value = next((row[k] for k in keys if row.get(k) is not None), None)
+        if value is None:
+            return ""
+        return str(value) if isinstance(value, int) else f"{value:.6g}"
+
+    lines = ["\t".join(columns)] + ["\t".join(cell(row, keys) for keys in columns.values()) for row in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,171 @@
+"""Everything the training loop needs, built once from params: device, model, optimizers, data."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpt2.core.config import Params, to_dict
+from gpt2.core.errors import UserError
+from gpt2.core.tokens import read_meta
+from gpt2.model.gpt import GPT, GPTConfig, gpt_config
+from gpt2.model.sizes import SIZES
+from gpt2.train import distributed
+from gpt2.train.device import Runtime, resolve, sdpa_backend
+from gpt2.train.distributed import Dist
+from gpt2.train.flops import flops_per_token, peak_flops
+from gpt2.train.loader import BatchSampler, TokenSplit
+from gpt2.train.optim import build_optimizers
+
+
+@dataclass
+class Setup:
+    """Everything the loop needs, built once from params."""
+
+    params: Params
+    runtime: Runtime
+    model_cfg: GPTConfig
+    model: GPT
+    step_model: torch.nn.Module  # what trains: DDP around the compiled model, or either alone
+    eval_model: torch.nn.Module  # the compiled model or the model itself: no DDP, no collectives
+    dist: Dist
+    optimizers: list[torch.optim.Optimizer]  # AdamW; or Muon (hidden matrices) and AdamW (the rest)
+    scaler: torch.amp.GradScaler
+    sampler: BatchSampler
+    train_data: TokenSplit
+    val_data: TokenSplit
+    seq_len: int
+    tokens_per_step: int  # of the whole job: micro-batch × seq_len × accumulation × world size
+    total_steps: int
+    flops_per_token: float
+    peak_flops: float | None
+    meta: dict[str, Any]
+    init: dict[str, str] = field(default_factory=dict)  # where the weights came from (train.init_from)
+
+    @property
+    def data_identity(self) -> dict[str, Any]:
+        """What a checkpoint records of the training data, to refuse resuming on other tokens."""
+        return {"manifest_sha256": self.meta.get("manifest_sha256"), "tokens": self.meta["splits"]["train"]["tokens"]}
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build(params: Params, tokens_dir: str | Path) -> Setup:
+    cfg = params.train
+    runtime = resolve(cfg)
+    dist_info, device = distributed.init(cfg, runtime.device)
+    runtime = dataclasses.replace(runtime, device=device)
+    meta = read_meta(tokens_dir)
+    seed_everything(cfg.seed)
+    overrides = {k: v for k, v in to_dict(params.model).items() if k != "size"}
+    model_cfg = gpt_config(params.model.size, overrides, meta["vocab_size"], cfg.pad_vocab, cfg.attention)
+    seq_len = cfg.block_size or model_cfg.block_size
+    if seq_len > model_cfg.block_size:
+        raise UserError(f"train.block_size {seq_len} exceeds the model's block_size {model_cfg.block_size}; "
+                        "lower train.block_size or raise model.block_size")
+    model = GPT(model_cfg)  # the same seed on every rank: the same initial weights
+    init = load_pretrained(model, cfg.init_from, params) if cfg.init_from != "scratch" else {}
+    model = model.to(runtime.device)
+    model.loss_chunk = cfg.loss_chunk
+    if dist_info.world > 1:
+        torch.manual_seed(cfg.seed + dist_info.rank)  # each rank its own dropout masks
+    optimizers = build_optimizers(model, cfg)
+    scaler = torch.amp.GradScaler(runtime.device.type, enabled=runtime.dtype == "fp16")
+    shared = dist_info.world > 1  # ranks on one machine share the page cache's copy of the tokens
+    train_data = TokenSplit(tokens_dir, "train", cfg.data_loading, meta, shared)
+    val_data = TokenSplit(tokens_dir, "val", cfg.data_loading, meta, shared)
+    sampler = BatchSampler(train_data, cfg.micro_batch_size, seq_len, cfg.seed, cfg.batching, runtime.device,
+                           dist_info.rank, dist_info.world)
+    BatchSampler(val_data, cfg.micro_batch_size, seq_len, cfg.seed, cfg.batching, runtime.device)  # length check
+    tokens_per_step = cfg.micro_batch_size * seq_len * cfg.grad_accum_steps * dist_info.world
+    total = cfg.max_steps or math.ceil(cfg.max_tokens / tokens_per_step)
+    eval_model = model
+    if cfg.compile:
+        eval_model = torch.compile(model, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)
+    step_model = eval_model
+    if dist_info.ddp:
+        from torch.nn.parallel import DistributedDataParallel
+
+        step_model = DistributedDataParallel(eval_model, device_ids=[device.index] if device.type == "cuda" else None,
+                                             gradient_as_bucket_view=True,  # grads live in the buckets: no copy
+                                             broadcast_buffers=False)  # the only buffer, the logit mask, is constant
+    return Setup(
+        params=params, runtime=runtime, model_cfg=model_cfg, model=model, step_model=step_model,
+        eval_model=eval_model, dist=dist_info,
+        optimizers=optimizers, scaler=scaler, sampler=sampler, train_data=train_data, val_data=val_data,
+        seq_len=seq_len, tokens_per_step=tokens_per_step, total_steps=total,
+        flops_per_token=flops_per_token(model_cfg, model.num_params(exclude_position_embedding=True), seq_len),
+        peak_flops=peak_flops(runtime.device_name, runtime.dtype, runtime.tf32, cfg.peak_tflops), meta=meta,
+        init=init,
+    )
+
+
+def load_pretrained(model: GPT, source: str, params: Params) -> dict[str, str]:
+    """Start ``model`` from pretrained GPT-2 weights; the model section must describe them."""
+    from gpt2.model import hf
+
+    weights = hf.locate(source)
+    state, config = hf.read_pretrained(weights)
+    have = hf.dims_from_state(state)
+    if config is not None:
+        have["n_head"] = hf.config_dims(config)["n_head"]
+    want = {k: getattr(model.cfg, k) for k in have}
+    if have != want:
+        diffs = ", ".join(f"{k} {have[k]} (model section: {want[k]})" for k in have if have[k] != want[k])
+        named = next((size for size, dims in SIZES.items() if all(dims.get(k) == have.get(k) for k in dims)), None)
+        fix = f"set model.size: {named} and no overrides" if named else "set the model overrides to these dimensions"
+        raise UserError(f"train.init_from {source}: the weights have {diffs}, which the model section "
+                        f"(model.size {params.model.size}) contradicts; {fix}")
+    model.load_state_dict(hf.from_hf(state, model.cfg))
+    return {"init_from": source, "init_file": str(weights), "init_sha256": hf.sha256(weights)}
+
+
+def what_runs(s: Setup) -> dict[str, Any]:
+    """What really runs, as resolved on this device: logged at start, tagged in MLflow, kept in the summary."""
+    cfg = s.params.train
+    backend = sdpa_backend(s.runtime, s.model_cfg.n_head, s.model_cfg.n_embd // s.model_cfg.n_head, s.seq_len)
+    return {
+        "device": str(s.runtime.device), "device_name": s.runtime.device_name, "dtype": s.runtime.dtype,
+        "tf32": s.runtime.tf32, "compile": cfg.compile, "attention": cfg.attention,
+        "sdpa_backend": backend if cfg.attention == "flash" else "manual (no SDPA)",
+        "keep_host_memory": s.runtime.keep_host_memory, "world_size": s.dist.world,
+        "params": s.model.num_params(), "torch": str(torch.__version__), **s.init,
+    }
+
+
+def run_name(s: Setup) -> str:
+    """What a run outside ``dvc exp`` is called in MLflow: what it trained, how, and when."""
+    cfg = s.params.train
+    switches = [s.runtime.dtype, cfg.attention] + ["compile"] * cfg.compile
+    if s.dist.world > 1:
+        switches.append(f"ddp×{s.dist.world}")
+    return f"{s.params.model.size} {s.total_steps} steps {' '.join(switches)} {time.strftime('%m-%d %H:%M')}"
+
+
+def inert_switch_warnings(s: Setup) -> list[str]:
+    cfg, device = s.params.train, s.runtime.device.type
+    warnings = list(s.runtime.warnings)
+    if cfg.attention == "manual" and cfg.sdpa_backend != "auto":
+        warnings.append(f"train.sdpa_backend {cfg.sdpa_backend} is inert: train.attention is manual (no SDPA)")
+    if not cfg.compile and cfg.compile_mode != "default":
+        warnings.append(f"train.compile_mode {cfg.compile_mode} is inert: train.compile is false")
+    if cfg.compile and device != "cuda" and cfg.compile_mode in ("reduce-overhead",):
+        warnings.append("train.compile_mode reduce-overhead uses CUDA graphs: inert on this device")
+    if device != "cuda" and cfg.batching == "vectorized":
+        warnings.append("pinned memory and non_blocking copies (part of batching: vectorized) are inert off CUDA")
+    if s.peak_flops is None:
+        warnings.append(f"no peak FLOP/s known for {s.runtime.device_name!r} in {s.runtime.dtype}: MFU is not "
+                        "reported; set train.peak_tflops to get it")
+    return warnings
