@@ -61,10 +61,11 @@ GPT2_BATCH_TOKENS = 524_288  # GPT-2's 0.5M-token batch
 def profile(smoke: bool) -> dict[str, Any]:
     if smoke:  # CPU-sized: plumbing, not speed; no compile (30 s per process on a CPU)
         return {"model": {"size": "tiny", "n_layer": 2, "n_embd": 64, "n_head": 2, "block_size": 64},
-                "seq": 64, "micro_batch": 4, "max_micro_batch": 16, "steps": 4, "long_steps": 6, "memory_gb": 8.0,
-                "compile": False}
+                "seq": 8, "micro_batch": 1, "max_micro_batch": 4, "steps": 4, "long_steps": 6, "memory_gb": 8.0,
+                "eval_iters": 2, "compile": False}
     return {"model": {"size": "gpt2"}, "seq": 1024, "micro_batch": 16, "max_micro_batch": 128, "steps": 20,
-            "long_steps": 100, "memory_gb": None, "compile": True}
+            "long_steps": 100, "memory_gb": None,
+            "eval_iters": 20, "compile": True}
 
 
 def train_params(prof: dict[str, Any], train: dict[str, Any], steps: int) -> dict[str, Any]:
@@ -197,7 +198,7 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, skip_tests: boo
         accum = max(1, round(GPT2_BATCH_TOKENS / batch)) if not smoke else 2
         steps = prof["long_steps"]
         long = measure(f"{steps} steps, GPT-2 batch, evals and checkpoints",
-                       {**best, "grad_accum_steps": accum, "eval_interval": steps // 2, "eval_iters": 20,
+                       {**best, "grad_accum_steps": accum, "eval_interval": steps // 2, "eval_iters": prof["eval_iters"],
                         "checkpoint_interval": steps // 2, "save_checkpoint": True, "timing_warmup_steps": 3}, steps)
         if "failed" not in long and long.get("tokens_per_s_wall"):
             long["note"] = f"wall clock {100 * long['tokens_per_s_wall'] / long['tokens_per_s']:.1f}% of the step median"

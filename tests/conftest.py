@@ -126,6 +126,15 @@ def hermetic_environment(tmp_path_factory: pytest.TempPathFactory):
         yield
 
 
+@pytest.fixture(autouse=True)
+def no_tracking_settings_leak_between_tests():
+    """MLflow exports what a run sets (``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_ID``) into os.environ for its
+    child processes: left there, they would send a later test's subprocesses to an earlier test's store."""
+    yield
+    for name in USER_SETTINGS:
+        os.environ.pop(name, None)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def leaves_no_litter_in_the_project(hermetic_environment):
     """The suite writes only under tmp_path: a stray MLflow store in the checkout fails the run."""

@@ -137,6 +137,11 @@ def test_init_from_a_name_offline_says_where_to_put_the_files(tmp_path, tokens, 
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # an empty cache
+    # huggingface_hub reads both when imported (transformers imported it already): without this the test waits
+    # for its connection timeouts, as a machine that is offline without saying so does
+    hub = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hf-home" / "hub"))
     with pytest.raises(UserError, match=r"openai-community/gpt2 is neither in the Hugging Face cache nor reachable; "
                                         r"download it where the hub is reachable"):
         trainer.build(micro_params(init_from="gpt2"), tokens)

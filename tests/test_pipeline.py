@@ -168,6 +168,7 @@ def test_queued_grid_runs_and_logs_to_the_root_mlflow_db(tmp_path):
     mlflow = pytest.importorskip("mlflow")
     root = new_project(tmp_path)
     set_params(root, train={"mlflow": True}, eval={"mlflow": True})
+    dvc(root, "repro", "stats")  # the data stages once, in the shared cache: the experiments run train and evaluate
     commit_all(root)
     dvc(root, "exp", "run", "--queue", "-S", "train.attention=flash,manual")
     dvc(root, "exp", "run", "--run-all")
