@@ -56,26 +56,29 @@ RUNGS: list[tuple[str, dict[str, Any]]] = [
 NANOGPT = {"micro_batch_size": 12, "dtype": "bf16", "compile": True, "attention": "flash", "pad_vocab": True,
            "fused_adamw": True}
 GPT2_BATCH_TOKENS = 524_288  # GPT-2's 0.5M-token batch
+MODEL_KEYS = ("attention", "pad_vocab")  # the rows' switches that params.yaml keeps in its model section
 
 
 def profile(smoke: bool) -> dict[str, Any]:
     if smoke:  # CPU-sized: plumbing, not speed; no compile (30 s per process on a CPU)
         return {"model": {"size": "tiny", "n_layer": 2, "n_embd": 64, "n_head": 2, "block_size": 64},
-                "seq": 8, "micro_batch": 1, "max_micro_batch": 4, "steps": 4, "long_steps": 6, "memory_gb": 8.0,
+                "seq": 8, "micro_batch": 1, "max_micro_batch": 4, "steps": 2, "warmup": 1, "long_steps": 4,
+                "memory_gb": 8.0,
                 "eval_iters": 2, "compile": False}
     return {"model": {"size": "gpt2"}, "seq": 1024, "micro_batch": 16, "max_micro_batch": 128, "steps": 20,
-            "long_steps": 100, "memory_gb": None,
+            "warmup": 3, "long_steps": 100, "memory_gb": None,
             "eval_iters": 20, "compile": True}
 
 
 def train_params(prof: dict[str, Any], train: dict[str, Any], steps: int) -> dict[str, Any]:
     base = {"max_steps": steps, "block_size": prof["seq"], "micro_batch_size": prof["micro_batch"],
             "eval_interval": 10**9, "eval_iters": 2, "log_interval": 10, "checkpoint_interval": 10**9,
-            "save_checkpoint": False, "mlflow": False, "resume": "never", "timing_warmup_steps": 3}
+            "save_checkpoint": False, "mlflow": False, "resume": "never", "timing_warmup_steps": prof["warmup"]}
     train = {**base, **train}
     if not prof["compile"]:
         train["compile"] = False
-    return {"model": prof["model"], "train": train}
+    model = {**prof["model"], **{k: train.pop(k) for k in MODEL_KEYS if k in train}}
+    return {"model": model, "train": train}
 
 
 def run_child(params: dict[str, Any], tokens: str, out: str) -> tuple[dict[str, Any] | None, str]:
@@ -199,7 +202,7 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, skip_tests: boo
         steps = prof["long_steps"]
         long = measure(f"{steps} steps, GPT-2 batch, evals and checkpoints",
                        {**best, "grad_accum_steps": accum, "eval_interval": steps // 2, "eval_iters": prof["eval_iters"],
-                        "checkpoint_interval": steps // 2, "save_checkpoint": True, "timing_warmup_steps": 3}, steps)
+                        "checkpoint_interval": steps // 2, "save_checkpoint": True, "timing_warmup_steps": prof["warmup"]}, steps)
         if "failed" not in long and long.get("tokens_per_s_wall"):
             long["note"] = f"wall clock {100 * long['tokens_per_s_wall'] / long['tokens_per_s']:.1f}% of the step median"
     report["rows"] = rows
@@ -207,7 +210,7 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, skip_tests: boo
     text = table(rows)
     print(f"\nDevice: {report['device']}, torch {report['torch']}, {report['date']}; "
           f"{'smoke mode (tiny)' if smoke else 'GPT-2 124M, T=1024'}; {prof['steps']} steps per run "
-          f"(the first 3 untimed); {report['seconds']:.0f} s in all.\n")
+          f"(the first {prof['warmup']} untimed); {report['seconds']:.0f} s in all.\n")
     print(text)
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
     python benchmarks/train_switches.py                          # tiny on this machine, every switch
     python benchmarks/train_switches.py --set model.size=gpt2 --set train.micro_batch_size=16 \\
-        --set train.compile=true --steps 40 --variants baseline,train.attention=manual
+        --set train.compile=true --steps 40 --variants baseline,model.attention=manual
 
 Each variant runs in a fresh process (compile caches, allocator settings and peak-memory
 counters do not leak between runs), with MLflow off, on ``data/tokens`` if present, else on a
@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 CPU_VARIANTS = [
     "baseline",
     "train.compile=true",
-    "train.attention=manual",
-    "train.pad_vocab=false",
+    "model.attention=manual",
+    "model.pad_vocab=false",
     "train.fused_adamw=false",
     "train.keep_host_memory=false",
     "train.data_loading=memmap",
@@ -42,8 +42,8 @@ CPU_VARIANTS = [
 GPU_VARIANTS = [
     "baseline",
     "train.compile=false",
-    "train.attention=manual",
-    "train.pad_vocab=false",
+    "model.attention=manual",
+    "model.pad_vocab=false",
     "train.fused_adamw=false",
     "train.dtype=fp32",
     "train.dtype=fp32,train.tf32=false",
@@ -89,7 +89,7 @@ def child(spec: str) -> None:
 
     job = json.loads(spec)
     params = build(Params, job["params"], "")
-    metrics = train(params, job["tokens"], Path(job["out"]) / "ckpt.pt", Path(job["out"]) / "reports")
+    metrics = train(params, job["tokens"], Path(job["out"]) / "ckpt.pt", report_dir=None)  # the summary is the result
     print("RESULT " + json.dumps(metrics))
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from click.testing import CliRunner
 
@@ -123,7 +124,14 @@ def hermetic_environment(tmp_path_factory: pytest.TempPathFactory):
         patch.setenv("DVC_SYSTEM_CONFIG_DIR", str(empty))
         patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
         patch.setenv("DVC_NO_ANALYTICS", "1")
+        # one math thread per process: the xdist workers and the processes they start already fill the cores, and
+        # OpenMP threads that wait for a busy core spin (CPU time that does no work); every process of the suite
+        # runs with the same count, so the runs it compares do too
+        patch.setenv("OMP_NUM_THREADS", "1")
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
         yield
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)

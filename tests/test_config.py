@@ -108,3 +108,23 @@ def test_several_processes_need_ddp(tmp_path):
 def test_this_waves_keys_are_range_checked(tmp_path, text, match):
     with pytest.raises(ParamError, match=match):
         load(tmp_path, text)
+
+
+@pytest.mark.parametrize("key", ["attention", "pad_vocab"])
+def test_a_model_switch_in_its_old_train_place_names_the_new_key(tmp_path, key):
+    with pytest.raises(ParamError, match=rf"train.{key} is now model.{key}: move it there"):
+        load(tmp_path, f"train:\n  {key}: true\n")
+    assert getattr(load(tmp_path, f"model:\n  {key}: {'manual' if key == 'attention' else 'false'}\n").model, key) in (
+        "manual", False)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("train:\n  betas: [0.9, 1.0]\n", r"train.betas = \[0.9, 1.0\].*2 numbers in \[0, 1\)"),
+    ("eval:\n  top_p: 0.0\n", r"eval.top_p = 0.0.*a number in \(0, 1\] \(1.0 = off\)"),
+    ("train:\n  grad_clip: -1.0\n", r"train.grad_clip = -1.0.*a number >= 0 \(0 = off\)"),
+    ("train:\n  min_lr: 0.5\n", r"train.min_lr = 0.5.*\[0, train.lr\]"),
+    ("train:\n  max_tokens: 100\n", r"exactly one of train.max_steps and train.max_tokens"),
+])
+def test_declared_ranges_and_cross_checks_name_the_key(tmp_path, text, match):
+    with pytest.raises(ParamError, match=match):
+        load(tmp_path, text)

@@ -29,7 +29,7 @@ def trained(tmp_path, tokens, **switches):
 
 @pytest.mark.parametrize("pad_vocab, attention", [(True, "flash"), (False, "manual")])
 def test_transformers_loads_the_export_and_computes_the_same_logits(tmp_path, tokens, runner, pad_vocab, attention):
-    ckpt = trained(tmp_path, tokens, pad_vocab=pad_vocab, attention=attention)
+    ckpt = trained(tmp_path, tokens, model={"pad_vocab": pad_vocab, "attention": attention})
     result = runner.invoke(main, ["export", str(ckpt), str(tmp_path / "hf")])
     assert result.exit_code == 0, result.output
     reference = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
@@ -97,7 +97,7 @@ def test_init_from_a_transformers_directory_gives_its_logits(tmp_path, tokens, p
     from gpt2.train import trainer
 
     reference = reference_model(tmp_path / "hf")
-    s = trainer.build(micro_params(init_from=str(tmp_path / "hf"), pad_vocab=pad_vocab, attention=attention), tokens)
+    s = trainer.build(micro_params(init_from=str(tmp_path / "hf"), model={"pad_vocab": pad_vocab, "attention": attention}), tokens)
     idx = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(1))
     s.model.eval()
     s.model.loss_chunk = 0  # all logits, not just the training loss

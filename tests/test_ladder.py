@@ -36,9 +36,12 @@ def test_each_rung_is_the_one_above_plus_its_change():
     p = ladder.plan(spec, PARAMS, "cpu")
     trains = [s["train"] for s in p.sections]
     assert trains[0]["dtype"] == "fp32" and trains[0]["data_loading"] == "memmap" and not trains[0]["compile"]
-    for rung, above, this in zip(spec.rungs[1:], trains, trains[1:]):
+    flat = [ladder.flat(s) for s in p.sections]  # train keys bare, model keys as model.<key>, as rungs name them
+    for rung, above, this in zip(spec.rungs[1:], flat, flat[1:]):
         changed = {k for k in this if this[k] != above[k]}
         assert changed == set(rung.changes), rung.name
+    assert flat[7]["model.attention"] == "flash" and flat[6]["model.attention"] == "manual"
+    assert p.sets[7]["model.attention"] == "flash"  # what `dvc exp run -S` is given
     assert trains[-2]["grad_accum_steps"] == 2048 // (8 * 128)  # "target": the profile's batch in micro-batches
     assert trains[-1]["optimizer"] == "muon" and trains[-1]["target_val_loss"] is None
     assert all(t["max_steps"] == 12 and not t["save_checkpoint"] and t["resume"] == "never" for t in trains)
@@ -107,8 +110,8 @@ def fake_run(p: ladder.Plan, i: int, step_ms: float, runtime: dict, name: str = 
 
 
 def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
-    spec = load(tmp_path, "baseline: {tf32: false, pad_vocab: false, grad_accum_steps: 1}\nrungs:\n"
-                          "  - {name: tf32, set: {tf32: true}}\n  - {name: pad, set: {pad_vocab: true}}\n"
+    spec = load(tmp_path, "baseline: {tf32: false, model.pad_vocab: false, grad_accum_steps: 1}\nrungs:\n"
+                          "  - {name: tf32, set: {tf32: true}}\n  - {name: pad, set: {model.pad_vocab: true}}\n"
                           "  - {name: accumulate, set: {grad_accum_steps: 4}}\n"
                           "profiles: {cpu: {repeats: 2}}\n")
     p = ladder.plan(spec, PARAMS, "cpu")
@@ -118,23 +121,23 @@ def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
             [fake_run(p, 2, 50.0, cpu)],
             [fake_run(p, 3, 100.0, cpu, loss=8.0)]]
     rows = ladder.analyse(spec, p, runs)
-    assert rows[0]["step_ms"] == 110.0 and (rows[0]["step_ms_min"], rows[0]["step_ms_max"]) == (100.0, 120.0)
-    assert rows[1]["effect"] == "no effect on this device" and "tf32=true → false" in rows[1]["ran"]
-    assert rows[2]["effect"] == "acts" and rows[2]["vs_previous"] == pytest.approx(2.0)
+    assert rows[0].step_ms == 110.0 and (rows[0].step_ms_min, rows[0].step_ms_max) == (100.0, 120.0)
+    assert rows[1].effect == "no effect on this device" and "tf32=true → false" in rows[1].ran
+    assert rows[2].effect == "acts" and rows[2].vs_previous == pytest.approx(2.0)
     # 4 micro-batches in 100 ms: twice the tokens/s of one in 50 ms, although the step is slower
-    assert rows[3]["vs_previous"] == pytest.approx(2.0) and rows[3]["cumulative"] == pytest.approx(40960 / ((10240 + 1024 / 0.12) / 2))
+    assert rows[3].vs_previous == pytest.approx(2.0) and rows[3].cumulative == pytest.approx(40960 / ((10240 + 1024 / 0.12) / 2))
     text = ladder.table(rows, 16)
     assert "no effect on this device" in text and "110.0 (100.0–120.0)" in text and "4.36×" in text
     assert ladder.render_png(rows, "test").startswith(b"\x89PNG")
 
 
 def test_failed_rung_is_marked_and_the_next_compares_with_the_last_measured(tmp_path):
-    spec = load(tmp_path, "rungs:\n  - {name: a, set: {compile: true}}\n  - {name: b, set: {pad_vocab: false}}\n"
+    spec = load(tmp_path, "rungs:\n  - {name: a, set: {compile: true}}\n  - {name: b, set: {model.pad_vocab: false}}\n"
                           "profiles: {cpu: {}}\n")
     p = ladder.plan(spec, PARAMS, "cpu")
     cpu = {"device": "cpu", "dtype": "fp32", "tf32": False}
     rows = ladder.analyse(spec, p, [[fake_run(p, 0, 100.0, cpu)], [], [fake_run(p, 2, 50.0, cpu)]])
-    assert rows[1]["effect"] == "failed" and rows[2]["vs_previous"] == pytest.approx(2.0)
+    assert rows[1].effect == "failed" and rows[2].vs_previous == pytest.approx(2.0)
     assert "| 1 | a |  | failed |" in ladder.table(rows, 16)
 
 
@@ -153,10 +156,10 @@ def test_only_ladder_experiments_with_the_same_params_are_reused(tmp_path):
 
 
 TWO_RUNGS = """
-baseline: {attention: manual, pad_vocab: false}
+baseline: {model.attention: manual, model.pad_vocab: false}
 rungs:
   - name: flash attention
-    set: {attention: flash}
+    set: {model.attention: flash}
 profiles:
   cpu:
     train: {micro_batch_size: 2, timing_warmup_steps: 1, eval_iters: 1}
@@ -177,7 +180,7 @@ def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path):
     assert "2 to run, 0 reused" in first.stderr and "[2/2] rung 1 'flash attention', repeat 1/1" in first.stderr
     report = root / "reports/ladder"
     table = (report / "ladder.md").read_text()
-    assert "| 0 | baseline |" in table and "| 1 | flash attention | attention=flash → " in table
+    assert "| 0 | baseline |" in table and "| 1 | flash attention | model.attention=flash → " in table
     assert (report / "ladder.png").read_bytes().startswith(b"\x89PNG")
     rows = json.loads((report / "ladder.json").read_text())["rows"]
     assert [r["runs"] for r in rows] == [1, 1] and rows[1]["cumulative"] > 0
@@ -192,8 +195,7 @@ def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path):
     assert len(summary) == 1 and "ladder/cumulative_speedup" in summary[0].data.metrics
 
     second = run(root, *command)
-    assert "0 to run, 2 reused" in second.stderr
-    assert len({r["Experiment"] for r in exp_rows(root)}) == len(names)
+    assert "0 to run, 2 reused" in second.stderr  # nothing queued: the experiments above are the ones it read
 
     dvc(root, "exp", "run", "--queue", "-n", "waiting", "train")
     refused = run(root, *command, check=False)
@@ -201,8 +203,8 @@ def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path):
 
 
 CPU = {"device": "cpu", "dtype": "fp32", "tf32": False, "sdpa_backend": "flash_attention", "device_name": "x"}
-NOISE_LADDER = ("baseline: {tf32: false, pad_vocab: false, fused_adamw: false}\nrungs:\n"
-                "  - {name: tf32, set: {tf32: true}}\n  - {name: pad, set: {pad_vocab: true}}\n"
+NOISE_LADDER = ("baseline: {tf32: false, model.pad_vocab: false, fused_adamw: false}\nrungs:\n"
+                "  - {name: tf32, set: {tf32: true}}\n  - {name: pad, set: {model.pad_vocab: true}}\n"
                 "  - {name: fused, set: {fused_adamw: true}}\nprofiles: {cpu: {repeats: 2}}\n")
 
 
@@ -214,14 +216,14 @@ def test_a_gain_inside_the_repeats_interval_or_the_inert_rungs_move_is_not_a_gai
             [fake_run(p, 2, 95.0, CPU), fake_run(p, 2, 96.5, CPU)],  # 2.4% faster, intervals apart: within the floor
             [fake_run(p, 3, 60.0, CPU), fake_run(p, 3, 61.0, CPU)]]  # 1.57x: a gain
     rows = ladder.analyse(spec, p, runs)
-    assert rows[1]["effect"] == "no effect on this device" and rows[1]["noise_floor"] == pytest.approx(0.0405, abs=1e-4)
-    assert rows[2]["inside_noise"] == {"tokens_per_s": True} and rows[3]["inside_noise"] == {"tokens_per_s": False}
+    assert rows[1].effect == "no effect on this device" and rows[1].noise_floor == pytest.approx(0.0405, abs=1e-4)
+    assert rows[2].inside_noise == {"tokens_per_s": True} and rows[3].inside_noise == {"tokens_per_s": False}
     text = ladder.table(rows, 12)
     assert "| 1.02× (inside noise) |" in text and "| 1.58× |" in text
     assert ladder.noise_verdict(rows, 2).startswith("Noise: rungs that changed nothing here moved tokens/s by up to 4.1%")
     # overlapping intervals: inside noise whatever the floor
     runs[2] = [fake_run(p, 2, 90.0, CPU), fake_run(p, 2, 99.0, CPU)]
-    assert ladder.analyse(spec, p, runs)[2]["inside_noise"]["tokens_per_s"] is True
+    assert ladder.analyse(spec, p, runs)[2].inside_noise["tokens_per_s"] is True
 
 
 def test_a_ladder_too_noisy_to_read_says_so_first(tmp_path):
@@ -252,7 +254,7 @@ def test_with_a_target_every_run_trains_to_it_and_the_table_gives_time_to_target
             [fake_run(p, 2, 100.0, CPU, target_s=10.0), fake_run(p, 2, 100.0, CPU, target_s=None)],
             [fake_run(p, 3, 100.0, CPU), fake_run(p, 3, 100.0, CPU)]]
     rows = ladder.analyse(spec, p, runs)
-    assert rows[0]["time_s"] == 21.0 and rows[2]["reached"] == 1 and rows[2]["time_speedup"] == pytest.approx(2.1)
+    assert rows[0].time_s == 21.0 and rows[2].reached == 1 and rows[2].time_speedup == pytest.approx(2.1)
     text = ladder.table(rows, 200, 6.1)
     assert "time to 6.1 (s)" in text and "| 21.0 (20.0–22.0) |" in text
     assert "10.0 (10.0–10.0) reached 1/2" in text and "| not reached |" in text and "| 2.10× |" in text

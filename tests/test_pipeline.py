@@ -144,9 +144,9 @@ def test_stage_script_error_exit_code_and_no_traceback(tmp_path):
 
 def test_dvc_exp_run_compares_a_switch(project):
     commit_all(project)
-    dvc(project, "exp", "run", "-n", "manual-attn", "--set-param", "train.attention=manual")
+    dvc(project, "exp", "run", "-n", "manual-attn", "--set-param", "model.attention=manual")
     rows = {row["Experiment"]: row for row in exp_rows(project)}
-    assert rows["manual-attn"]["train.attention"] == "manual"
+    assert rows["manual-attn"]["model.attention"] == "manual"
     row = rows["manual-attn"]
     assert float(row["perf.step_ms"]) > 0
     # training's estimate and evaluate's full pass have distinct names: no file prefix needed
@@ -159,7 +159,7 @@ def test_dvc_exp_run_compares_a_switch(project):
     header = next(line for line in shown.splitlines() if "Experiment" in line)
     # what changed is shown, nothing it needs is cut off (flash and manual attention reach the same loss
     # to 4 decimals, so --only-changed rightly hides the loss columns here)
-    for column in ("perf.step_ms", "perf.tokens_per_s", "train.attention"):
+    for column in ("perf.step_ms", "perf.tokens_per_s", "model.attention"):
         assert column in header, shown
     assert "params.yaml" not in header and "…" not in shown
 
@@ -170,13 +170,13 @@ def test_queued_grid_runs_and_logs_to_the_root_mlflow_db(tmp_path):
     set_params(root, train={"mlflow": True}, eval={"mlflow": True})
     dvc(root, "repro", "stats")  # the data stages once, in the shared cache: the experiments run train and evaluate
     commit_all(root)
-    dvc(root, "exp", "run", "--queue", "-S", "train.attention=flash,manual")
+    dvc(root, "exp", "run", "--queue", "-S", "model.attention=flash,manual")
     dvc(root, "exp", "run", "--run-all")
     rows = [r for r in exp_rows(root) if r["Experiment"] and r["perf.step_ms"] not in ("", "-")]
-    assert sorted(r["train.attention"] for r in rows) == ["flash", "manual"]
+    assert sorted(r["model.attention"] for r in rows) == ["flash", "manual"]
     client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
-    assert sorted(r.data.params["train.attention"] for r in runs) == ["flash", "manual"]
+    assert sorted(r.data.params["model.attention"] for r in runs) == ["flash", "manual"]
     assert all("eval/val_loss" in r.data.metrics for r in runs)  # evaluate logged into each training run
     assert {r.data.tags.get("dvc_exp_name") for r in runs} == {r["Experiment"] for r in rows}
     assert not list((root / ".dvc" / "tmp").rglob("mlflow.db"))  # nothing landed in the temp copies

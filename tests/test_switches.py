@@ -37,8 +37,8 @@ def test_attention_switch_changes_the_kernels():
 
 
 def test_pad_vocab_switch_changes_the_embedding_shape(tokens):
-    assert setup(tokens, pad_vocab=True).model.transformer.wte.weight.shape[0] == 50304
-    assert setup(tokens, pad_vocab=False).model.transformer.wte.weight.shape[0] == 50257
+    assert setup(tokens, model={"pad_vocab": True}).model.transformer.wte.weight.shape[0] == 50304
+    assert setup(tokens, model={"pad_vocab": False}).model.transformer.wte.weight.shape[0] == 50257
 
 
 @pytest.mark.parametrize("dtype, expected", [("fp32", torch.float32), ("bf16", torch.bfloat16),
@@ -199,7 +199,7 @@ def test_keep_host_memory_switch_sets_the_allocator_only_when_on(monkeypatch):
     from gpt2.train import device
 
     calls = []
-    monkeypatch.setattr(device, "keep_host_memory", lambda: calls.append("mallopt") or True)
+    monkeypatch.setattr(device, "keep_freed_memory", lambda: calls.append("mallopt") or True)
     device.resolve(TrainConfig(device="cpu", keep_host_memory=False))
     assert calls == []
     device.resolve(TrainConfig(device="cpu", keep_host_memory=True))
@@ -209,9 +209,9 @@ def test_keep_host_memory_switch_sets_the_allocator_only_when_on(monkeypatch):
 def test_keep_host_memory_really_reaches_glibc():
     import sys
 
-    from gpt2.train.device import keep_host_memory
+    from gpt2.train.device import keep_freed_memory
 
-    assert keep_host_memory() is sys.platform.startswith("linux")
+    assert keep_freed_memory() is sys.platform.startswith("linux")
 
 
 @pytest.mark.parametrize("capability, expected", [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")])
@@ -222,8 +222,8 @@ def test_auto_dtype_on_cuda_follows_compute_capability_not_emulated_bf16(monkeyp
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: capability)
     warnings: list[str] = []
-    assert device._dtype("auto", torch.device("cuda"), warnings) == expected and not warnings
-    device._dtype("bf16", torch.device("cuda"), warnings)
+    assert device._dtype("auto", torch.device("cuda"), warnings, "train") == expected and not warnings
+    device._dtype("bf16", torch.device("cuda"), warnings, "train")
     assert bool(warnings) == (expected == "fp16")  # bf16 asked on a pre-Ampere GPU: allowed, with a warning
 
 

@@ -273,3 +273,10 @@ def test_async_checkpoint_off_writes_in_the_loop(tmp_path, monkeypatch):
     saver = checkpoint.BackgroundSaver(enabled=False)
     saver.save(tmp_path / "ckpt.pt", {"step": 3})
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 3
+
+
+def test_a_run_without_a_report_folder_writes_only_its_checkpoint(tmp_path, tokens):
+    """What the benchmarks' measurement children do: the returned summary is their result."""
+    metrics = train(micro_params(max_steps=3), tokens, tmp_path / "run" / "ckpt.pt", report_dir=None)
+    assert metrics["steps"] == 3 and metrics["perf"]["tokens_per_s"] > 0
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["ckpt.pt"]

@@ -1,251 +1,207 @@
-"""Typed, validated configuration built from ``params.yaml``.
+"""The sections of ``params.yaml``: one frozen dataclass each, every field declared once.
 
-Every section of params.yaml maps to a frozen dataclass. Loading is strict on
-purpose: a typo such as ``tokenize.val_fracton`` must stop the stage before it
-writes anything, not silently fall back to a default and cost a user an
-afternoon. Each error names the key, the bad value and what is allowed.
+Each field's ``param(default, doc, range)`` is its whole documentation: the type and range checks,
+the ``error:`` line a bad value gets, and docs/params.md (``python -m gpt2.core.config`` writes it;
+a test keeps it current) all come from it. Checks that involve two fields are each section's
+``check``. The engine is gpt2/core/schema.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
-import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from gpt2.core.errors import UserError
+from gpt2.core.schema import ParamError, build, markdown_table, param, read_yaml, require, to_dict
 
+__all__ = ["DownloadConfig", "TokenizeConfig", "StatsConfig", "ModelParams", "TrainConfig", "EvalConfig", "Params",
+           "ParamError", "build", "load_params", "read_yaml", "to_dict"]
 
-class ParamError(UserError):
-    """A value in params.yaml is unknown, of the wrong type or out of range."""
-
-
-def require(ok: bool, key: str, value: Any, allowed: str) -> None:
-    """Raise a :class:`ParamError` naming ``key`` unless ``ok``."""
-    if not ok:
-        raise ParamError(f"params: {key} = {value!r} is not allowed; expected {allowed}")
-
-
-# --------------------------------------------------------------------------- sections
+# Keys that moved to another section: their old place gets an error naming the new one.
+MOVED = {"train.attention": "model.attention", "train.pad_vocab": "model.pad_vocab"}
 
 
 @dataclass(frozen=True)
 class DownloadConfig:
-    """Where the raw text comes from (see README, "Data sources")."""
+    """Where the raw text comes from (docs/data.md)."""
 
-    source: str = "embedded"  # embedded | path | dir | glob | http(s)://... | hf:<name>[:<config>]
-    sha256: str | None = None  # expected sha256 of a downloaded URL or a single local file
-    timeout_s: float = 30.0  # per network read; a stalled server fails after this
-    retries: int = 3  # extra attempts after a failed or truncated transfer
-    backoff_s: float = 1.0  # first retry delay; doubles each time
-    hf_split: str = "train"
-    text_field: str = "text"  # JSON field holding the text, for .jsonl files and hf datasets
-    hf_docs_per_shard: int = 100_000
-    hf_gzip_level: int = 1  # hf: shards stored as .jsonl.gz at this gzip level (about 3x smaller); 0 = plain .jsonl
+    source: str = param("embedded", "embedded | a file, dir or glob | http(s)://URL | hf:<dataset>[:<config>] | "
+                                    ".bin token shards")
+    sha256: str | None = param(None, "expected sha256 of a URL download or a single local file (null: no check)")
+    timeout_s: float = param(30.0, "a network read that waits longer than this fails and is retried", gt=0)
+    retries: int = param(3, "extra attempts for a failed or truncated transfer (resumes where it stopped)", ge=0)
+    backoff_s: float = param(1.0, "first retry delay in seconds; doubles every retry", ge=0)
+    text_field: str = param("text", "JSON field with the text, for .jsonl files and hf: datasets")
+    hf_split: str = param("train", "the dataset split, for hf: sources")
+    hf_docs_per_shard: int = param(100_000, "documents per JSON Lines shard, for hf: sources", ge=1)
+    hf_gzip_level: int = param(1, "hf: shards stored as .jsonl.gz (about 3x smaller, read in place)", ge=0, le=9,
+                               note="0 = plain .jsonl")
 
     def check(self, at: str) -> None:
         require(bool(self.source.strip()), f"{at}.source", self.source, "a non-empty source")
         if self.sha256 is not None:
             ok = len(self.sha256) == 64 and all(c in "0123456789abcdefABCDEF" for c in self.sha256)
             require(ok, f"{at}.sha256", self.sha256, "null or 64 hex digits")
-        require(self.timeout_s > 0, f"{at}.timeout_s", self.timeout_s, "a number > 0")
-        require(self.retries >= 0, f"{at}.retries", self.retries, "an integer >= 0")
-        require(self.backoff_s >= 0, f"{at}.backoff_s", self.backoff_s, "a number >= 0")
-        require(self.hf_docs_per_shard > 0, f"{at}.hf_docs_per_shard", self.hf_docs_per_shard, "an integer > 0")
-        require(0 <= self.hf_gzip_level <= 9, f"{at}.hf_gzip_level", self.hf_gzip_level,
-                "an integer in [0, 9] (0 = uncompressed)")
 
 
 @dataclass(frozen=True)
 class TokenizeConfig:
     """How raw documents become ``train.bin`` / ``val.bin``."""
 
-    val_fraction: float = 0.1  # share of documents (or of tokens, for a one-document corpus)
-    seed: int = 1337  # which documents go to val
-    workers: int = 0  # tokenizer threads; 0 = all cores
-    chunk_kb: int = 1024  # text handed to a worker at once; bounds memory per worker
-    on_decode_error: Literal["replace", "strict"] = "replace"
-    max_replaced_fraction: float = 0.01  # a document with more invalid UTF-8 than this is refused (not text)
-
-    def check(self, at: str) -> None:
-        require(0 < self.val_fraction <= 0.5, f"{at}.val_fraction", self.val_fraction, "a number in (0, 0.5]")
-        require(0 <= self.max_replaced_fraction <= 1, f"{at}.max_replaced_fraction", self.max_replaced_fraction,
-                "a number in [0, 1]")
-        require(self.workers >= 0, f"{at}.workers", self.workers, "an integer >= 0 (0 = all cores)")
-        require(self.chunk_kb >= 1, f"{at}.chunk_kb", self.chunk_kb, "an integer >= 1")
+    val_fraction: float = param(0.1, "share of documents held out for validation (of tokens, for one document)",
+                                gt=0, le=0.5)
+    seed: int = param(1337, "which documents go to val")
+    workers: int = param(0, "tokenizer threads", ge=0, note="0 = all cores")
+    chunk_kb: int = param(1024, "text per task; bounds memory (about 2 x workers chunks in flight)", ge=1)
+    on_decode_error: Literal["replace", "strict"] = param(
+        "replace", "invalid UTF-8: replace (U+FFFD, counted in meta.json) or strict (stop at the first bad byte)")
+    max_replaced_fraction: float = param(0.01, "a document with more replaced characters than this is not text: "
+                                               "refused", ge=0, le=1)
 
 
 @dataclass(frozen=True)
 class StatsConfig:
     """What the dataset report shows."""
 
-    top_tokens: int = 20
-    length_bins: int = 40  # bars in the document-length histogram
-
-    def check(self, at: str) -> None:
-        require(self.top_tokens >= 1, f"{at}.top_tokens", self.top_tokens, "an integer >= 1")
-        require(self.length_bins >= 2, f"{at}.length_bins", self.length_bins, "an integer >= 2")
+    top_tokens: int = param(20, "most frequent tokens listed in the report", ge=1)
+    length_bins: int = param(40, "bars in the document-length histogram", ge=2)
 
 
 @dataclass(frozen=True)
 class ModelParams:
-    """A named GPT-2 size, with any dimension overridable (null: the size's value)."""
+    """The model: a named GPT-2 size, any dimension overridable, and the two switches that shape it."""
 
-    size: Literal["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"] = "tiny"
-    n_layer: int | None = None
-    n_head: int | None = None
-    n_embd: int | None = None
-    block_size: int | None = None  # longest context the model can see (position embeddings)
-    dropout: float = 0.0
-    bias: bool = True
-
-    def check(self, at: str) -> None:
-        for name in ("n_layer", "n_head", "n_embd", "block_size"):
-            value = getattr(self, name)
-            require(value is None or value >= 1, f"{at}.{name}", value, "null or an integer >= 1")
-        require(0.0 <= self.dropout < 1.0, f"{at}.dropout", self.dropout, "a number in [0, 1)")
+    size: Literal["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"] = param(
+        "tiny", "tiny (7.2M, CPU) | gpt2 (124M) | gpt2-medium | gpt2-large | gpt2-xl")
+    n_layer: int | None = param(None, "overrides the size's layers (null: the size's value)", ge=1)
+    n_head: int | None = param(None, "overrides the size's attention heads", ge=1)
+    n_embd: int | None = param(None, "overrides the size's width", ge=1)
+    block_size: int | None = param(None, "longest context (position embeddings)", ge=1)
+    dropout: float = param(0.0, "dropout probability", ge=0, lt=1)
+    bias: bool = param(True, "biases in the linear layers and LayerNorms (Hugging Face's GPT-2 has them)")
+    attention: Literal["flash", "manual"] = param(
+        "flash", "flash (F.scaled_dot_product_attention) | manual (materialized T x T scores)")
+    pad_vocab: bool = param(True, "50257 -> 50304 rows (multiple of 64); padded logits masked")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The training loop and every optimization switch (README, "Training switches")."""
+    """The training loop and every optimization switch (docs/training.md)."""
 
     # where and in what precision
-    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
-    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    tf32: bool = True
-    compile: bool = False
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
-    attention: Literal["flash", "manual"] = "flash"
-    sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math"] = "auto"  # the kernel behind flash
-    pad_vocab: bool = True
-    fused_adamw: bool = True
-    loss_chunk: int = 8192  # positions whose logits exist at once in the training loss; 0 = all (plain path)
-    keep_host_memory: bool = True  # CPU: glibc keeps freed big blocks for reuse instead of re-faulting them
-    # where the weights start: scratch (GPT-2's init), OpenAI's GPT-2 by name, or a Hugging Face directory / file
-    init_from: str = "scratch"
+    device: Literal["auto", "cpu", "cuda", "mps"] = param("auto", "auto | cpu | cuda | mps; cuda without CUDA is an "
+                                                                  "error")
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = param(
+        "auto", "auto (bf16 on CUDA with bf16, fp16 on older CUDA, fp32 on CPU) | fp32 | bf16 | fp16")
+    tf32: bool = param(True, "TF32 tensor-core matmuls for fp32 work (CUDA Ampere+)")
+    compile: bool = param(False, "torch.compile the model")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = param(
+        "default", "torch.compile's mode")
+    sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math"] = param(
+        "auto", "the kernel behind model.attention flash: auto (PyTorch's choice) | flash | cudnn | efficient | math")
+    fused_adamw: bool = param(True, "one fused AdamW kernel instead of PyTorch's default (foreach)")
+    loss_chunk: int = param(8192, "training loss in chunks of this many positions, never all logits at once", ge=0,
+                            note="0 = plain loss")
+    keep_host_memory: bool = param(True, "CPU/Linux: glibc reuses freed big blocks instead of page-faulting them in "
+                                         "every step")
+    init_from: str = param("scratch", "scratch | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (OpenAI's) | a Hugging "
+                                      "Face dir or file")
     # data
-    data_loading: Literal["preload", "memmap"] = "preload"
-    batching: Literal["vectorized", "loop"] = "vectorized"
-    micro_batch_size: int = 8
-    block_size: int | None = None  # sequence length; null = the model's block_size
-    grad_accum_steps: int = 1
+    data_loading: Literal["preload", "memmap"] = param("preload", "preload (RAM) | memmap (open the file per batch)")
+    batching: Literal["vectorized", "loop"] = param(
+        "vectorized", "vectorized (one gather, pinned, non_blocking) | loop (per-sample Python)")
+    micro_batch_size: int = param(8, "sequences per forward and backward", ge=1)
+    block_size: int | None = param(None, "sequence length; null = model.block_size", ge=1)
+    grad_accum_steps: int = param(1, "micro-batches per optimizer step", ge=1)
     # length and schedule
-    max_steps: int | None = 320
-    max_tokens: int | None = None  # alternative to max_steps: steps = ceil(max_tokens / tokens per step)
-    lr: float = 2.0e-3
-    lr_schedule: Literal["cosine", "constant"] = "cosine"  # cosine: linear warmup, then cosine decay to min_lr
-    min_lr: float = 2.0e-4
-    warmup_steps: int = 20
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0  # 0 = no clipping
-    # optimizer: adamw for every parameter, or muon for the hidden matrices (AdamW, with the keys above, for the rest)
-    optimizer: Literal["adamw", "muon"] = "adamw"
-    muon_lr: float = 0.02  # peak; follows the same warmup and decay as lr
-    muon_momentum: float = 0.95
-    muon_weight_decay: float = 0.0
-    seed: int = 1337
+    max_steps: int | None = param(320, "optimizer steps; or null, with max_tokens set", ge=1)
+    max_tokens: int | None = param(None, "tokens to train on, rounded up to whole steps; or null", ge=1)
+    lr: float = param(2.0e-3, "peak learning rate", gt=0)
+    lr_schedule: Literal["cosine", "constant"] = param(
+        "cosine", "cosine (linear warmup, cosine decay to min_lr) | constant (after warmup)")
+    min_lr: float = param(2.0e-4, "learning rate at the end of the cosine decay (at most lr)", ge=0)
+    warmup_steps: int = param(20, "linear warmup from lr/warmup_steps to lr", ge=0)
+    weight_decay: float = param(0.1, "AdamW weight decay, on matrices only", ge=0)
+    betas: tuple[float, float] = param((0.9, 0.95), "AdamW's betas", ge=0, lt=1)
+    grad_clip: float = param(1.0, "max global gradient norm", ge=0, note="0 = off")
+    optimizer: Literal["adamw", "muon"] = param(
+        "adamw", "adamw | muon (torch.optim.Muon for the hidden matrices, AdamW for the rest)")
+    muon_lr: float = param(0.02, "Muon's peak learning rate; follows lr's warmup and decay", gt=0)
+    muon_momentum: float = param(0.95, "Muon's (Nesterov) momentum", ge=0, lt=1)
+    muon_weight_decay: float = param(0.0, "Muon's decoupled weight decay", ge=0)
+    seed: int = param(1337, "model init, batches, dropout")
     # measuring
-    eval_interval: int = 40
-    eval_iters: int = 10
-    eval_seed: int = 1337  # which val windows every eval scores: not train.seed, so all runs score the same text
-    log_interval: int = 10
-    checkpoint_interval: int = 40
-    save_checkpoint: bool = True  # false: measurement runs (the ladder) write no checkpoint
-    async_checkpoint: bool = True  # write checkpoints on a thread from a CPU copy; training goes on meanwhile
-    timing_warmup_steps: int = 5
-    target_val_loss: float | None = None  # time to target: first eval at or below it records time, tokens, steps
-    stop_at_target: bool = True  # ... and ends the run there
-    peak_tflops: float | None = None  # peak FLOP/s of this device for MFU; null = look it up by name
-    resume: Literal["auto", "never"] = "auto"
-    # many processes (README, "Many GPUs")
-    distributed: Literal["off", "ddp"] = "off"  # ddp: DistributedDataParallel, launched by torchrun
-    nproc_per_node: int = 1  # processes on this machine when the stage launches torchrun itself
-    dist_timeout_s: float = 600.0  # a collective waiting longer (a peer died or hangs) fails every rank
-    dist_first_step_timeout_s: float = 1800.0  # the same for the first step, which compiles
+    eval_interval: int = param(40, "val loss every this many steps (and at the end)", ge=1)
+    eval_iters: int = param(10, "micro-batches per val loss", ge=1)
+    eval_seed: int = param(1337, "which val windows: the same in every run (not train.seed), so runs compare on "
+                                 "one text")
+    log_interval: int = param(10, "a log line and a metrics record every this many steps", ge=1)
+    checkpoint_interval: int = param(40, "a checkpoint every this many steps (and at the end)", ge=1)
+    save_checkpoint: bool = param(True, "false: write no checkpoint (measurement runs such as `gpt2 ladder`)")
+    async_checkpoint: bool = param(True, "write checkpoints on a background thread from a CPU copy (exact, "
+                                         "atomic)")
+    timing_warmup_steps: int = param(5, "first steps (compile, autotune) left out of the medians", ge=0)
+    target_val_loss: float | None = param(None, "time to target: the first eval at or below it records time, "
+                                                "tokens and steps", gt=0)
+    stop_at_target: bool = param(True, "... and ends the run there")
+    peak_tflops: float | None = param(None, "this device's peak for MFU; null = look it up by GPU name", gt=0)
+    resume: Literal["auto", "never"] = param(
+        "auto", "auto (continue an unfinished run of this model and data) | never")
+    # many processes
+    distributed: Literal["off", "ddp"] = param(
+        "off", "off | ddp (DistributedDataParallel under torchrun; NCCL on CUDA, gloo on CPU)")
+    nproc_per_node: int = param(1, "with ddp: processes the stage launches on this machine (torchrun "
+                                   "--standalone)", ge=1)
+    dist_timeout_s: float = param(600.0, "a collective waiting longer than this (a peer died or hangs) fails every "
+                                         "rank", gt=0)
+    dist_first_step_timeout_s: float = param(1800.0, "the same deadline for the first step, which compiles", gt=0)
     # tracking
-    mlflow: bool = True
-    experiment: str = "gpt2"
+    mlflow: bool = param(True, "log to MLflow (sqlite DB at the project root unless MLFLOW_TRACKING_URI)")
+    experiment: str = param("gpt2", "the MLflow experiment")
 
     def check(self, at: str) -> None:
-        positive = "an integer >= 1"
-        for name in ("micro_batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval",
-                     "checkpoint_interval"):
-            require(getattr(self, name) >= 1, f"{at}.{name}", getattr(self, name), positive)
-        for name in ("block_size", "max_steps", "max_tokens"):
-            value = getattr(self, name)
-            require(value is None or value >= 1, f"{at}.{name}", value, "null or an integer >= 1")
         require((self.max_steps is None) != (self.max_tokens is None), f"{at}.max_steps", self.max_steps,
                 "exactly one of train.max_steps and train.max_tokens set (the other null)")
-        require(self.lr > 0, f"{at}.lr", self.lr, "a number > 0")
-        require(0 <= self.min_lr <= self.lr, f"{at}.min_lr", self.min_lr, "a number in [0, train.lr]")
-        require(self.warmup_steps >= 0, f"{at}.warmup_steps", self.warmup_steps, "an integer >= 0")
-        require(self.weight_decay >= 0, f"{at}.weight_decay", self.weight_decay, "a number >= 0")
-        require(all(0 <= b < 1 for b in self.betas), f"{at}.betas", list(self.betas), "two numbers in [0, 1)")
-        require(self.grad_clip >= 0, f"{at}.grad_clip", self.grad_clip, "a number >= 0 (0 = off)")
-        require(self.muon_lr > 0, f"{at}.muon_lr", self.muon_lr, "a number > 0")
-        require(0 <= self.muon_momentum < 1, f"{at}.muon_momentum", self.muon_momentum, "a number in [0, 1)")
-        require(self.muon_weight_decay >= 0, f"{at}.muon_weight_decay", self.muon_weight_decay, "a number >= 0")
-        require(self.target_val_loss is None or self.target_val_loss > 0, f"{at}.target_val_loss",
-                self.target_val_loss, "null or a number > 0")
+        require(self.min_lr <= self.lr, f"{at}.min_lr", self.min_lr, "a number in [0, train.lr]")
         require(bool(self.init_from.strip()), f"{at}.init_from", self.init_from,
                 "scratch, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a path")
-        require(self.loss_chunk >= 0, f"{at}.loss_chunk", self.loss_chunk, "an integer >= 0 (0 = plain loss)")
-        require(self.timing_warmup_steps >= 0, f"{at}.timing_warmup_steps", self.timing_warmup_steps,
-                "an integer >= 0")
-        require(self.nproc_per_node >= 1, f"{at}.nproc_per_node", self.nproc_per_node, positive)
-        require(self.dist_timeout_s > 0, f"{at}.dist_timeout_s", self.dist_timeout_s, "a number > 0")
-        require(self.dist_first_step_timeout_s > 0, f"{at}.dist_first_step_timeout_s", self.dist_first_step_timeout_s,
-                "a number > 0")
         require(self.nproc_per_node == 1 or self.distributed == "ddp", f"{at}.nproc_per_node", self.nproc_per_node,
                 "1 unless train.distributed is ddp")
-        require(self.peak_tflops is None or self.peak_tflops > 0, f"{at}.peak_tflops", self.peak_tflops,
-                "null or a number > 0")
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Validation loss of the trained checkpoint, and samples from it."""
+    """Validation loss of the trained checkpoint, and samples from it (docs/evaluation.md)."""
 
-    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
-    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    batch_size: int = 16
-    max_tokens: int | None = 65_536  # a larger val split is scored on a seeded subset of windows; null = all
-    unigram_max_tokens: int | None = 100_000_000  # the baseline's train counts from at most this many tokens; null = all
-    seed: int = 1337  # the subset of windows, and sampling
-    prompts: tuple[str, ...] = ("ROMEO:", "To be, or not to be", "KING HENRY:")
-    max_new_tokens: int = 100
-    temperature: float = 0.8  # 0 = greedy
-    top_k: int = 200  # 0 = off
-    top_p: float = 0.95  # 1.0 = off
-    num_samples: int = 2
-    stop_at_eot: bool = True
-    kv_cache: bool = True
-    keep_host_memory: bool = True  # as train.keep_host_memory
-    pretrained: str | None = None  # score OpenAI's GPT-2 (gpt2, ...) or a Hugging Face directory instead of the checkpoint
-    hellaswag: bool = False  # HellaSwag validation accuracy (acc_norm, acc), downloaded once into the cache
-    hellaswag_limit: int | None = None  # score only the first N items (a quick look); null = all 10,042
-    hellaswag_file: str | None = None  # a local copy of hellaswag_val.jsonl instead of the download
-    mlflow: bool = True
-
-    def check(self, at: str) -> None:
-        require(self.batch_size >= 1, f"{at}.batch_size", self.batch_size, "an integer >= 1")
-        require(self.max_tokens is None or self.max_tokens >= 1, f"{at}.max_tokens", self.max_tokens,
-                "null or an integer >= 1")
-        require(self.unigram_max_tokens is None or self.unigram_max_tokens >= 1, f"{at}.unigram_max_tokens",
-                self.unigram_max_tokens, "null or an integer >= 1")
-        require(self.max_new_tokens >= 0, f"{at}.max_new_tokens", self.max_new_tokens, "an integer >= 0")
-        require(self.temperature >= 0, f"{at}.temperature", self.temperature, "a number >= 0 (0 = greedy)")
-        require(self.top_k >= 0, f"{at}.top_k", self.top_k, "an integer >= 0 (0 = off)")
-        require(0 < self.top_p <= 1, f"{at}.top_p", self.top_p, "a number in (0, 1]")
-        require(self.num_samples >= 1, f"{at}.num_samples", self.num_samples, "an integer >= 1")
-        require(self.hellaswag_limit is None or self.hellaswag_limit >= 1, f"{at}.hellaswag_limit",
-                self.hellaswag_limit, "null or an integer >= 1")
+    device: Literal["auto", "cpu", "cuda", "mps"] = param("auto", "as train.device")
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = param("auto", "as train.dtype")
+    batch_size: int = param(16, "windows of block_size scored at once", ge=1)
+    max_tokens: int | None = param(65_536, "val splits larger than this are scored on a seeded subset of windows; "
+                                           "null = all", ge=1)
+    unigram_max_tokens: int | None = param(100_000_000, "the unigram baseline counts at most this many train tokens "
+                                                        "(evenly spaced); null = all", ge=1)
+    seed: int = param(1337, "that subset, and the sampling")
+    prompts: tuple[str, ...] = param(("ROMEO:", "To be, or not to be", "KING HENRY:"),
+                                     "sample from each; a prompt longer than the context is an error")
+    max_new_tokens: int = param(100, "tokens per sample", ge=0)
+    temperature: float = param(0.8, "sampling temperature", ge=0, note="0 = greedy")
+    top_k: int = param(200, "keep the k likeliest tokens", ge=0, note="0 = off")
+    top_p: float = param(0.95, "keep the smallest set of tokens reaching this probability", gt=0, le=1,
+                         note="1.0 = off")
+    num_samples: int = param(2, "continuations per prompt", ge=1)
+    stop_at_eot: bool = param(True, "stop a sample at <|endoftext|>")
+    kv_cache: bool = param(True, "generate with a KV cache (one position per token)")
+    keep_host_memory: bool = param(True, "as train.keep_host_memory")
+    pretrained: str | None = param(None, "null: the checkpoint; gpt2 | gpt2-medium | ... | a Hugging Face dir: "
+                                         "score that instead")
+    hellaswag: bool = param(False, "HellaSwag val accuracy (acc_norm, acc); the file is downloaded once into the "
+                                   "cache")
+    hellaswag_limit: int | None = param(None, "the first N of its 10,042 items (a quick look); null = all", ge=1)
+    hellaswag_file: str | None = param(None, "a local hellaswag_val.jsonl instead of the download (offline "
+                                             "machines)")
+    mlflow: bool = param(True, "log to the checkpoint's MLflow run")
 
 
 @dataclass(frozen=True)
@@ -260,123 +216,32 @@ class Params:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-# --------------------------------------------------------------------------- loading
-
-
-def read_yaml(path: str | os.PathLike, kind: str, option: str) -> Any:
-    """A YAML file's content ({} when empty), or a :class:`UserError` naming the ``kind`` of file and ``option``."""
-    import yaml
-
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{kind} file {str(path)!r} not found; run from the project root or pass {option} PATH")
-    try:
-        return yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"{kind} file {str(path)!r} is not valid YAML: {exc}") from None
-
-
 def load_params(path: str | os.PathLike = "params.yaml") -> Params:
     """Read and validate params.yaml; raise :class:`UserError` on any problem."""
     data = read_yaml(path, "params", "--params")
     if not isinstance(data, dict):
         raise ParamError(f"params file {str(path)!r} must be a mapping of sections, got {type(data).__name__}")
-    return build(Params, data, "")
+    return build(Params, data, "", MOVED)
 
 
-def build(cls: type, data: Any, at: str) -> Any:
-    """Build dataclass ``cls`` from ``data`` (a dict), checking keys, types and ranges."""
-    where = at or "params"
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ParamError(f"params: {where} must be a mapping, got {data!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in data:
-        if key not in fields:
-            close = difflib.get_close_matches(str(key), fields, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ParamError(
-                f"params: unknown key {_join(at, key)!r}; {hint}allowed keys: {', '.join(sorted(fields))}"
-            )
-    hints = typing.get_type_hints(cls)
-    values = {name: coerce(data[name], hints[name], _join(at, name)) for name in fields if name in data}
-    obj = cls(**values)
-    if hasattr(obj, "check"):
-        obj.check(at)
-    return obj
+def params_markdown() -> str:
+    """docs/params.md: every key of every section, from the dataclasses."""
+    parts = ["# Params", "",
+             "Every key of `params.yaml`, generated from `gpt2/core/config.py` (`python -m gpt2.core.config > "
+             "docs/params.md`). Loading is strict: an unknown key (`tokenize.val_fracton` → \"did you mean "
+             "'val_fraction'?\"), a wrong type or an out-of-range value stops the stage before it writes anything, "
+             "with one `error:` line naming the key and what it allows. Write floats with a dot before the exponent "
+             "(`6.0e-4`): YAML reads `6e-4` as a string, and the error says so.", ""]
+    for section, cls in typing.get_type_hints(Params).items():
+        parts += [f"## `{section}`", "", (cls.__doc__ or "").strip(), "", markdown_table(cls, section), ""]
+    return "\n".join(parts)
 
 
-def coerce(value: Any, hint: Any, key: str) -> Any:
-    """Return ``value`` as type ``hint`` or raise a :class:`ParamError` naming ``key``."""
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if dataclasses.is_dataclass(hint):
-        return build(hint, value, key)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1:
-            return coerce(value, inner[0], key)
-        for candidate in inner:
-            try:
-                return coerce(value, candidate, key)
-            except ParamError:
-                continue
-        raise ParamError(f"params: {key} = {value!r} has the wrong type; expected {_describe(hint)}")
-    if origin is Literal:
-        if value is False and "off" in args:  # YAML 1.1 (and so `dvc exp run -S`) reads a bare off as false
-            value = "off"
-        require(value in args, key, value, "one of " + ", ".join(repr(a) for a in args))
-        return value
-    if origin in (list, tuple):
-        require(isinstance(value, list | tuple), key, value, f"a list ({_describe(hint)})")
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            require(len(value) == len(args), key, value, f"a list of {len(args)} values")
-            return tuple(coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-        item = args[0] if args else Any
-        items = [coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if hint is Any:
-        return value
-    if hint is bool:
-        require(isinstance(value, bool), key, value, "true or false")
-        return value
-    if hint is int:
-        require(isinstance(value, int) and not isinstance(value, bool), key, value, "an integer")
-        return value
-    if hint is float:
-        if isinstance(value, str) and _parses_as_float(value):
-            raise ParamError(
-                f"params: {key} = {value!r} is a string, not a number; YAML reads exponents without a dot "
-                f"as text, so write it like {float(value):.1e}"
-            )
-        require(isinstance(value, int | float) and not isinstance(value, bool), key, value, "a number")
-        return float(value)
-    if hint is str:
-        require(isinstance(value, str), key, value, "a string")
-        return value
-    raise TypeError(f"unsupported type {hint!r} for {key}")  # a bug in a config dataclass, not user input
+def yaml_comments() -> dict[tuple[str, str], str]:
+    """Each key's comment in params.yaml: its doc, and what a special value means (a test keeps them equal)."""
+    return {(section, f.name): f.metadata["doc"] + (f"; {f.metadata['note']}" if f.metadata.get("note") else "")
+            for section, cls in typing.get_type_hints(Params).items() for f in dataclasses.fields(cls)}
 
 
-def to_dict(obj: Any) -> dict:
-    """Plain-dict view of a config, for logging and for metadata files."""
-    return dataclasses.asdict(obj)
-
-
-def _join(at: str, key: Any) -> str:
-    return f"{at}.{key}" if at else str(key)
-
-
-def _parses_as_float(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _describe(hint: Any) -> str:
-    names = getattr(hint, "__name__", None)
-    return names or str(hint).replace("typing.", "")
+if __name__ == "__main__":
+    print(params_markdown(), end="")

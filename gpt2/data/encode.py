@@ -17,7 +17,6 @@ import collections
 import gzip
 import json
 import os
-import re
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,17 +28,16 @@ import numpy as np
 from gpt2.core import log
 from gpt2.core.atomic import atomic_dir, write_json
 from gpt2.core.config import TokenizeConfig
+from gpt2.core.digest import sha256_file
 from gpt2.core.errors import UserError
 from gpt2.core.progress import Progress
 from gpt2.core.tokens import DTYPE, FORMAT, META
-from gpt2.data.pypi import sha256_file
 from gpt2.data.shards import EOT_POSITION, import_shards
 from gpt2.data.sources import MANIFEST
 from gpt2.data.tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
 
 logger = log.get("tokenize")
 
-SAFE_CUT = re.compile(r"\S\n(?=\S)")
 MAX_BLOCKS_WITHOUT_CUT = 64  # then cut anyway: a file with no newlines at all
 
 

@@ -17,9 +17,10 @@ import urllib.request
 from pathlib import Path
 
 from gpt2.core import log
+from gpt2.core.digest import sha256_file
 from gpt2.core.errors import UserError
 from gpt2.core.progress import Progress
-from gpt2.data.pypi import cache_dir, sha256_file
+from gpt2.data.pypi import cache_dir
 
 logger = log.get("download")
 

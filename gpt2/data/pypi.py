@@ -8,7 +8,6 @@ check the archive's sha256, and never install the package.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from gpt2.core import log
+from gpt2.core.digest import sha256_file
 from gpt2.core.errors import UserError
 
 logger = log.get("download")
@@ -27,14 +27,6 @@ def cache_dir() -> Path:
         return Path(os.environ["GPT2_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "gpt2-pipeline"
-
-
-def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def fetch_sdist(name: str, version: str, sha256: str) -> Path:

@@ -14,7 +14,7 @@ name: a ``val`` word (``val``, ``valid``, ``validation``) or a ``train`` word.
 
 Download hard-links the files into ``data/raw/docs/`` and tokenize links them
 again into ``data/tokens/``: on one filesystem no byte is copied, and DVC's
-content-addressed cache stores the shared content once (README, "Token shards").
+content-addressed cache stores the shared content once (docs/data.md, "Token shards").
 """
 
 from __future__ import annotations

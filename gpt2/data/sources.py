@@ -29,10 +29,11 @@ from typing import IO, Any
 from gpt2.core import log
 from gpt2.core.atomic import atomic_dir, write_json
 from gpt2.core.config import DownloadConfig
+from gpt2.core.digest import sha256_file
 from gpt2.core.errors import UserError
 from gpt2.core.progress import Progress
 from gpt2.data.http import download_url
-from gpt2.data.pypi import fetch_sdist, sha256_file
+from gpt2.data.pypi import fetch_sdist
 from gpt2.data.shards import inspect_shard, is_shard, link_or_copy
 
 logger = log.get("download")

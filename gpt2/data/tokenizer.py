@@ -14,8 +14,9 @@ import os
 import tarfile
 from pathlib import Path
 
+from gpt2.core.digest import sha256_file
 from gpt2.core.errors import UserError
-from gpt2.data.pypi import cache_dir, fetch_sdist, sha256_file
+from gpt2.data.pypi import cache_dir, fetch_sdist
 
 NAME = "gpt2"
 EOT_ID = 50256

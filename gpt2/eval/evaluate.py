@@ -20,7 +20,7 @@ import torch
 
 from gpt2.core import log
 from gpt2.core.atomic import atomic_file, write_json
-from gpt2.core.config import EvalConfig, TrainConfig
+from gpt2.core.config import EvalConfig
 from gpt2.core.errors import UserError
 from gpt2.core.tokens import (
     CHUNK,
@@ -36,7 +36,7 @@ from gpt2.core.tokens import (
 from gpt2.eval.sample import SamplingConfig, TextStream, generate_ids
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.train import checkpoint
-from gpt2.train.device import Runtime, resolve
+from gpt2.train.device import Runtime, runtime_for
 
 logger = log.get("evaluate")
 
@@ -49,7 +49,7 @@ class Loaded:
 
 
 def eval_runtime(device: str, dtype: str, keep_host_memory: bool = True) -> Runtime:
-    return resolve(TrainConfig(device=device, dtype=dtype, tf32=True, keep_host_memory=keep_host_memory))
+    return runtime_for(device, dtype, keep_host_memory=keep_host_memory, section="eval")
 
 
 def load_model(ckpt_path: str | Path, runtime: Runtime) -> Loaded:

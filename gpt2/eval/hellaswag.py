@@ -24,7 +24,6 @@ from gpt2.core.progress import Progress
 logger = log.get("evaluate")
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
-ITEMS = 10_042
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import Any
 from gpt2.core.errors import UserError
 from gpt2.model.sizes import SIZES
 from gpt2.model.sizes import pad_vocab as padded_size
-from gpt2.train.flops import PEAK_TFLOPS, device_key
+from gpt2.train.flops import PEAK_TFLOPS, device_key, flops_per_token
 
 VOCAB = 50257
 HEADROOM = 0.9  # share of device memory the plan fills; the rest is the CUDA context, allocator slack
@@ -139,11 +139,6 @@ def largest_micro_batch(s: Shape, seq: int, amp: bool, flash: bool, memory_gb: f
     return low
 
 
-def flops_per_token(s: Shape, seq: int) -> tuple[float, float]:
-    """(6·N, attention 12·L·h·T): nanoGPT's forward + backward estimate, as the trainer's MFU uses."""
-    return 6.0 * s.params_without_wpe, 12.0 * s.n_layer * s.n_embd * seq
-
-
 def measured_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
     """MFU this project measured on ``device``: the ladder's report first, then MLflow's training runs."""
     ladder = root / "reports/ladder/ladder.json"
@@ -207,7 +202,7 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
     seq = seq_len or SIZES[size]["block_size"]
     if seq > SIZES[size]["block_size"]:
         raise UserError(f"--seq-len {seq} exceeds {size}'s context {SIZES[size]['block_size']}")
-    dense, attn = flops_per_token(s, seq)
+    dense, attn = flops_per_token(s.params_without_wpe, s.n_layer, s.n_embd, seq)
     total_flops = (dense + attn) * tokens
     mem_gb = memory_gb or dev.memory_gb or _ram_gb()
     variants = {f"{'amp' if a else 'fp32'} {'flash' if f else 'manual'}": memory(s, micro_batch, seq, a, f, loss_chunk)

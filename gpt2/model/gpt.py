@@ -122,9 +122,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTConfig, loss_chunk: int = 0) -> None:
+        """``loss_chunk`` > 0: a forward with targets computes the loss in chunks of this many positions
+        and returns no logits (train.loss_chunk: the training loss never holds all logits at once)."""
         super().__init__()
         self.cfg = cfg
+        self.loss_chunk = loss_chunk
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),
             wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
@@ -134,7 +137,6 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied: one matrix, counted once
-        self.loss_chunk = 0  # > 0: the loss in chunks of this many positions, no logits returned (train.loss_chunk)
         self.apply(self._init_weights)
         if cfg.padded_vocab_size > cfg.vocab_size:
             # -inf on padded logits: they never win a sample and never take mass in the loss

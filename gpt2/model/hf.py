@@ -10,7 +10,6 @@ needs torch only (reading and writing safetensors files is the caller's).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -165,11 +164,3 @@ def read_pretrained(weights: Path) -> tuple[dict[str, torch.Tensor], dict[str, A
     config_file = weights.parent / "config.json"
     config = json.loads(config_file.read_text()) if config_file.is_file() else None
     return state, config
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()

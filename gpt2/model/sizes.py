@@ -15,3 +15,8 @@ SIZES: dict[str, dict[str, int]] = {
 
 def pad_vocab(vocab_size: int, multiple: int = 64) -> int:
     return math.ceil(vocab_size / multiple) * multiple
+
+
+def sequence_length(size: str, model_block_size: int | None, train_block_size: int | None) -> int:
+    """Tokens per training sequence: train.block_size, else the model's context (model.block_size, else the size's)."""
+    return train_block_size or model_block_size or SIZES[size]["block_size"]

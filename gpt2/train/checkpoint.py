@@ -100,10 +100,10 @@ class BackgroundSaver:
     """Checkpoints written on a thread while training goes on.
 
     ``save`` copies the state to the CPU first (a device-to-host copy: a fraction of a second for
-    GPT-2 124M) so the file is exactly that step's, then writes it atomically in the background;
-    the seconds of serializing 1.5 GB no longer stall the step. One write at a time: the next
+    GPT-2 124M) so the file is exactly that step's, then writes it atomically in the background:
+    the seconds of serializing 1.5 GB do not stall the step. One write at a time: the next
     ``save`` waits for the previous one. ``wait`` raises a failed write's error (disk full) in
-    the training thread. With ``enabled`` false it writes in place, as before."""
+    the training thread. With ``enabled`` false it writes in place, in the training thread."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled

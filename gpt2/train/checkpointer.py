@@ -43,6 +43,12 @@ class Checkpointer:
             self.saver.save(self.path, state(self.s, step, self.history, self.tracker.run_id, rngs, summary))
         self.last_saved = step
 
+    def what_was_saved(self) -> str:
+        """For the message of an interrupted run."""
+        if not self.cfg.save_checkpoint:
+            return "no checkpoint saved (train.save_checkpoint is false)"
+        return f"checkpoint saved to {self.path}; run the stage again to resume (train.resume: auto)"
+
     def last_good(self) -> str:
         return f"{self.path} (step {self.last_saved})" if self.last_saved is not None else "none was saved yet"
 

@@ -63,33 +63,44 @@ class Runtime:
 
 
 def resolve(cfg: TrainConfig) -> Runtime:
-    device = _device(cfg.device)
+    """The training runtime, with a warning for each train switch that is inert here."""
+    runtime = runtime_for(cfg.device, cfg.dtype, tf32=cfg.tf32, keep_host_memory=cfg.keep_host_memory,
+                          sdpa=cfg.sdpa_backend)
+    if cfg.tf32 and runtime.device.type != "cuda":
+        runtime.warnings.append("train.tf32 is inert on this device: TF32 is a CUDA (Ampere+) matmul mode")
+    if cfg.fused_adamw and runtime.device.type == "mps":
+        runtime.warnings.append("train.fused_adamw may be unsupported on mps; PyTorch falls back or errors")
+    return runtime
+
+
+def runtime_for(device: str, dtype: str, *, tf32: bool = True, keep_host_memory: bool = True, sdpa: str = "auto",
+                section: str = "train") -> Runtime:
+    """What ``device`` and ``dtype`` (``auto`` or named) resolve to here; TF32 on where it exists.
+
+    ``section`` names the params section in warnings and errors (evaluate resolves its own)."""
+    where = pick_device(device, f"{section}.device")
     warnings: list[str] = []
-    dtype = _dtype(cfg.dtype, device, warnings)
-    tf32 = cfg.tf32 and device.type == "cuda"
-    if device.type == "cuda":
+    resolved = _dtype(dtype, where, warnings, section)
+    tf32 = tf32 and where.type == "cuda"
+    if where.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
-        name = torch.cuda.get_device_name(device)
+        name = torch.cuda.get_device_name(where)
     else:
-        name = platform.processor() or platform.machine() or device.type
-        if cfg.tf32:
-            warnings.append("train.tf32 is inert on this device: TF32 is a CUDA (Ampere+) matmul mode")
+        name = platform.processor() or platform.machine() or where.type
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    kept = cfg.keep_host_memory and device.type == "cpu" and keep_host_memory()
-    if cfg.keep_host_memory and not kept:
-        where = "it needs Linux with glibc" if device.type == "cpu" else "it acts on CPU training only"
-        warnings.append(f"train.keep_host_memory is inert here: {where}")
-    if cfg.fused_adamw and device.type == "mps":
-        warnings.append("train.fused_adamw may be unsupported on mps; PyTorch falls back or errors")
-    return Runtime(device=device, device_name=name, dtype=dtype, tf32=tf32, keep_host_memory=kept,
-                   sdpa=cfg.sdpa_backend, warnings=warnings)
+    kept = keep_host_memory and where.type == "cpu" and keep_freed_memory()
+    if keep_host_memory and not kept:
+        why = "it needs Linux with glibc" if where.type == "cpu" else "it acts on CPU work only"
+        warnings.append(f"{section}.keep_host_memory is inert here: {why}")
+    return Runtime(device=where, device_name=name, dtype=resolved, tf32=tf32, keep_host_memory=kept, sdpa=sdpa,
+                   warnings=warnings)
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
-def keep_host_memory() -> bool:
+def keep_freed_memory() -> bool:
     """Tell glibc to serve big blocks from its heap and never give them back to the OS.
 
     By default glibc mmaps every block above a few MB and unmaps it on free, so a
@@ -107,7 +118,8 @@ def keep_host_memory() -> bool:
         return False
 
 
-def _device(asked: str) -> torch.device:
+def pick_device(asked: str, key: str = "train.device") -> torch.device:
+    """``auto``: CUDA, else MPS, else the CPU. A device asked for by name must exist: never a silent CPU run."""
     if asked == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -115,11 +127,11 @@ def _device(asked: str) -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if asked == "cuda" and not torch.cuda.is_available():
-        raise UserError("train.device is cuda but this machine has no usable CUDA device "
+        raise UserError(f"{key} is cuda but this machine has no usable CUDA device "
                         f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); "
-                        "set train.device: auto or cpu, or install a CUDA build of torch")
+                        f"set {key}: auto or cpu, or install a CUDA build of torch")
     if asked == "mps" and not torch.backends.mps.is_available():
-        raise UserError("train.device is mps but MPS is not available here; set train.device: auto or cpu")
+        raise UserError(f"{key} is mps but MPS is not available here; set {key}: auto or cpu")
     return torch.device(asked)
 
 
@@ -129,17 +141,17 @@ def native_bf16(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def _dtype(asked: str, device: torch.device, warnings: list[str]) -> str:
+def _dtype(asked: str, device: torch.device, warnings: list[str], section: str) -> str:
     if asked == "auto":
         if device.type == "cuda":
             return "bf16" if native_bf16(device) else "fp16"
         return "fp32"
     if device.type == "cpu" and asked == "bf16":
-        warnings.append("train.dtype bf16 on CPU: correct but usually far slower than fp32 without AMX")
+        warnings.append(f"{section}.dtype bf16 on CPU: correct but usually far slower than fp32 without AMX")
     if device.type == "cpu" and asked == "fp16":
-        warnings.append("train.dtype fp16 on CPU: emulated and slow; it exists for testing the GradScaler path")
+        warnings.append(f"{section}.dtype fp16 on CPU: emulated and slow; it exists for testing the GradScaler path")
     if device.type == "cuda" and asked == "bf16" and not native_bf16(device):
-        warnings.append("train.dtype bf16 on a GPU older than Ampere (compute capability < 8.0): emulated and "
+        warnings.append(f"{section}.dtype bf16 on a GPU older than Ampere (compute capability < 8.0): emulated and "
                         "slow; fp16 (dtype: auto) is the fast choice here")
     return asked
 

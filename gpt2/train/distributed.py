@@ -2,7 +2,7 @@
 
 ``train.distributed: ddp`` with ``nproc_per_node: N > 1`` makes ``gpt2 train`` (and so the DVC
 stage) re-launch itself under ``torchrun --standalone``; on several nodes, start ``torchrun`` on
-each node yourself (README, "Many GPUs"): a process that finds torchrun's ``RANK`` in its
+each node yourself (docs/many-gpus.md): a process that finds torchrun's ``RANK`` in its
 environment joins the group instead of launching. NCCL on CUDA, gloo on CPU. Every collective
 has a deadline (``train.dist_timeout_s``), so a rank that died or hangs becomes an error on the
 others rather than a job that waits forever.

@@ -1,12 +1,8 @@
-"""FLOPs, model FLOPs utilization (MFU) and memory napkin math."""
+"""FLOPs per token and the peak FLOP/s that model FLOPs utilization (MFU) divides by."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # torch-free at run time: `gpt2 plan` reads the peak table without importing torch
-    from gpt2.model.gpt import GPTConfig
-
+# torch-free: `gpt2 plan` reads the peak table and the FLOPs formula without importing torch
 # Dense peak TFLOP/s (no sparsity) by GPU model and dtype, from the vendors' data sheets. "fp32" is
 # plain FP32; "tf32" is FP32 matmuls on tensor cores; GeForce figures are FP16/BF16 with FP32
 # accumulation (what autocast uses). Keys are matched as whole words in torch's device name, the
@@ -40,9 +36,9 @@ def device_key(device_name: str) -> str | None:
     return max(found, key=len) if found else None
 
 
-def flops_per_token(cfg: GPTConfig, n_params_without_wpe: int, seq_len: int) -> float:
-    """nanoGPT's estimate for a forward + backward pass: 6·N + 12·n_layer·n_embd·T."""
-    return 6.0 * n_params_without_wpe + 12.0 * cfg.n_layer * cfg.n_embd * seq_len
+def flops_per_token(n_params_without_wpe: int, n_layer: int, n_embd: int, seq_len: int) -> tuple[float, float]:
+    """nanoGPT's estimate for a forward + backward pass, in its two parts: (6·N, attention 12·n_layer·n_embd·T)."""
+    return 6.0 * n_params_without_wpe, 12.0 * n_layer * n_embd * seq_len
 
 
 def peak_flops(device_name: str, dtype: str, tf32: bool, override_tflops: float | None = None) -> float | None:
@@ -53,8 +49,3 @@ def peak_flops(device_name: str, dtype: str, tf32: bool, override_tflops: float 
     key = device_key(device_name)
     peak = PEAK_TFLOPS[key].get(kind) if key else None
     return peak * 1e12 if peak else None
-
-
-def training_memory_gb(n_params: int) -> float:
-    """Weights, gradients and AdamW state in mixed precision: about 16 bytes per parameter."""
-    return 16 * n_params / 1e9

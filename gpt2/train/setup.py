@@ -14,10 +14,11 @@ import numpy as np
 import torch
 
 from gpt2.core.config import Params, to_dict
+from gpt2.core.digest import sha256_file
 from gpt2.core.errors import UserError
 from gpt2.core.tokens import read_meta
 from gpt2.model.gpt import GPT, GPTConfig, gpt_config
-from gpt2.model.sizes import SIZES
+from gpt2.model.sizes import SIZES, sequence_length
 from gpt2.train import distributed
 from gpt2.train.device import Runtime, resolve, sdpa_backend
 from gpt2.train.distributed import Dist
@@ -69,16 +70,16 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     runtime = dataclasses.replace(runtime, device=device)
     meta = read_meta(tokens_dir)
     seed_everything(cfg.seed)
-    overrides = {k: v for k, v in to_dict(params.model).items() if k != "size"}
-    model_cfg = gpt_config(params.model.size, overrides, meta["vocab_size"], cfg.pad_vocab, cfg.attention)
-    seq_len = cfg.block_size or model_cfg.block_size
+    model = params.model
+    overrides = {k: v for k, v in to_dict(model).items() if k not in ("size", "attention", "pad_vocab")}
+    model_cfg = gpt_config(model.size, overrides, meta["vocab_size"], model.pad_vocab, model.attention)
+    seq_len = sequence_length(model.size, model.block_size, cfg.block_size)
     if seq_len > model_cfg.block_size:
         raise UserError(f"train.block_size {seq_len} exceeds the model's block_size {model_cfg.block_size}; "
                         "lower train.block_size or raise model.block_size")
-    model = GPT(model_cfg)  # the same seed on every rank: the same initial weights
+    model = GPT(model_cfg, loss_chunk=cfg.loss_chunk)  # the same seed on every rank: the same initial weights
     init = load_pretrained(model, cfg.init_from, params) if cfg.init_from != "scratch" else {}
     model = model.to(runtime.device)
-    model.loss_chunk = cfg.loss_chunk
     if dist_info.world > 1:
         torch.manual_seed(cfg.seed + dist_info.rank)  # each rank its own dropout masks
     optimizers = build_optimizers(model, cfg)
@@ -106,7 +107,8 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         eval_model=eval_model, dist=dist_info,
         optimizers=optimizers, scaler=scaler, sampler=sampler, train_data=train_data, val_data=val_data,
         seq_len=seq_len, tokens_per_step=tokens_per_step, total_steps=total,
-        flops_per_token=flops_per_token(model_cfg, model.num_params(exclude_position_embedding=True), seq_len),
+        flops_per_token=sum(flops_per_token(model.num_params(exclude_position_embedding=True), model_cfg.n_layer,
+                                            model_cfg.n_embd, seq_len)),
         peak_flops=peak_flops(runtime.device_name, runtime.dtype, runtime.tf32, cfg.peak_tflops), meta=meta,
         init=init,
     )
@@ -129,7 +131,7 @@ def load_pretrained(model: GPT, source: str, params: Params) -> dict[str, str]:
         raise UserError(f"train.init_from {source}: the weights have {diffs}, which the model section "
                         f"(model.size {params.model.size}) contradicts; {fix}")
     model.load_state_dict(hf.from_hf(state, model.cfg))
-    return {"init_from": source, "init_file": str(weights), "init_sha256": hf.sha256(weights)}
+    return {"init_from": source, "init_file": str(weights), "init_sha256": sha256_file(weights)}
 
 
 def what_runs(s: Setup) -> dict[str, Any]:
@@ -138,8 +140,8 @@ def what_runs(s: Setup) -> dict[str, Any]:
     backend = sdpa_backend(s.runtime, s.model_cfg.n_head, s.model_cfg.n_embd // s.model_cfg.n_head, s.seq_len)
     return {
         "device": str(s.runtime.device), "device_name": s.runtime.device_name, "dtype": s.runtime.dtype,
-        "tf32": s.runtime.tf32, "compile": cfg.compile, "attention": cfg.attention,
-        "sdpa_backend": backend if cfg.attention == "flash" else "manual (no SDPA)",
+        "tf32": s.runtime.tf32, "compile": cfg.compile, "attention": s.model_cfg.attention,
+        "sdpa_backend": backend if s.model_cfg.attention == "flash" else "manual (no SDPA)",
         "keep_host_memory": s.runtime.keep_host_memory, "world_size": s.dist.world,
         "params": s.model.num_params(), "torch": str(torch.__version__), **s.init,
     }
@@ -148,7 +150,7 @@ def what_runs(s: Setup) -> dict[str, Any]:
 def run_name(s: Setup) -> str:
     """What a run outside ``dvc exp`` is called in MLflow: what it trained, how, and when."""
     cfg = s.params.train
-    switches = [s.runtime.dtype, cfg.attention] + ["compile"] * cfg.compile
+    switches = [s.runtime.dtype, s.model_cfg.attention] + ["compile"] * cfg.compile
     if s.dist.world > 1:
         switches.append(f"ddp×{s.dist.world}")
     return f"{s.params.model.size} {s.total_steps} steps {' '.join(switches)} {time.strftime('%m-%d %H:%M')}"
@@ -157,8 +159,8 @@ def run_name(s: Setup) -> str:
 def inert_switch_warnings(s: Setup) -> list[str]:
     cfg, device = s.params.train, s.runtime.device.type
     warnings = list(s.runtime.warnings)
-    if cfg.attention == "manual" and cfg.sdpa_backend != "auto":
-        warnings.append(f"train.sdpa_backend {cfg.sdpa_backend} is inert: train.attention is manual (no SDPA)")
+    if s.model_cfg.attention == "manual" and cfg.sdpa_backend != "auto":
+        warnings.append(f"train.sdpa_backend {cfg.sdpa_backend} is inert: model.attention is manual (no SDPA)")
     if not cfg.compile and cfg.compile_mode != "default":
         warnings.append(f"train.compile_mode {cfg.compile_mode} is inert: train.compile is false")
     if cfg.compile and device != "cuda" and cfg.compile_mode in ("reduce-overhead",):

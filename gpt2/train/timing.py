@@ -5,7 +5,7 @@ the GPU idle while the host launches the next step. On CUDA each step's start is
 with an event in the stream, and the events are read only at the loop's sync points (log, eval and
 checkpoint steps): the time between two step starts on the GPU's own timeline is that step's time,
 host stalls and compilation included, and the GPU never waits for the host to look. Other devices
-synchronize at each mark, as before (there the sync costs nothing).
+synchronize at each mark (there the sync costs nothing).
 """
 
 from __future__ import annotations

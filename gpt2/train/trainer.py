@@ -71,20 +71,19 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
             if done or stopping or checkpointer.due(step):
                 checkpointer.save(step, summary)
             if stopping:
-                saved = (f"checkpoint saved to {checkpointer.path}; run the stage again to resume (train.resume: auto)"
-                         if cfg.save_checkpoint else "no checkpoint saved (train.save_checkpoint is false)")
-                raise signals.interrupted(step, s.total_steps, saved)
+                raise signals.interrupted(step, s.total_steps, checkpointer.what_was_saved())
             if done:
                 return summary
     return finish(step)  # resumed past a lowered max_steps: nothing left to train
 
 
 def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str | Path = "checkpoints/ckpt.pt",
-          report_dir: str | Path = "reports/train") -> dict[str, Any]:
+          report_dir: str | Path | None = "reports/train") -> dict[str, Any]:
     """Train (or resume) as params say; write the checkpoint and the reports; return the summary metrics.
 
+    ``report_dir`` None writes no report files: a benchmark's measurement run reads the returned summary.
     Under DDP every rank runs this; rank 0 alone logs, tracks and writes."""
-    ckpt_path, report_dir = Path(ckpt_path), Path(report_dir)
+    ckpt_path, report_dir = Path(ckpt_path), Path(report_dir) if report_dir is not None else None
     started = time.perf_counter()  # wall-clock throughput counts building the model and loading the data too
     s = build(params, tokens_dir)
     log.set_rank(s.dist.rank)
@@ -99,13 +98,13 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
         distributed.shutdown(s.dist)
 
 
-def run(s: Setup, ckpt_path: Path, report_dir: Path, started: float) -> dict[str, Any]:
+def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> dict[str, Any]:
     """One session of a run: resume or reuse, track, fit, report."""
     params, cfg = s.params, s.params.train
     history, step, run_id = History(), 0, None
     state = load_for_resume(ckpt_path, s)
     if state is not None and state.get("metrics") is not None:
-        if s.dist.main:
+        if s.dist.main and report_dir is not None:
             write_reports(report_dir, state["metrics"], History(**state["history"]))
         logger.info(f"train: {ckpt_path} is a finished run of these params and data ({state['step']} steps); "
                     f"rebuilt {report_dir} from it instead of training again (train.resume: never retrains)")
@@ -139,11 +138,11 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path, started: float) -> dict[str
     status = "FAILED"
     try:
         summary = fit(s, step, history, checkpointer, tracker, finish)
-        if s.dist.main:
+        if s.dist.main and report_dir is not None:
             write_reports(report_dir, summary, history)
+            tracker.log_artifact(report_dir / "summary.json")
         tracker.log_metrics({"summary/" + k: v for k, v in flatten(compared_figures(summary)).items()
                              if isinstance(v, int | float) and not isinstance(v, bool)}, step=summary["steps"])
-        tracker.log_artifact(report_dir / "summary.json")
         status = "FINISHED"
         return summary
     except TrainingInterrupted:

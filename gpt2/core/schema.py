@@ -1,0 +1,232 @@
+"""From YAML to typed, checked dataclasses: the engine behind ``gpt2/core/config.py``.
+
+A config field is declared once, with ``param``: its default, one line of documentation and its
+allowed range. From that declaration come the type check, the range check, the ``error:`` line
+that names the key and what it allows, and the tables of docs/params.md. Loading is strict on
+purpose: a typo such as ``tokenize.val_fracton`` must stop the stage before it writes anything,
+not silently fall back to a default and cost a user an afternoon.
+
+Why not pydantic: the lent GPU machines and bare GPU boxes have torch, numpy, click and pyyaml but
+not pydantic, and the library must run there without an install.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+from gpt2.core.errors import UserError
+
+
+class ParamError(UserError):
+    """A value in params.yaml is unknown, of the wrong type or out of range."""
+
+
+def param(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+          lt: float | None = None, note: str = "") -> Any:
+    """A config field: its default, what it means (one line, shown in docs/params.md) and its range.
+
+    ``note`` explains a special value in errors and docs (``0 = off``)."""
+    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt}
+    return dataclasses.field(default=default, metadata={"doc": doc, "note": note,
+                                                        **{k: v for k, v in bounds.items() if v is not None}})
+
+
+def require(ok: bool, key: str, value: Any, allowed: str) -> None:
+    """Raise a :class:`ParamError` naming ``key`` unless ``ok``."""
+    if not ok:
+        raise ParamError(f"params: {key} = {value!r} is not allowed; expected {allowed}")
+
+
+def doc(cls: type, name: str) -> str:
+    return next(f.metadata.get("doc", "") for f in dataclasses.fields(cls) if f.name == name)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def read_yaml(path: str | os.PathLike, kind: str, option: str) -> Any:
+    """A YAML file's content ({} when empty), or a :class:`UserError` naming the ``kind`` of file and ``option``."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{kind} file {str(path)!r} not found; run from the project root or pass {option} PATH")
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"{kind} file {str(path)!r} is not valid YAML: {exc}") from None
+
+
+def build(cls: type, data: Any, at: str, moved: dict[str, str] | None = None) -> Any:
+    """Build dataclass ``cls`` from ``data`` (a dict), checking keys, types and ranges.
+
+    ``moved`` maps keys that used to live here (``train.attention``) to where they are now."""
+    where = at or "params"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ParamError(f"params: {where} must be a mapping, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key in fields:
+            continue
+        if (moved or {}).get(_join(at, key)):
+            raise ParamError(f"params: {_join(at, key)} is now {moved[_join(at, key)]}: move it there")
+        close = difflib.get_close_matches(str(key), fields, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ParamError(f"params: unknown key {_join(at, key)!r}; {hint}allowed keys: {', '.join(sorted(fields))}")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, value in data.items():
+        key = _join(at, name)
+        values[name] = coerce(value, hints[name], key, moved)
+        check_range(values[name], fields[name], hints[name], key)
+    obj = cls(**values)
+    if hasattr(obj, "check"):
+        obj.check(at)
+    return obj
+
+
+def coerce(value: Any, hint: Any, key: str, moved: dict[str, str] | None = None) -> Any:
+    """Return ``value`` as type ``hint`` or raise a :class:`ParamError` naming ``key``."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, key, moved)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return coerce(value, inner[0], key)
+        for candidate in inner:
+            try:
+                return coerce(value, candidate, key)
+            except ParamError:
+                continue
+        raise ParamError(f"params: {key} = {value!r} has the wrong type; expected {_type_name(hint)}")
+    if origin is Literal:
+        if value is False and "off" in args:  # YAML 1.1 (and so `dvc exp run -S`) reads a bare off as false
+            value = "off"
+        require(value in args, key, value, "one of " + ", ".join(repr(a) for a in args))
+        return value
+    if origin in (list, tuple):
+        require(isinstance(value, list | tuple), key, value, f"a list ({_type_name(hint)})")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            require(len(value) == len(args), key, value, f"a list of {len(args)} values")
+            return tuple(coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        item = args[0] if args else Any
+        items = [coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if hint is bool:
+        require(isinstance(value, bool), key, value, "true or false")
+        return value
+    if hint is int:
+        require(isinstance(value, int) and not isinstance(value, bool), key, value, "an integer")
+        return value
+    if hint is float:
+        if isinstance(value, str) and _parses_as_float(value):
+            raise ParamError(f"params: {key} = {value!r} is a string, not a number; YAML reads exponents without a "
+                             f"dot as text, so write it like {float(value):.1e}")
+        require(isinstance(value, int | float) and not isinstance(value, bool), key, value, "a number")
+        return float(value)
+    if hint is str:
+        require(isinstance(value, str), key, value, "a string")
+        return value
+    raise TypeError(f"unsupported type {hint!r} for {key}")  # a bug in a config dataclass, not user input
+
+
+def check_range(value: Any, spec: dataclasses.Field, hint: Any, key: str) -> None:
+    """The field's declared bounds, on a number or on each number of a tuple (``betas``)."""
+    numbers = value if isinstance(value, tuple) else (value,)
+    for number in numbers:
+        if isinstance(number, int | float) and not isinstance(number, bool) and not within(number, spec.metadata):
+            require(False, key, list(value) if isinstance(value, tuple) else value, allowed(spec, hint))
+
+
+def within(x: float, bounds: typing.Mapping[str, Any]) -> bool:
+    return (("ge" not in bounds or x >= bounds["ge"]) and ("gt" not in bounds or x > bounds["gt"])
+            and ("le" not in bounds or x <= bounds["le"]) and ("lt" not in bounds or x < bounds["lt"]))
+
+
+def allowed(spec: dataclasses.Field, hint: Any) -> str:
+    """What a field takes, in words: ``null or an integer >= 1``, ``a number in (0, 0.5]``, ``one of 'a', 'b'``."""
+    optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+    inner = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
+    m = spec.metadata
+    if typing.get_origin(inner) is Literal:
+        text = "one of " + ", ".join(str(a) for a in typing.get_args(inner))
+    elif inner is bool:
+        text = "true or false"
+    elif inner is str:
+        text = "a string"
+    elif typing.get_origin(inner) is tuple and typing.get_args(inner)[:1] == (str,):
+        text = "a list of strings"
+    elif inner in (int, float) or typing.get_origin(inner) is tuple:
+        noun = {int: "an integer", float: "a number"}.get(inner, f"a list of {len(typing.get_args(inner))} numbers")
+        low = ("[", m["ge"]) if "ge" in m else ("(", m["gt"]) if "gt" in m else None
+        high = (m["le"], "]") if "le" in m else (m["lt"], ")") if "lt" in m else None
+        if low and high:
+            text = f"{noun} in {low[0]}{low[1]:g}, {high[0]:g}{high[1]}"
+        elif low:
+            text = f"{noun} {'>=' if low[0] == '[' else '>'} {low[1]:g}"
+        elif high:
+            text = f"{noun} {'<=' if high[1] == ']' else '<'} {high[0]:g}"
+        else:
+            text = noun
+        if typing.get_origin(inner) is tuple and (low or high):
+            text = text.replace(f"a list of {len(typing.get_args(inner))} numbers", f"{len(typing.get_args(inner))} numbers")
+    else:
+        text = _type_name(inner)
+    text = f"null or {text}" if optional else text
+    return f"{text} ({m['note']})" if m.get("note") else text
+
+
+def to_dict(obj: Any) -> dict:
+    """Plain-dict view of a config, for logging and for metadata files."""
+    return dataclasses.asdict(obj)
+
+
+# --------------------------------------------------------------------------- documentation
+
+
+def markdown_table(cls: type, section: str) -> str:
+    """One section's keys as a markdown table (docs/params.md is made of these)."""
+    hints = typing.get_type_hints(cls)
+    rows = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        cells = [f"`{section}.{f.name}`", _yaml(f.default), allowed(f, hints[f.name]), f.metadata.get("doc", "")]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows)
+
+
+def _yaml(value: Any) -> str:
+    if value is None:
+        return "`null`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, tuple):
+        return "`[" + ", ".join(str(v) for v in value) + "]`"
+    return f"`{value}`"
+
+
+def _join(at: str, key: Any) -> str:
+    return f"{at}.{key}" if at else str(key)
+
+
+def _parses_as_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")

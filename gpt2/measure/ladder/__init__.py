@@ -1,0 +1,23 @@
+"""The optimization ladder: what each training optimization buys, measured here, as DVC experiments.
+
+``ladder.yaml`` declares a baseline (everything off) and rungs, each the rung above plus one
+change to params.yaml's ``train`` (or ``model``) section. Every rung is queued as a real ``dvc exp``
+of the ``train`` stage, repeated in alternating order (forward, then backward) so that a machine
+warming up or slowing down does not pass for a speedup, and the queue runs one experiment at a
+time. The table compares tokens/s (not step time: gradient accumulation changes the tokens per
+step) and keeps the val loss after N steps in view, so a "speedup" that breaks training shows.
+
+- spec.py: the ladder file and the plan (each rung's params on this device);
+- runs.py: the DVC experiments (queue, run one at a time, reuse, schedule);
+- stats.py: the typed result rows, speedups, what really ran, the noise;
+- report.py: markdown, PNG, JSON and MLflow.
+"""
+
+from gpt2.measure.ladder.report import render_png, table, write_report
+from gpt2.measure.ladder.runs import measured, normalized, run_ladder, schedule
+from gpt2.measure.ladder.spec import TRAIN_METRICS, TRAIN_RUN, Ladder, Plan, Profile, Rung, flat, load_ladder, plan
+from gpt2.measure.ladder.stats import NO_EFFECT, Row, analyse, noise_verdict
+
+__all__ = ["NO_EFFECT", "TRAIN_METRICS", "TRAIN_RUN", "Ladder", "Plan", "Profile", "Row", "Rung", "analyse", "flat",
+           "load_ladder", "measured", "noise_verdict", "normalized", "plan", "render_png", "run_ladder", "schedule",
+           "table", "write_report"]

@@ -1,0 +1,153 @@
+"""The ladder's report: a markdown table with its noise verdict, a PNG, a JSON file and an MLflow run."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import io
+import json
+import sys
+from pathlib import Path
+
+from gpt2.core.atomic import atomic_dir
+from gpt2.measure import experiments
+from gpt2.measure.ladder.spec import Plan
+from gpt2.measure.ladder.stats import NO_EFFECT, Row, noise_verdict
+
+
+def table(rows: list[Row], steps: int, target: float | None = None) -> str:
+    head = ["#", "rung", "what ran", "ms/step median (min–max)", "tokens/s median (min–max)", "wall tokens/s",
+            "vs previous", "cumulative", "peak mem (GB)", "MFU",
+            f"val loss after {steps} steps" if target is None else "val loss at the end", "note"]
+    if target is not None:
+        head[8:8] = [f"time to {target} (s)", "time speedup", "tokens to target"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        if not row.runs:
+            cells = [str(row.index), row.rung, "", "failed"] + [""] * (len(head) - 5) + ["see `dvc queue logs`"]
+            lines.append("| " + " | ".join(cells) + " |")
+            continue
+        noise = row.inside_noise
+        cells = [str(row.index), row.rung, row.ran or "baseline",
+                 f"{row.step_ms:.1f} ({row.step_ms_min:.1f}–{row.step_ms_max:.1f})",
+                 f"{row.tokens_per_s:,.0f} ({row.tokens_per_s_min:,.0f}–{row.tokens_per_s_max:,.0f})",
+                 f"{row.tokens_per_s_wall:,.0f}" if row.tokens_per_s_wall else "",
+                 _ratio(row.vs_previous, noise.get("tokens_per_s")), _ratio(row.cumulative),
+                 f"{row.peak_mem_gb:.2f}", f"{100 * row.mfu:.1f}%" if row.mfu is not None else "n/a",
+                 f"{row.val_loss:.3f}" if row.val_loss is not None else "",
+                 "" if row.effect in ("acts", "baseline") else row.effect]
+        if target is not None:
+            reached = f"{row.time_s:.1f} ({row.time_s_min:.1f}–{row.time_s_max:.1f})" if row.time_s else ""
+            if row.reached < row.runs:
+                reached += f" reached {row.reached}/{row.runs}" if row.reached else "not reached"
+            cells[8:8] = [reached.strip(), _ratio(row.time_speedup, noise.get("time_s")),
+                          f"{row.tokens_to_target:,.0f}" if row.tokens_to_target else ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _ratio(value: float | None, inside_noise: bool = False) -> str:
+    if value is None:
+        return ""
+    return f"{value:.2f}× (inside noise)" if inside_noise else f"{value:.2f}×"
+
+
+def describe(plan_: Plan, rows: list[Row]) -> str:
+    first = next((r for r in rows if r.runs), None)
+    runtime = first.runtime if first else {}
+    model, train = plan_.sections[0]["model"], plan_.sections[0]["train"]
+    from gpt2.model.sizes import sequence_length
+
+    seq = sequence_length(model["size"], model["block_size"], train["block_size"])
+    return (f"Device: {runtime.get('device_name', plan_.device)} ({plan_.device}), torch {runtime.get('torch', '?')}. "
+            f"Model {model['size']}, micro-batch {train['micro_batch_size']} × {seq} tokens, "
+            f"{plan_.profile.steps} steps per run (the first {train['timing_warmup_steps']} untimed), "
+            f"{plan_.profile.repeats} run(s) per rung in alternating order; speedups compare tokens/s"
+            + (f"; with a target val loss of {plan_.profile.target}, every run trains until its val loss (measured "
+               f"every {train['eval_interval']} steps) reaches it, or {plan_.profile.steps} steps: time to target is "
+               "wall clock from the start of the run, compile and evals included." if plan_.profile.target else "."))
+
+
+def write_report(out: Path, rows: list[Row], plan_: Plan,
+                 runs: list[list[experiments.Experiment]]) -> None:
+    today = datetime.date.today().isoformat()
+    text = (f"# Optimization ladder ({today})\n\n{noise_verdict(rows, plan_.profile.repeats)}\n\n{describe(plan_, rows)}"
+            f"\n\n{table(rows, plan_.profile.steps, plan_.profile.target)}\n"
+            "Each rung adds one change to the rung above (ladder.yaml). A rung marked \"no effect on this device\" "
+            "ran the same configuration as the rung above: its difference from it is this machine's run-to-run "
+            "noise, the floor under every other figure. Experiments: "
+            + "; ".join(f"{row.rung}: {', '.join(row.experiments) or 'none'}" for row in rows)
+            + ". Inspect them with `dvc exp show`.\n")
+    log = out / "dvc.log"
+    kept_log = log.read_bytes() if log.exists() else None
+    with atomic_dir(out) as tmp:
+        (tmp / "ladder.md").write_text(text)
+        (tmp / "ladder.json").write_text(json.dumps({"date": today, "device": plan_.device, "rows": [dataclasses.asdict(r) for r in rows]},
+                                                    indent=2)
+                                         + "\n")
+        (tmp / "ladder.png").write_bytes(render_png(rows, describe(plan_, rows)))
+        if kept_log is not None:
+            (tmp / "dvc.log").write_bytes(kept_log)
+    print(text, file=sys.stdout)
+
+
+def render_png(rows: list[Row], subtitle: str) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if r.runs]
+    labels = [f"{r.index} {r.rung}" for r in done][::-1]
+    fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 0.45 * len(done) + 1.8), dpi=100, sharey=True)
+    colors = ["tab:gray" if r.effect == NO_EFFECT or r.inside_noise.get("tokens_per_s") else "tab:blue"
+              for r in done][::-1]  # gray: no gain that the repeats can tell from noise
+    speed.barh(labels, [r.cumulative or 0 for r in done][::-1], color=colors)
+    speed.axvline(1.0, color="black", linewidth=0.8)
+    speed.set(xlabel="cumulative speedup (tokens/s vs baseline)", title="Speed")
+    for y, r in enumerate(done[::-1]):
+        speed.annotate(f"{r.cumulative:.2f}×", (r.cumulative or 0, y), xytext=(3, 0),
+                       textcoords="offset points", va="center", fontsize=8)
+    memory.barh(labels, [r.peak_mem_gb for r in done][::-1], color="tab:orange")
+    memory.set(xlabel="peak memory (GB)", title="Memory")
+    fig.suptitle(subtitle, fontsize=8, wrap=True)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def log_to_mlflow(rows: list[Row], plan_: Plan, runs: list[list[experiments.Experiment]],
+                  out: Path) -> None:
+    """Tag every rung's training run with its rung; log the ladder itself as one more run."""
+    from gpt2.train.tracking import MlflowTracker
+
+    tracker = MlflowTracker(plan_.sections[0]["train"]["experiment"], run_name=f"ladder {plan_.device}")
+    client = tracker.mlflow.tracking.MlflowClient()
+    try:
+        experiment_ids = [tracker.run.info.experiment_id]
+        for row, group in zip(rows, runs):
+            for exp in group:
+                for found in client.search_runs(experiment_ids, f"tags.dvc_exp_name = '{exp.name}'"):
+                    client.set_tag(found.info.run_id, "ladder.rung", row.rung)
+                    client.set_tag(found.info.run_id, "ladder.index", str(row.index))
+                    client.set_tag(found.info.run_id, "ladder.run_id", tracker.run_id)
+        tracker.set_tags({"kind": "ladder", "device": rows[0].runtime.get("device_name", plan_.device)})
+        tracker.log_params({"ladder.steps": plan_.profile.steps, "ladder.repeats": plan_.profile.repeats,
+                            "ladder.model": plan_.sections[0]["model"]["size"], "ladder.device": plan_.device})
+        for row in rows:
+            if row.runs:
+                tracker.log_metrics({"ladder/step_ms": row.step_ms, "ladder/tokens_per_s": row.tokens_per_s,
+                                     "ladder/tokens_per_s_wall": row.tokens_per_s_wall,
+                                     "ladder/cumulative_speedup": row.cumulative, "ladder/peak_mem_gb":
+                                     row.peak_mem_gb, "ladder/mfu": row.mfu, "ladder/val_loss": row.val_loss,
+                                     "ladder/time_to_target_s": row.time_s,
+                                     "ladder/tokens_to_target": row.tokens_to_target},
+                                    step=row.index)
+        for name in ("ladder.md", "ladder.png", "ladder.json"):
+            tracker.log_artifact(out / name)
+        tracker.end("FINISHED")
+    except BaseException:
+        tracker.end("FAILED")
+        raise

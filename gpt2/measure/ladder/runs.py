@@ -1,0 +1,134 @@
+"""Running the ladder: each rung's runs as queued DVC experiments, one at a time, reused when already measured."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from gpt2.core import log
+from gpt2.core.config import ModelParams, TrainConfig, build, read_yaml, to_dict
+from gpt2.core.errors import UserError
+from gpt2.core.progress import clock
+from gpt2.measure import experiments
+from gpt2.measure.ladder.report import log_to_mlflow, write_report
+from gpt2.measure.ladder.spec import EXP_PREFIX, TRAIN_METRICS, TRAIN_RUN, Ladder, Plan, load_ladder, plan
+from gpt2.measure.ladder.stats import Row, analyse
+
+logger = log.get("ladder")
+
+
+def normalized(params: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """An experiment's model and train params as the trainer sees them (defaults filled), or None if invalid."""
+    try:
+        return {"model": to_dict(build(ModelParams, params.get("model") or {}, "model")),
+                "train": to_dict(build(TrainConfig, params.get("train") or {}, "train"))}
+    except UserError:
+        return None
+
+
+def measured(plan_: Plan, exps: list[experiments.Experiment]) -> list[list[experiments.Experiment]]:
+    """Per rung: the finished ``ladder-`` experiments with exactly its params, newest first."""
+    found: list[list[experiments.Experiment]] = [[] for _ in plan_.sections]
+    for exp in exps:
+        if not exp.name.startswith(EXP_PREFIX) or TRAIN_METRICS not in exp.metrics:
+            continue
+        sections = normalized(exp.params)
+        for i, wanted in enumerate(plan_.sections):
+            if sections == wanted:
+                found[i].append(exp)
+    return [sorted(runs, key=lambda e: e.timestamp, reverse=True) for runs in found]
+
+
+def schedule(repeats: int, have: list[int]) -> list[tuple[int, int]]:
+    """(rung, repeat) pairs still to run: repeat r goes forward when r is even, backward when odd."""
+    order = []
+    for r in range(repeats):
+        rungs = range(len(have)) if r % 2 == 0 else reversed(range(len(have)))
+        order += [(i, r) for i in rungs if r >= have[i]]
+    return order
+
+
+def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path = "params.yaml",
+               out: str | Path = "reports/ladder", device: str = "auto", model: str | None = None,
+               steps: int | None = None, repeats: int | None = None, fresh: bool = False,
+               mlflow: bool | None = None, target: float | None = None) -> list[Row]:
+    """Measure every rung as DVC experiments (reusing ones already measured), then write the report."""
+    root = Path.cwd()
+    ladder = load_ladder(ladder_path)
+    raw = read_yaml(params_path, "params", "--params")  # raw: the rungs override it key by key
+    if not isinstance(raw, dict):
+        raise UserError(f"params file {str(params_path)!r} must be a mapping of sections")
+    device = resolve_device(device)
+    plan_ = plan(ladder, raw, device, model, steps, repeats, mlflow, target)
+    experiments.check_repo(root)
+    waiting = experiments.pending(root)
+    if waiting:
+        raise UserError(f"{len(waiting)} DVC experiment(s) already queued or running ({', '.join(waiting[:5])}); "
+                        "the ladder times one experiment at a time: run them (dvc exp run --run-all) or remove "
+                        "them (dvc queue remove --queued) first")
+    existing = experiments.finished(root, (TRAIN_RUN,))
+    have = [0] * len(plan_.sections) if fresh else [len(runs) for runs in measured(plan_, existing)]
+    todo = schedule(plan_.profile.repeats, have)
+    reused = sum(min(h, plan_.profile.repeats) for h in have)
+    logger.info(f"ladder: {len(ladder.rungs)} rungs × {plan_.profile.repeats} repeats on {device} "
+                f"(model {plan_.sections[0]['model']['size']}, {plan_.profile.steps} steps per run): "
+                f"{len(todo)} to run, {reused} reused")
+    if todo:
+        _measure(root, ladder, plan_, todo, {e.name for e in existing}, Path(out))
+        existing = experiments.finished(root, (TRAIN_RUN,))
+    runs = [r[:plan_.profile.repeats] for r in measured(plan_, existing)]
+    rows = analyse(ladder, plan_, runs)
+    write_report(Path(out), rows, plan_, runs)
+    if plan_.sections[0]["train"]["mlflow"]:
+        log_to_mlflow(rows, plan_, runs, Path(out))
+    failed = [row.rung for row in rows if row.runs < plan_.profile.repeats]
+    if failed:
+        raise UserError(f"ladder: rung(s) {', '.join(failed)} did not finish every run; see {out}/dvc.log and "
+                        "`dvc queue logs NAME`; the report marks them")
+    return rows
+
+
+def resolve_device(device: str) -> str:
+    from gpt2.train.device import pick_device
+
+    return pick_device(device, "--device").type
+
+
+def _measure(root: Path, ladder: Ladder, plan_: Plan, todo: list[tuple[int, int]], taken: set[str],
+             out: Path) -> None:
+    names: dict[str, tuple[int, int]] = {}
+    for i, r in todo:
+        n = 1
+        while f"{EXP_PREFIX}{i:02d}-{ladder.rungs[i].slug}-{n}" in taken:
+            n += 1
+        name = f"{EXP_PREFIX}{i:02d}-{ladder.rungs[i].slug}-{n}"
+        taken.add(name)
+        names[name] = (i, r)
+        experiments.queue(root, name, plan_.sets[i], "train")
+    started: dict[str, float] = {}
+    durations: list[float] = []
+
+    def on_start(name: str) -> None:
+        now = time.perf_counter()
+        if started:
+            durations.append(now - max(started.values()))
+        started[name] = now
+        done = len(started) - 1
+        eta = f", ETA {clock(statistics.median(durations) * (len(todo) - done))}" if durations else ""
+        i, r = names.get(name, (-1, 0))
+        rung = ladder.rungs[i].name if i >= 0 else name
+        logger.info(f"ladder: [{done + 1}/{len(todo)}] rung {i} {rung!r}, repeat {r + 1}/{plan_.profile.repeats} "
+                    f"({name}){eta}")
+
+    try:
+        code = experiments.run_queue(root, on_start, out / "dvc.log")
+    except KeyboardInterrupt:
+        experiments.cancel(root)
+        error = UserError("ladder interrupted: the queued runs were removed and the running one killed; finished "
+                          "runs are kept (dvc exp show) and reused by the next `gpt2 ladder`")
+        error.exit_code = 130
+        raise error from None
+    if code != 0:
+        logger.info(f"ladder: dvc exp run --run-all exited {code}; see {out}/dvc.log")

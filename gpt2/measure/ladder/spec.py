@@ -1,0 +1,170 @@
+"""The ladder file (``ladder.yaml``) and the plan it makes: each rung's full params on this device."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpt2.core.config import MOVED, ModelParams, ParamError, TrainConfig, build, read_yaml, to_dict
+from gpt2.core.errors import UserError
+
+TRAIN_METRICS = "reports/train/metrics.json"
+TRAIN_RUN = "reports/train/summary.json"  # the rest of a run's summary: what really ran ("runtime")
+EXP_PREFIX = "ladder-"
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    changes: dict[str, Any]  # train keys (and model.* keys) this rung sets; the baseline's are all of its settings
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the ladder trains on one kind of device."""
+
+    model: dict[str, Any]
+    train: dict[str, Any]
+    steps: int
+    repeats: int
+    target_batch_tokens: int
+    target: float | None = None  # val loss: every run trains to it (or to `steps`), the table gains time to target
+
+
+@dataclass(frozen=True)
+class Ladder:
+    rungs: tuple[Rung, ...]  # rungs[0] is the baseline
+    profiles: dict[str, Profile]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The rungs' full params for this device and the overrides that make each experiment."""
+
+    device: str  # cpu | cuda | mps
+    profile: Profile
+    sections: list[dict[str, dict[str, Any]]]  # per rung: normalized {"model": ..., "train": ...}
+    sets: list[dict[str, Any]]  # per rung: dotted key -> value, for dvc exp run -S
+
+
+def load_ladder(path: str | Path) -> Ladder:
+    data = read_yaml(path, "ladder", "--ladder")
+    where = str(path)
+    _keys(data, {"baseline", "rungs", "profiles"}, where)
+    baseline = _changes(data.get("baseline"), f"{where}: baseline")
+    rungs = [Rung("baseline", baseline)]
+    for i, item in enumerate(data.get("rungs") or []):
+        _keys(item, {"name", "set"}, f"{where}: rungs[{i}]")
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise UserError(f"{where}: rungs[{i}] needs a name")
+        changes = _changes(item.get("set"), f"{where}: rung {name!r}")
+        if not changes:
+            raise UserError(f"{where}: rung {name!r} changes nothing; give it a `set` of train (or model.*) keys")
+        rungs.append(Rung(name, changes))
+    slugs = [r.slug for r in rungs]
+    if len(set(slugs)) != len(slugs):
+        raise UserError(f"{where}: two rungs have the same name: {', '.join(slugs)}")
+    profiles = {}
+    for device, raw in (data.get("profiles") or {}).items():
+        _keys(raw, {"model", "train", "steps", "repeats", "target_batch_tokens", "target"}, f"{where}: profiles.{device}")
+        profile = Profile(model=raw.get("model") or {}, train=raw.get("train") or {}, steps=raw.get("steps", 20),
+                          repeats=raw.get("repeats", 2), target_batch_tokens=raw.get("target_batch_tokens", 0),
+                          target=raw.get("target"))
+        if profile.target is not None and (isinstance(profile.target, bool) or not isinstance(profile.target, int | float)
+                                           or profile.target <= 0):
+            raise UserError(f"{where}: profiles.{device}.target = {profile.target!r}; expected a val loss > 0 or null")
+        for name in ("steps", "repeats", "target_batch_tokens"):
+            value = getattr(profile, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "target_batch_tokens"
+                                                                                else 1):
+                raise UserError(f"{where}: profiles.{device}.{name} = {value!r}; expected a positive integer")
+        profiles[str(device)] = profile
+    if "cpu" not in profiles:
+        raise UserError(f"{where}: needs at least a `profiles.cpu` entry (also used for mps)")
+    return Ladder(tuple(rungs), profiles)
+
+
+def _keys(data: Any, allowed: set[str], where: str) -> None:
+    if not isinstance(data, dict):
+        raise UserError(f"{where} must be a mapping, got {data!r}")
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _changes(data: Any, where: str) -> dict[str, Any]:
+    """A rung's changes: params.yaml train keys as they are, model keys with their section (``model.attention``)."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{where} must be a mapping of train keys, got {data!r}")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} | {f"model.{f.name}" for f in dataclasses.fields(ModelParams)}
+    for key in data:
+        if key not in fields:
+            moved = MOVED.get(f"train.{key}")
+            raise UserError(f"{where}: {key!r} is not a params.yaml train key" + (f"; it is {moved} now" if moved else ""))
+    return dict(data)
+
+
+def flat(sections: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A rung's params keyed as its changes are: train keys bare, model keys as ``model.<key>``."""
+    return {**{f"model.{k}": v for k, v in sections["model"].items()}, **sections["train"]}
+
+
+def plan(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str | None = None,
+         steps: int | None = None, repeats: int | None = None, mlflow: bool | None = None,
+         target: float | None = None) -> Plan:
+    """Each rung's complete model and train params on ``device`` (cpu, cuda or mps), validated.
+
+    With a target val loss, ``steps`` is the cap, the val loss is measured 20 times over it (over
+    params.yaml's ``eval_iters`` batches, not the profile's), and a run stops at the first
+    measurement at or below the target."""
+    profile = ladder.profiles.get(device) or ladder.profiles["cpu"]
+    profile = dataclasses.replace(profile, steps=steps or profile.steps, repeats=repeats or profile.repeats,
+                                  target=target or profile.target)
+    model_set = {**profile.model, **({"size": model} if model else {})}
+    fixed = {**profile.train, "device": device, "max_steps": profile.steps, "max_tokens": None,
+             "eval_interval": max(1, profile.steps // 20) if profile.target else profile.steps,
+             "checkpoint_interval": profile.steps, "save_checkpoint": False, "resume": "never",
+             "log_interval": max(1, profile.steps // 5), "target_val_loss": profile.target, "stop_at_target": True}
+    if profile.target:  # the val figure at the size whose noise was measured (params.yaml), not the profile's glance
+        fixed["eval_iters"] = (raw_params.get("train") or {}).get("eval_iters", TrainConfig.eval_iters)
+    if mlflow is not None:
+        fixed["mlflow"] = mlflow
+    sections, sets, changes = [], [], {}
+    for rung in ladder.rungs:
+        changes = {**changes, **rung.changes}
+        train_set = {**fixed, **{k: v for k, v in changes.items() if not k.startswith("model.")}}
+        rung_model = {**model_set, **{k.removeprefix("model."): v for k, v in changes.items() if k.startswith("model.")}}
+        if train_set.get("grad_accum_steps") == "target":
+            train_set["grad_accum_steps"] = _accumulation(raw_params, rung_model, train_set, profile)
+        where = f"ladder rung {rung.name!r}"
+        try:
+            model_cfg = build(ModelParams, {**(raw_params.get("model") or {}), **rung_model}, "model")
+            train_cfg = build(TrainConfig, {**(raw_params.get("train") or {}), **train_set}, "train")
+        except ParamError as exc:
+            raise UserError(f"{where}: {str(exc).removeprefix('params: ')}") from None
+        sections.append({"model": to_dict(model_cfg), "train": to_dict(train_cfg)})
+        sets.append({**{f"model.{k}": v for k, v in rung_model.items()},
+                     **{f"train.{k}": v for k, v in train_set.items()}})
+    return Plan(device=device, profile=profile, sections=sections, sets=sets)
+
+
+def _accumulation(raw: dict[str, Any], model_set: dict[str, Any], train_set: dict[str, Any], profile: Profile) -> int:
+    """``grad_accum_steps: target``: the micro-batches nearest the profile's target_batch_tokens (at least 2,
+    so the rung always accumulates, also when ``--model`` makes one micro-batch larger than the target)."""
+    from gpt2.model.sizes import sequence_length
+
+    model = {**(raw.get("model") or {}), **model_set}
+    train = {**(raw.get("train") or {}), **train_set}
+    seq = sequence_length(model.get("size", "tiny"), model.get("block_size"), train.get("block_size"))
+    micro = train.get("micro_batch_size", TrainConfig.micro_batch_size) * seq
+    return max(2, round(profile.target_batch_tokens / micro))

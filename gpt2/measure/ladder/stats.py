@@ -1,0 +1,176 @@
+"""What the runs say: each rung's medians and intervals, its speedups, what really ran, and the noise.
+
+A rung whose switch resolves to what already ran (TF32 or AMP on a CPU) has no effect on this
+device, read from what the trainer recorded, not from a rule of thumb; its move is this machine's
+noise, the floor under every other gain.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpt2.measure import experiments
+from gpt2.measure.ladder.spec import TRAIN_METRICS, TRAIN_RUN, Ladder, Plan, Rung, flat
+
+# A rung's change that the trainer resolves on the device: the key of what really ran in summary.json's "runtime".
+RESOLVED = {"dtype": "dtype", "tf32": "tf32", "keep_host_memory": "keep_host_memory",
+            "model.attention": "sdpa_backend"}
+NO_EFFECT = "no effect on this device"
+
+
+@dataclass
+class Row:
+    """One rung of the report. Figures are medians over its runs, with their min–max; None where a
+    rung has no finished run (``effect: failed``) or the figure does not apply (no target)."""
+
+    index: int
+    rung: str
+    changes: dict[str, Any]  # what this rung sets on top of the rung above ({} for the baseline)
+    runs: int  # finished runs
+    experiments: list[str]
+    effect: str = "failed"  # baseline | acts | no effect on this device | acts (rung above failed) | failed
+    ran: str = ""  # each change as asked, and as it resolved here when that differs
+    runtime: dict[str, Any] = field(default_factory=dict)  # what really ran (the trainer's summary)
+    step_ms: float | None = None
+    step_ms_min: float | None = None
+    step_ms_max: float | None = None
+    tokens_per_s: float | None = None
+    tokens_per_s_min: float | None = None
+    tokens_per_s_max: float | None = None
+    tokens_per_s_wall: float | None = None
+    peak_mem_gb: float | None = None
+    mfu: float | None = None
+    val_loss: float | None = None
+    previous: int | None = None  # the measured rung this one is compared with
+    vs_previous: float | None = None  # tokens/s ratio
+    cumulative: float | None = None  # tokens/s ratio to the baseline
+    reached: int | None = None  # runs that reached the target val loss
+    time_s: float | None = None  # time to target
+    time_s_min: float | None = None
+    time_s_max: float | None = None
+    tokens_to_target: float | None = None
+    steps_to_target: float | None = None
+    time_speedup: float | None = None
+    time_vs_previous: float | None = None
+    inside_noise: dict[str, bool] = field(default_factory=dict)  # per figure: a gain the repeats cannot tell apart
+    noise_floor: float | None = None
+
+
+def analyse(ladder: Ladder, plan_: Plan, runs: list[list[experiments.Experiment]]) -> list[Row]:
+    rows: list[Row] = []
+    base: Row | None = None
+    previous: Row | None = None
+    for i, (rung, group) in enumerate(zip(ladder.rungs, runs)):
+        metrics = [e.metrics[TRAIN_METRICS] for e in group]
+        row = Row(index=i, rung=rung.name, changes=rung.changes if i else {}, runs=len(metrics),
+                  experiments=[e.name for e in group])
+        rows.append(row)
+        if not metrics:
+            continue
+        step_ms = [m["perf"]["step_ms"] for m in metrics]
+        tps = [m["perf"]["tokens_per_s"] for m in metrics]
+        walls = [m["perf"].get("tokens_per_s_wall") for m in metrics if m["perf"].get("tokens_per_s_wall")]
+        mfus = [m["perf"].get("mfu") for m in metrics if m["perf"].get("mfu") is not None]
+        losses = [m["val"]["loss"] for m in metrics if m.get("val", {}).get("loss") is not None]
+        row.runtime = (group[0].files.get(TRAIN_RUN) or {}).get("runtime") or {}
+        row.step_ms, row.step_ms_min, row.step_ms_max = statistics.median(step_ms), min(step_ms), max(step_ms)
+        row.tokens_per_s, row.tokens_per_s_min, row.tokens_per_s_max = statistics.median(tps), min(tps), max(tps)
+        row.tokens_per_s_wall = statistics.median(walls) if walls else None
+        row.peak_mem_gb = max(m["mem"]["peak_gb"] for m in metrics)
+        row.mfu = statistics.median(mfus) if mfus else None
+        row.val_loss = statistics.median(losses) if losses else None
+        row.ran = _what_ran(rung, flat(plan_.sections[i]), row.runtime)
+        if plan_.profile.target is not None:
+            _add_target_figures(row, metrics)
+        base = base or (row if i == 0 else None)
+        row.vs_previous = row.tokens_per_s / previous.tokens_per_s if previous else None
+        row.cumulative = row.tokens_per_s / base.tokens_per_s if base else None
+        if row.time_s:
+            row.time_speedup = base.time_s / row.time_s if base and base.time_s else None
+            row.time_vs_previous = previous.time_s / row.time_s if previous and previous.time_s else None
+        row.effect = _effect(rung, flat(plan_.sections[i]), row.runtime, previous) if i else "baseline"
+        row.previous = previous.index if previous else None
+        previous = row
+    mark_noise(rows)
+    return rows
+
+
+def _add_target_figures(row: Row, metrics: list[dict[str, Any]]) -> None:
+    """Time (s), tokens and steps to the target over the runs that reached it; how many did."""
+    reached = [m["target"] for m in metrics if (m.get("target") or {}).get("reached")]
+    row.reached = len(reached)
+    if reached:
+        times = [t["time_s"] for t in reached]
+        row.time_s, row.time_s_min, row.time_s_max = statistics.median(times), min(times), max(times)
+        row.tokens_to_target = statistics.median(t["tokens"] for t in reached)
+        row.steps_to_target = statistics.median(t["steps"] for t in reached)
+
+
+def mark_noise(rows: list[Row]) -> None:
+    """Flag each rung's gain that its repeats cannot tell from noise, and measure the noise itself.
+
+    A gain is "inside noise" when the rung's min–max interval over its repeats overlaps the rung
+    above's, or when it is no larger than the largest move of a rung that changed nothing here
+    (``no effect on this device``: its difference from the rung above is this machine's noise).
+    The floor goes on every measured row for the report's header."""
+    measured = {r.index: r for r in rows if r.runs}
+    floor = max((abs(r.vs_previous - 1) for r in measured.values() if r.effect == NO_EFFECT and r.vs_previous),
+                default=0.0)
+    for row in measured.values():
+        row.noise_floor = floor
+        above = measured.get(row.previous) if row.previous is not None else None
+        if above is None or row.effect == NO_EFFECT:
+            continue
+        for key, ratio in (("tokens_per_s", row.vs_previous), ("time_s", row.time_vs_previous)):
+            if ratio is None:
+                continue
+            low, high = getattr(row, f"{key}_min"), getattr(row, f"{key}_max")
+            overlap = low <= getattr(above, f"{key}_max") and getattr(above, f"{key}_min") <= high
+            row.inside_noise[key] = overlap or abs(ratio - 1) <= floor
+
+
+def noise_verdict(rows: list[Row], repeats: int) -> str:
+    """The report's first words on noise: too noisy to read, or how noisy."""
+    acting = [r for r in rows if r.runs and r.effect not in ("baseline", NO_EFFECT, "failed")]
+    floor = max((r.noise_floor or 0.0 for r in rows if r.runs), default=0.0)
+    noisy = [r for r in acting if r.inside_noise.get("tokens_per_s")]
+    advice = ("run it on an idle machine, with more steps per run (--steps) or more repeats (--repeats)")
+    if repeats < 2:
+        return f"**One run per rung: no interval, so no gain can be told from noise.** To read it, {advice}."
+    if floor > 0.10 or (acting and len(noisy) > len(acting) / 2):
+        return (f"**Too noisy to read:** a rung that changed nothing here moved tokens/s by {100 * floor:.0f}%, and "
+                f"{len(noisy)} of {len(acting)} rungs' gains are inside the noise. To read it, {advice}.")
+    shown = f"rungs that changed nothing here moved tokens/s by up to {100 * floor:.1f}%" if floor else \
+        "no rung here was inert, so the noise floor is the repeats' intervals alone"
+    return (f"Noise: {shown}; a gain whose min–max interval over the repeats overlaps the rung above's, or "
+            f"that is no larger than that, is marked *inside noise* and not counted as a gain ({len(noisy)} of "
+            f"{len(acting)} rungs).")
+
+
+def _resolved(key: str, params: dict[str, Any], runtime: dict[str, Any]) -> Any:
+    return runtime.get(RESOLVED[key], params[key]) if key in RESOLVED else params[key]
+
+
+def _what_ran(rung: Rung, params: dict[str, Any], runtime: dict[str, Any]) -> str:
+    parts = []
+    for key in rung.changes:
+        asked, ran = params[key], _resolved(key, params, runtime)
+        parts.append(f"{key}={_fmt(asked)}" + (f" → {_fmt(ran)}" if key in RESOLVED and ran != asked else ""))
+    return ", ".join(parts)
+
+
+def _effect(rung: Rung, params: dict[str, Any], runtime: dict[str, Any], previous: Row | None) -> str:
+    if previous is None:
+        return "acts (rung above failed)"
+    before = previous.runtime
+    same = all(_resolved(k, params, runtime) == before.get(RESOLVED[k]) for k in rung.changes if k in RESOLVED)
+    if same and all(k in RESOLVED for k in rung.changes):
+        return NO_EFFECT
+    return "acts"
+
+
+def _fmt(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
