@@ -75,3 +75,32 @@ def test_under_bf16_autocast_it_matches_the_plain_path_to_bf16_precision():
         ours = linear_cross_entropy(hidden, weight, targets, None, 16)
         expected = F.cross_entropy(F.linear(hidden, weight), targets)
     assert ours.dtype == torch.float32 and ours.item() == pytest.approx(expected.item(), rel=2e-2)
+
+
+@pytest.mark.skipif(not hasattr(torch, "get_autocast_dtype"), reason="needs torch >= 2.4")
+def test_compiled_under_bf16_it_writes_no_fp32_logits():
+    """Inductor fuses the softmax, the label column and the cast: a chunk's only vocabulary-wide buffers are
+    the bf16 logits and their bf16 gradient (benchmarks/loss_kernels.py counts them at full size)."""
+    import sys
+    from pathlib import Path
+
+    from torch._inductor.utils import run_and_get_code
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from loss_kernels import vocab_wide_buffers
+
+    torch.manual_seed(0)
+    hidden = torch.randn(64, 16, requires_grad=True)
+    weight = torch.randn(256, 16, requires_grad=True)
+    targets = torch.randint(0, 256, (64,))
+
+    def step():
+        with torch.autocast("cpu", torch.bfloat16):
+            loss = linear_cross_entropy(hidden, weight, targets, None, 64)
+        loss.backward()
+        return loss
+
+    torch._dynamo.reset()
+    loss, codes = run_and_get_code(torch.compile(step))
+    assert vocab_wide_buffers("\n".join(codes), 64 * 256) == ["(64, 256) torch.bfloat16"] * 2
+    assert loss.item() == pytest.approx(F.cross_entropy(hidden @ weight.t(), targets).item(), rel=2e-2)

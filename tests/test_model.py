@@ -47,7 +47,17 @@ def test_peak_table_matches_the_most_specific_gpu_name(name, key):
 
     assert device_key(name) == key
     assert peak_flops("x86_64", "fp32", False) is None
-    assert peak_flops("x86_64", "fp32", False, override_tflops=1.5) == 1.5e12
+
+
+def test_mfu_divides_by_the_bf16_peak_and_names_the_dtypes_own_where_it_differs():
+    from gpt2.train.flops import dtype_peak_flops, yardstick_flops
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert yardstick_flops(h100) == 989e12 and yardstick_flops("Tesla V100-SXM2-16GB") == 125e12  # no bf16: fp16
+    assert dtype_peak_flops(h100, "fp32", False) == 67e12 and dtype_peak_flops(h100, "fp32", True) == 494e12
+    assert dtype_peak_flops(h100, "bf16", False) is None  # the yardstick itself
+    assert yardstick_flops("x86_64") is None and yardstick_flops("x86_64", 1.5) == 1.5e12
+    assert dtype_peak_flops("x86_64", "fp32", False, 1.5) is None
 
 
 def test_named_sizes_and_overrides():

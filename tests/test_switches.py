@@ -128,14 +128,37 @@ def test_compile_switch_wraps_the_model(tokens, monkeypatch):
 
 
 @pytest.mark.slow
-def test_compiled_training_really_compiles_and_checkpoints_clean_names(tmp_path, tokens):
-    params = micro_params(compile=True, max_steps=3, eval_interval=3, model={"n_layer": 1})
+def test_compiled_training_really_compiles_without_a_break_and_checkpoints_clean_names(tmp_path, tokens):
+    """The default model, chunked loss included (three uneven chunks), compiles whole: no graph break, and
+    no recompilation in later steps or in the second eval."""
+    params = micro_params(compile=True, max_steps=4, eval_interval=2, loss_chunk=24, model={"n_layer": 1})
     s = trainer.build(params, tokens)
     assert hasattr(s.step_model, "_orig_mod")
     metrics = trainer.train(params, tokens, tmp_path / "ckpt.pt", tmp_path / "reports")
-    assert metrics["steps"] == 3
+    assert metrics["steps"] == 4
+    assert metrics["runtime"]["graph_breaks"] == 0 and metrics["runtime"]["recompiles"] == 0
     state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert not any(k.startswith("_orig_mod.") for k in state["model"])
+
+
+def test_graph_breaks_and_recompilations_are_counted():
+    from gpt2.train.compiled import CompileWatch, flag
+
+    def logs_in_the_middle(x):
+        x = x.sin()
+        print("a graph break")
+        return x.cos()
+
+    watch = CompileWatch(enabled=True)
+    broken, scaled = torch.compile(logs_in_the_middle), torch.compile(lambda x: x * 2)
+    for shape in ((3,), (3,), (3, 4, 5)):  # the third call changes the rank: a recompilation
+        with watch.phase("train"):
+            broken(torch.ones(3))
+            scaled(torch.ones(shape))
+    figures = watch.figures()
+    assert figures["graph_breaks"] == 1 and figures["recompiles"] >= 1
+    assert "graph break" in watch.complaint() and flag(figures).startswith("1 graph break, ")
+    assert CompileWatch(enabled=False).figures() == {"graph_breaks": None, "recompiles": None}
 
 
 def test_grad_accumulation_equals_one_big_batch(tokens):

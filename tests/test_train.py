@@ -40,12 +40,19 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
     # DVC's metrics file keeps only the figures people compare (dvc exp show stays readable)
     compared = json.loads((report / "metrics.json").read_text())
     assert sorted(flatten(compared)) == ["mem.peak_gb", "perf.mfu", "perf.step_ms", "perf.tokens_per_s",
-                                         "perf.tokens_per_s_wall", "train.loss", "val.loss", "val.ppl", "wall_s"]
-    # wall-clock throughput: every token over the whole run's time, evals and model build included
+                                         "perf.tokens_per_s_steady", "perf.tokens_per_s_wall", "train.loss", "val.loss",
+                                         "val.ppl", "wall_s"]
+    # wall-clock throughput: every token over the whole run's time, evals and model build included; the steady
+    # state: the 29 steps after the warm-up over their wall time (evals included), between the two
     assert 0 < metrics["perf"]["tokens_per_s_wall"] == pytest.approx(30 * 4 * 16 / metrics["wall_s"], rel=0.01)
+    assert metrics["perf"]["tokens_per_s_wall"] < metrics["perf"]["tokens_per_s_steady"]
+    history = checkpoint.load(tmp_path / "run/ckpt.pt")["history"]
+    assert history["steady_steps"] == 29 and history["steady_s"] < metrics["wall_s"]
+    assert metrics["perf"]["tokens_per_s_steady"] == pytest.approx(29 * 4 * 16 / history["steady_s"], rel=0.01)
     assert metrics["perf"]["tokens_per_s_wall"] < metrics["perf"]["tokens_per_s"]
+    assert metrics["runtime"]["graph_breaks"] is None  # not compiled: nothing to count
     assert compared["val"]["loss"] == round(metrics["val"]["loss"], 4) and compared["perf"] == {
-        k: metrics["perf"][k] for k in ("step_ms", "tokens_per_s", "tokens_per_s_wall", "mfu")}
+        k: metrics["perf"][k] for k in ("step_ms", "tokens_per_s", "tokens_per_s_steady", "tokens_per_s_wall", "mfu")}
     assert (report / "plots/curves.png").read_bytes().startswith(b"\x89PNG")
     train_rows = (report / "plots/train.tsv").read_text().splitlines()
     assert train_rows[0].split("\t") == list(PLOT_COLUMNS["train.tsv"])
@@ -55,6 +62,14 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
     state = checkpoint.load(tmp_path / "run/ckpt.pt")
     assert state["step"] == 30 and set(state) >= {"model", "optimizer", "scaler", "rng_per_rank", "sampler",
                                                 "model_config"}
+
+
+def test_final_eval_off_skips_the_val_loss_after_the_last_step(tmp_path, tokens):
+    metrics = run(tmp_path, tokens, micro_params(max_steps=6, eval_interval=4, final_eval=False))
+    val_rows = (tmp_path / "run/reports/plots/val.tsv").read_text().splitlines()
+    assert [r.split("\t")[0] for r in val_rows[1:]] == ["4"] and metrics["steps"] == 6
+    assert run(tmp_path, tokens, micro_params(max_steps=6, eval_interval=100, final_eval=False),
+               name="none")["val"]["loss"] is None
 
 
 def test_measurement_run_writes_no_checkpoint_but_records_what_ran(tmp_path, tokens):

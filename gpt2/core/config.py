@@ -133,7 +133,8 @@ class TrainConfig:
     muon_weight_decay: float = param(0.0, "Muon's decoupled weight decay", ge=0)
     seed: int = param(1337, "model init, batches, dropout")
     # measuring
-    eval_interval: int = param(40, "val loss every this many steps (and at the end)", ge=1)
+    eval_interval: int = param(40, "val loss every this many steps", ge=1)
+    final_eval: bool = param(True, "and after the last step (false: speed runs, where the eval compiles again)")
     eval_iters: int = param(10, "micro-batches per val loss", ge=1)
     eval_seed: int = param(1337, "which val windows: the same in every run (not train.seed), so runs compare on "
                                  "one text")
@@ -146,7 +147,8 @@ class TrainConfig:
     target_val_loss: float | None = param(None, "time to target: the first eval at or below it records time, "
                                                 "tokens and steps", gt=0)
     stop_at_target: bool = param(True, "... and ends the run there")
-    peak_tflops: float | None = param(None, "this device's peak for MFU; null = look it up by GPU name", gt=0)
+    peak_tflops: float | None = param(None, "this device's dense bf16 peak for MFU; null = look it up by GPU name",
+                                      gt=0)
     resume: Literal["auto", "never"] = param(
         "auto", "auto (continue an unfinished run of this model and data) | never")
     # many processes

@@ -45,7 +45,7 @@ class Evaluator:
         self.s, self.cfg, self.history, self.tracker, self.elapsed_s = s, s.params.train, history, tracker, elapsed_s
 
     def due(self, step: int) -> bool:
-        return step % self.cfg.eval_interval == 0 or step == self.s.total_steps
+        return step % self.cfg.eval_interval == 0 or (step == self.s.total_steps and self.cfg.final_eval)
 
     @property
     def stop(self) -> bool:
@@ -53,7 +53,8 @@ class Evaluator:
         return self.history.target is not None and self.cfg.stop_at_target
 
     def evaluate(self, step: int) -> None:
-        val = estimate_loss(self.s, self.s.val_data)
+        with self.s.compile_watch.phase("eval"):
+            val = estimate_loss(self.s, self.s.val_data)
         self.history.val.append({"step": step, "val/loss": val})
         self.tracker.log_metrics({"val/loss": val, "val/ppl": math.exp(min(val, 50))}, step=step)
         logger.info(f"step {step}/{self.s.total_steps} | val loss {val:.4f}")

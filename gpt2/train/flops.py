@@ -41,11 +41,24 @@ def flops_per_token(n_params_without_wpe: int, n_layer: int, n_embd: int, seq_le
     return 6.0 * n_params_without_wpe, 12.0 * n_layer * n_embd * seq_len
 
 
-def peak_flops(device_name: str, dtype: str, tf32: bool, override_tflops: float | None = None) -> float | None:
-    """Peak FLOP/s for this device and dtype, or None when unknown (then MFU is not reported)."""
-    if override_tflops is not None:
-        return override_tflops * 1e12
+def peak_flops(device_name: str, dtype: str, tf32: bool) -> float | None:
+    """Peak FLOP/s for this device and dtype, or None when unknown."""
     kind = "tf32" if dtype == "fp32" and tf32 else dtype
     key = device_key(device_name)
     peak = PEAK_TFLOPS[key].get(kind) if key else None
     return peak * 1e12 if peak else None
+
+
+def yardstick_flops(device_name: str, override_tflops: float | None = None) -> float | None:
+    """The peak MFU divides by, whatever the run's dtype: the card's dense bf16 peak (fp16 on cards
+    without bf16), so an fp32 run and a bf16 run are measured against the same number, as the peers
+    measure theirs. None when unknown (then MFU is not reported)."""
+    if override_tflops is not None:
+        return override_tflops * 1e12
+    return peak_flops(device_name, "bf16", False) or peak_flops(device_name, "fp16", False)
+
+
+def dtype_peak_flops(device_name: str, dtype: str, tf32: bool, override_tflops: float | None = None) -> float | None:
+    """The run's own dtype's peak where it differs from the yardstick (fp32 and tf32 runs), else None."""
+    own = peak_flops(device_name, dtype, tf32)
+    return own if own is not None and own != yardstick_flops(device_name, override_tflops) else None

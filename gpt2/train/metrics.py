@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -23,7 +24,7 @@ from gpt2.core.errors import UserError
 from gpt2.core.progress import clock
 from gpt2.train import distributed
 from gpt2.train.device import Runtime
-from gpt2.train.reports import History, warmup_s
+from gpt2.train.reports import History, mfu, warmup_s
 from gpt2.train.setup import Setup
 from gpt2.train.timing import StepTimer
 from gpt2.train.tracking import Tracker
@@ -67,11 +68,14 @@ class Metrics:
         self.every_step = sync_every_step(s.runtime)
         self.pending: list[torch.Tensor] = []  # losses of the steps since the last sync point
         self.synced = False
+        self.steady_from: tuple[int, float] | None = None  # the sync point (step, clock) the steady state counts from
 
     def step_started(self) -> None:
         self.timer.mark()
+        self.s.compile_watch.enter("train")  # compilations after the first step are recompilations
 
     def step_done(self, loss: torch.Tensor, fp16_skipped: bool) -> None:
+        self.s.compile_watch.leave()
         self.pending.append(loss)
         self.history.fp16_skipped += fp16_skipped
 
@@ -89,6 +93,7 @@ class Metrics:
         self.timer.mark()
         self.history.step_s.extend(self.timer.durations())
         self.losses, stopping = distributed.step_consensus(self.pending, stop_here, self.s.dist)
+        self.count_steady(step, time.perf_counter())  # the device is synchronized: the losses were read
         first = step - len(self.pending) + 1
         self.pending.clear()
         bad = next((i for i, value in enumerate(self.losses) if not math.isfinite(value)), None)
@@ -103,6 +108,15 @@ class Metrics:
             self.tracker.log_metrics({"perf/warmup_s": warmup_s(self.history, step)}, step=step)
         return stopping
 
+    def count_steady(self, step: int, now: float) -> None:
+        """Add the steps and wall time since the last sync point to the steady state, which begins at the
+        first sync point after the warm-up steps (in a resumed session: its first sync point)."""
+        if self.steady_from is not None:
+            self.history.steady_steps += step - self.steady_from[0]
+            self.history.steady_s += now - self.steady_from[1]
+        if self.steady_from is not None or step >= self.cfg.timing_warmup_steps:
+            self.steady_from = (step, now)
+
     def log(self, step: int, lr: float, grad_norm: torch.Tensor) -> None:
         """One record for this step, to the history, MLflow and the console."""
         s = self.s
@@ -111,17 +125,22 @@ class Metrics:
         # every plot of step time; their total is its own measure, perf/warmup_s
         dt = self.history.step_s[-1]
         tokens_per_s = s.tokens_per_step / dt
-        mfu = s.flops_per_token * tokens_per_s / (s.peak_flops * s.dist.world) if s.peak_flops else None
+        utilization = mfu(s.flops_per_token, tokens_per_s, s.peak_flops, s.dist.world)
+        own = mfu(s.flops_per_token, tokens_per_s, s.dtype_peak_flops, s.dist.world)
         if step > self.cfg.timing_warmup_steps:
             record |= {"perf/step_ms": 1000 * dt, "perf/tokens_per_s": tokens_per_s,
-                       "perf/tokens_per_s_per_device": tokens_per_s / s.dist.world, "perf/mfu": mfu}
+                       "perf/tokens_per_s_per_device": tokens_per_s / s.dist.world, "perf/mfu": utilization}
+            if own is not None:
+                record["perf/mfu_dtype"] = own
         if s.scaler.is_enabled():  # fp16: steps GradScaler skipped after an overflow (always 0 otherwise)
             record["perf/fp16_skipped_steps"] = self.history.fp16_skipped
         record |= memory_gb(s.runtime)
         self.history.train.append({"step": step, **record})
         self.tracker.log_metrics(record, step=step)
         eta_s = (s.total_steps - step) * statistics.median(self.history.step_s[-20:])
-        shown = f" | MFU {100 * mfu:.1f}%" if mfu is not None else ""
+        shown = f" | MFU {100 * utilization:.1f}%" if utilization is not None else ""
+        kind = "tf32" if s.runtime.dtype == "fp32" and s.runtime.tf32 else s.runtime.dtype
+        shown += f" ({100 * own:.0f}% of the {kind} peak)" if own is not None else ""
         logger.info(f"step {step}/{s.total_steps} | loss {record['train/loss']:.4f} | lr {lr:.2e} | "
                     f"norm {record['train/grad_norm']:.2f} | {1000 * dt:.0f} ms | {tokens_per_s / 1000:.1f}K tok/s"
                     f"{shown} | ETA {clock(eta_s)}")

@@ -29,6 +29,8 @@ class History:
     step_s: list[float] = field(default_factory=list)
     fp16_skipped: int = 0
     elapsed_s: float = 0.0  # wall time of the run up to its last checkpoint (earlier sessions of a resumed run)
+    steady_steps: int = 0  # steps after each session's warm-up, and their wall time (evals, checkpoints included)
+    steady_s: float = 0.0
     target: dict[str, float] | None = None  # when val loss first reached train.target_val_loss
 
 
@@ -42,7 +44,8 @@ PLOT_COLUMNS = {
 
 # What metrics.json (DVC metrics: `dvc exp show`, `dvc metrics show`) keeps: the figures people compare.
 # Everything else about the run (steps, tokens, world size, what really ran) goes to summary.json.
-COMPARED = {"train": ("loss",), "val": ("loss", "ppl"), "perf": ("step_ms", "tokens_per_s", "tokens_per_s_wall", "mfu"),
+COMPARED = {"train": ("loss",), "val": ("loss", "ppl"),
+            "perf": ("step_ms", "tokens_per_s", "tokens_per_s_steady", "tokens_per_s_wall", "mfu"),
             "mem": ("peak_gb",), "target": ("reached", "time_s", "tokens", "steps"), "wall_s": None}
 
 
@@ -51,25 +54,37 @@ def warmup_s(history: History, steps: int) -> float:
     return round(sum(history.step_s[:steps]), 3)
 
 
+def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float | None, world: int) -> float | None:
+    """Model FLOPs utilization: the FLOP/s the model's arithmetic needs at this speed over the peak."""
+    return flops_per_token * tokens_per_s / (peak_flops * world) if peak_flops else None
+
+
 def summarize(history: History, step: int, wall_s: float, first_step: int, *, tokens_per_step: int, world: int,
-              flops_per_token: float, peak_flops: float | None, timing_warmup_steps: int,
+              flops_per_token: float, peaks: dict[str, float | None], timing_warmup_steps: int,
               target_val_loss: float | None, num_params: int, memory: dict[str, float]) -> dict[str, Any]:
-    """The run's figures. ``tokens_per_s`` is the median step's; ``tokens_per_s_wall`` divides the
-    tokens of this session (steps ``first_step``..``step``) by its whole wall time: model build,
-    compilation, evals and checkpoints included."""
+    """The run's figures. ``tokens_per_s`` is the median step's. ``tokens_per_s_steady`` divides the
+    steps after the warm-up by their wall time (evals and checkpoints included), the figure to hold
+    against the median; ``tokens_per_s_wall`` divides the tokens of this session (steps
+    ``first_step``..``step``) by its whole wall time: model build and compilation included too.
+    ``peaks``: the peak FLOP/s each MFU figure divides by (``mfu``: the bf16 yardstick; ``mfu_dtype``:
+    the run's own dtype's, where it differs)."""
     timed = history.step_s[timing_warmup_steps:] or history.step_s
     step_s = statistics.median(timed)
     tokens_per_s = tokens_per_step / step_s
     last_val = history.val[-1]["val/loss"] if history.val else None
+    utilization = {name: _round(mfu(flops_per_token, tokens_per_s, peak, world), 5)
+                   for name, peak in peaks.items() if name == "mfu" or peak}
     return {
         "train": {"loss": history.train[-1].get("train/loss") if history.train else None},
         "val": {"loss": last_val, "ppl": math.exp(last_val) if last_val is not None else None},
         "perf": {
             "step_ms": round(1000 * step_s, 3),
             "tokens_per_s": round(tokens_per_s, 1),
+            "tokens_per_s_steady": (round(history.steady_steps * tokens_per_step / history.steady_s, 1)
+                                    if history.steady_s > 0 else None),
             "tokens_per_s_wall": round((step - first_step) * tokens_per_step / wall_s, 1) if wall_s > 0 else None,
             "tokens_per_s_per_device": round(tokens_per_s / world, 1),
-            "mfu": round(flops_per_token * tokens_per_s / (peak_flops * world), 5) if peak_flops else None,
+            **utilization,
             "timed_steps": len(timed),
             "warmup_s": warmup_s(history, timing_warmup_steps),
             "world_size": world,

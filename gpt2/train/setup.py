@@ -20,9 +20,10 @@ from gpt2.core.tokens import read_meta
 from gpt2.model.gpt import GPT, GPTConfig, gpt_config
 from gpt2.model.sizes import SIZES, sequence_length
 from gpt2.train import distributed
+from gpt2.train.compiled import CompileWatch
 from gpt2.train.device import Runtime, resolve, sdpa_backend
 from gpt2.train.distributed import Dist
-from gpt2.train.flops import flops_per_token, peak_flops
+from gpt2.train.flops import dtype_peak_flops, flops_per_token, yardstick_flops
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.optim import build_optimizers
 
@@ -47,8 +48,10 @@ class Setup:
     tokens_per_step: int  # of the whole job: micro-batch × seq_len × accumulation × world size
     total_steps: int
     flops_per_token: float
-    peak_flops: float | None
+    peak_flops: float | None  # the card's dense bf16 peak: MFU's yardstick whatever the dtype
+    dtype_peak_flops: float | None  # the run's own dtype's peak where it differs (fp32, tf32)
     meta: dict[str, Any]
+    compile_watch: CompileWatch  # graph breaks and recompilations of this run
     init: dict[str, str] = field(default_factory=dict)  # where the weights came from (train.init_from)
 
     @property
@@ -109,8 +112,9 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         seq_len=seq_len, tokens_per_step=tokens_per_step, total_steps=total,
         flops_per_token=sum(flops_per_token(model.num_params(exclude_position_embedding=True), model_cfg.n_layer,
                                             model_cfg.n_embd, seq_len)),
-        peak_flops=peak_flops(runtime.device_name, runtime.dtype, runtime.tf32, cfg.peak_tflops), meta=meta,
-        init=init,
+        peak_flops=yardstick_flops(runtime.device_name, cfg.peak_tflops),
+        dtype_peak_flops=dtype_peak_flops(runtime.device_name, runtime.dtype, runtime.tf32, cfg.peak_tflops), meta=meta,
+        compile_watch=CompileWatch(cfg.compile), init=init,
     )
 
 
@@ -168,6 +172,6 @@ def inert_switch_warnings(s: Setup) -> list[str]:
     if device != "cuda" and cfg.batching == "vectorized":
         warnings.append("pinned memory and non_blocking copies (part of batching: vectorized) are inert off CUDA")
     if s.peak_flops is None:
-        warnings.append(f"no peak FLOP/s known for {s.runtime.device_name!r} in {s.runtime.dtype}: MFU is not "
-                        "reported; set train.peak_tflops to get it")
+        warnings.append(f"no peak FLOP/s known for {s.runtime.device_name!r}: MFU is not reported; set "
+                        "train.peak_tflops (its dense bf16 peak) to get it")
     return warnings

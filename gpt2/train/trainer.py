@@ -128,16 +128,19 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
     def finish(last_step: int) -> dict[str, Any]:
         summary = summarize(history, last_step, time.perf_counter() - started, first_step,
                             tokens_per_step=s.tokens_per_step, world=s.dist.world, flops_per_token=s.flops_per_token,
-                            peak_flops=s.peak_flops, timing_warmup_steps=cfg.timing_warmup_steps,
+                            peaks={"mfu": s.peak_flops, "mfu_dtype": s.dtype_peak_flops}, timing_warmup_steps=cfg.timing_warmup_steps,
                             target_val_loss=cfg.target_val_loss, num_params=s.model.num_params(),
                             memory=memory_gb(s.runtime))
-        return {**summary, "runtime": runtime}
+        return {**summary, "runtime": {**runtime, **s.compile_watch.figures()}}
 
     checkpointer = Checkpointer(s, ckpt_path, history, tracker, step=step,
                                 elapsed_s=lambda: earlier_s + time.perf_counter() - started)
     status = "FAILED"
     try:
         summary = fit(s, step, history, checkpointer, tracker, finish)
+        if complaint := s.compile_watch.complaint():
+            logger.warning(complaint)
+        tracker.set_tags(s.compile_watch.figures())
         if s.dist.main and report_dir is not None:
             write_reports(report_dir, summary, history)
             tracker.log_artifact(report_dir / "summary.json")

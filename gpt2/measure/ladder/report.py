@@ -13,6 +13,7 @@ from gpt2.core.atomic import atomic_dir
 from gpt2.measure import experiments
 from gpt2.measure.ladder.spec import Plan
 from gpt2.measure.ladder.stats import NO_EFFECT, Row, noise_verdict
+from gpt2.train.compiled import flag
 
 
 def table(rows: list[Row], steps: int, target: float | None = None) -> str:
@@ -35,7 +36,8 @@ def table(rows: list[Row], steps: int, target: float | None = None) -> str:
                  _ratio(row.vs_previous, noise.get("tokens_per_s")), _ratio(row.cumulative),
                  f"{row.peak_mem_gb:.2f}", f"{100 * row.mfu:.1f}%" if row.mfu is not None else "n/a",
                  f"{row.val_loss:.3f}" if row.val_loss is not None else "",
-                 "" if row.effect in ("acts", "baseline") else row.effect]
+                 "; ".join(filter(None, ["" if row.effect in ("acts", "baseline") else row.effect,
+                                         flag(row.runtime)]))]
         if target is not None:
             reached = f"{row.time_s:.1f} ({row.time_s_min:.1f}–{row.time_s_max:.1f})" if row.time_s else ""
             if row.reached < row.runs:
