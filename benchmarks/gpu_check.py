@@ -6,16 +6,28 @@
 
 Each training runs in a fresh process (compile caches, allocator state and peak-memory counters do
 not leak between them), with the trainer's own figures (medians after the warm-up steps, CUDA events
-for step times). The parts:
+for step times) and no final evaluation (``train.final_eval: false``: it would compile again). Every
+row has ms/step, tokens/s (the median step's), the steady state (the timed steps over their wall
+time) and the whole run (process start and compilation included), MFU against the card's dense bf16
+peak (the yardstick the peers use; fp32 and tf32 rows also against their own), peak memory, and the
+run's graph breaks and recompilations (a row with any says so). The parts:
 
 - ``tests``: ``pytest tests/test_gpu.py``;
-- ``ladder``: GPT-2 124M at T=1024, each rung on top of the last: fp32 → tf32 → bf16 → compile →
-  flash attention → padded vocab → fused AdamW → the largest micro-batch ``gpt2 plan`` says fits →
-  cuDNN attention; ms/step, tokens/s, MFU, peak memory against the plan's estimate;
-- ``peers``: nanoGPT's settings on our code (micro-batch 12, T=1024, bf16, compile), then the best
-  ladder row (the fastest measured) plain, under DDP in one process (its overhead) and with Muon;
-- ``long``: the best row at GPT-2's 0.5M-token batch with evals and checkpoints: wall-clock tokens/s
-  against the step median.
+- ``ladder``: GPT-2 124M at T=1024 (smoke: no TF32, compile or cuDNN rows), each rung on top of the last: fp32 → tf32 → bf16 → compile →
+  flash attention → padded vocab → fused AdamW → the largest micro-batch ``gpt2 plan`` says fits, up
+  to 64 → cuDNN attention; peak memory against the plan's estimate. 64 × 1024 positions already fill
+  an H100's matmuls (llm.c's H100 setting), and each further 8 sequences add one unrolled loss chunk
+  to the compiled graph: more compile time, no more throughput to expect;
+- ``nanogpt``: our code at nanoGPT's settings (micro-batch 12, T=1024, bf16, compile); with
+  ``--nanogpt DIR`` (a checkout of karpathy/nanoGPT), alternating with nanoGPT's own ``train.py`` on
+  the same tokens, card, micro-batch, T and dtype (benchmarks/nanogpt_peer.py), and their ratio;
+- ``peers``: the best ladder row (the fastest measured) plain, under DDP in one process (its
+  overhead) and with Muon;
+- ``long``: the best row at GPT-2's 0.5M-token batch with evals and checkpoints: the steady-state
+  wall clock against the step median;
+- ``profile``: the best row under torch.profiler (benchmarks/profile_step.py): device time per step
+  by kind (matmuls, attention, Inductor's fused kernels, optimizer, copies) and the top kernels, in
+  ``<json>.profile.md``: where the time goes, and what is left to cut.
 
 Built for jobs with a wall-time limit (a SLURM job, a Colab session, the 10-minute commands of a lent
 GPU box): every row reaches the JSON the moment it is measured, a second run with the same ``--json``
@@ -23,11 +35,12 @@ skips the rows already there, and a child that runs past ``--timeout-s`` (420 s 
 with a row that says so. Each child's stderr tail is kept in ``<json>.stderr.log``.
 
 Planning about 30 minutes on one H100 (a cold ``torch.compile`` of GPT-2 124M takes about a minute per
-process), in the order that brings the headline rows first:
+process), in the order that brings the headline rows first, each job with the same ``--json``:
 
-1. ``--part ladder`` (9 rows, 6 of them compiled: about 8 minutes; if cut, the next job finishes it);
-2. ``--part ladder --part peers`` (the rest of the ladder, then 4 rows: about 5 minutes);
-3. ``--part long --part tests`` (about 4 minutes).
+1. ``--part ladder`` (9 rows, 6 of them compiled: about 7 minutes; if cut, the next job finishes it);
+2. ``--part ladder --part nanogpt --nanogpt DIR`` (4 compiled runs, 2 each, alternating: about 5 minutes);
+3. ``--part peers`` (3 compiled rows: about 4 minutes);
+4. ``--part long --part tests --part profile`` (about 6 minutes).
 
 Needs only torch, numpy, click and pyyaml (and pytest for the tests): it runs as copied on a box with
 torch preinstalled, with no install, no dvc, no mlflow and no network; uses data/tokens when present,
@@ -39,6 +52,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,7 +65,10 @@ import click
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+import nanogpt_peer  # noqa: E402
 from train_switches import synthetic_tokens  # noqa: E402
+
+from gpt2.train.compiled import flag  # noqa: E402
 
 # Each rung adds its change to every rung above it.
 RUNGS: list[tuple[str, dict[str, Any]]] = [
@@ -78,14 +95,14 @@ def profile(smoke: bool) -> dict[str, Any]:
                 "seq": 8, "micro_batch": 1, "max_micro_batch": 4, "steps": 2, "warmup": 1, "long_steps": 4,
                 "memory_gb": 8.0,
                 "eval_iters": 2, "compile": False}
-    return {"model": {"size": "gpt2"}, "seq": 1024, "micro_batch": 16, "max_micro_batch": 128, "steps": 20,
+    return {"model": {"size": "gpt2"}, "seq": 1024, "micro_batch": 16, "max_micro_batch": 64, "steps": 20,
             "warmup": 3, "long_steps": 100, "memory_gb": None,
             "eval_iters": 20, "compile": True}
 
 
 def train_params(prof: dict[str, Any], train: dict[str, Any], steps: int) -> dict[str, Any]:
     base = {"max_steps": steps, "block_size": prof["seq"], "micro_batch_size": prof["micro_batch"],
-            "eval_interval": 10**9, "eval_iters": 2, "log_interval": 10, "checkpoint_interval": 10**9,
+            "eval_interval": 10**9, "eval_iters": 2, "final_eval": False, "log_interval": 10, "checkpoint_interval": 10**9,
             "save_checkpoint": False, "mlflow": False, "resume": "never", "timing_warmup_steps": prof["warmup"]}
     train = {**base, **train}
     if not prof["compile"]:
@@ -141,31 +158,69 @@ def row(name: str, metrics: dict[str, Any] | None, error: str, estimate: float |
         train: dict[str, Any], note: str = "") -> dict[str, Any]:
     if metrics is None:
         return {"name": name, "failed": error, "train": train}
-    perf = metrics["perf"]
+    perf, runtime = metrics["perf"], metrics.get("runtime", {})
     return {"name": name, "step_ms": perf["step_ms"], "tokens_per_s": perf["tokens_per_s"],
-            "tokens_per_s_wall": perf.get("tokens_per_s_wall"), "mfu": perf["mfu"],
+            "tokens_per_s_steady": perf.get("tokens_per_s_steady"), "tokens_per_s_wall": perf.get("tokens_per_s_wall"),
+            "mfu": perf["mfu"], "mfu_dtype": perf.get("mfu_dtype"),
             "peak_gb": metrics["mem"]["peak_gb"], "estimate_gb": estimate, "warmup_s": perf.get("warmup_s"),
-            "sdpa": metrics.get("runtime", {}).get("sdpa_backend"), "dtype": metrics.get("runtime", {}).get("dtype"),
+            "sdpa": runtime.get("sdpa_backend"), "dtype": runtime.get("dtype"), "tf32": runtime.get("tf32"),
+            "graph_breaks": runtime.get("graph_breaks"), "recompiles": runtime.get("recompiles"),
             "micro_batch": train["micro_batch_size"], "accum": train.get("grad_accum_steps", 1), "note": note,
             "train": train}
 
 
+def mfu_cell(r: dict[str, Any]) -> str:
+    """'41.2%' against the bf16 peak; fp32 and tf32 rows add their own dtype's: '3.1% (46% of tf32)'."""
+    if r.get("mfu") is None:
+        return "n/a"
+    own = r.get("mfu_dtype")
+    kind = "tf32" if r.get("dtype") == "fp32" and r.get("tf32") else r.get("dtype")
+    return f"{100 * r['mfu']:.1f}%" + (f" ({100 * own:.0f}% of {kind})" if own is not None else "")
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| run | micro-batch × accum | ms/step | tokens/s | wall tokens/s | MFU | peak GB (plan) | kernel | note |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | micro-batch × accum | ms/step | tokens/s | steady tokens/s | whole-run tokens/s "
+             "| MFU (bf16 peak) | peak GB (plan) | kernel | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def number(value: float | None) -> str:
+        return f"{value:,.0f}" if value else ""
+
     for r in rows:
         if "failed" in r:
-            lines.append(f"| {r['name']} | | failed | | | | | | {r['failed']} |")
+            lines.append(f"| {r['name']} | | failed | | | | | | | {r['failed']} |")
             continue
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        plan_gb = f" ({r['estimate_gb']:.1f})" if r["estimate_gb"] is not None else ""
-        wall = f"{r['tokens_per_s_wall']:,.0f}" if r.get("tokens_per_s_wall") else ""
-        lines.append(f"| {r['name']} | {r['micro_batch']} × {r['accum']} | {r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} "
-                     f"| {wall} | {mfu} | {r['peak_gb']:.1f}{plan_gb} | {r['sdpa']} | {r['note']} |")
+        plan_gb = f" ({r['estimate_gb']:.1f})" if r.get("estimate_gb") is not None else ""
+        peak = f"{r['peak_gb']:.1f}{plan_gb}" if r.get("peak_gb") is not None else ""
+        note = "; ".join(filter(None, [r.get("note", ""), flag(r)]))
+        lines.append(f"| {r['name']} | {r['micro_batch']} × {r['accum']} | {r['step_ms']:.1f} "
+                     f"| {number(r['tokens_per_s'])} | {number(r.get('tokens_per_s_steady'))} "
+                     f"| {number(r.get('tokens_per_s_wall'))} | {mfu_cell(r)} | {peak} | {r.get('sdpa') or ''} "
+                     f"| {note} |")
     return "\n".join(lines) + "\n"
 
 
-PARTS = ("tests", "ladder", "peers", "long")
+def profile_best(params: dict[str, Any], tokens: str, report: Report, timeout_s: float | None) -> dict[str, Any]:
+    """The best row's step under torch.profiler, in a fresh process: time by kind (kept in the JSON) and the
+    full table (beside it, ``<json>.profile.md``)."""
+    sets = [f"{section}.{key}={json.dumps(value)}" for section, values in params.items() for key, value in values.items()]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "profile.json"
+        command = [sys.executable, str(ROOT / "benchmarks/profile_step.py"), "--tokens", tokens, "--json", str(out),
+                   *[arg for s in sets for arg in ("--set", s)]]
+        try:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"failed": f"timed out after {timeout_s:g} s"}
+        if result.returncode != 0 or not out.is_file():
+            return {"failed": (result.stderr.strip().splitlines() or ["no output"])[-1][:300]}
+        figures = json.loads(out.read_text())
+    if report.path is not None:
+        report.path.with_suffix(".profile.md").write_text(result.stdout)
+    print(result.stdout, file=sys.stderr)
+    return {"ms_per_step": round(figures["total_ms"], 3), "by_kind": figures["by_kind"], "top": figures["top"][:10]}
+
+
+PARTS = ("tests", "ladder", "nanogpt", "peers", "long", "profile")
 
 
 class Report:
@@ -209,13 +264,18 @@ class Report:
               help="rows go here as they are measured; rows already in it are kept and skipped")
 @click.option("--tokens", default=None, help="token folder (default: data/tokens, else synthetic)")
 @click.option("--part", "parts", multiple=True, type=click.Choice(PARTS),
-              help="what to run (repeatable; default: all): tests, ladder (the headline rows), peers (nanoGPT's "
-                   "settings, DDP, Muon: need the ladder's rows), long (GPT-2 batch, evals, checkpoints)")
+              help="what to run (repeatable; default: all): tests, ladder (the headline rows), nanogpt (our code at "
+                   "nanoGPT's settings; with --nanogpt, against nanoGPT's own train.py), peers (DDP, Muon) and long "
+                   "(GPT-2 batch, evals, checkpoints), which start from the ladder's best row")
+@click.option("--nanogpt", "nanogpt", default=None, type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="a checkout of karpathy/nanoGPT: the nanogpt part runs its train.py beside ours, alternating")
+@click.option("--nanogpt-repeats", default=2, show_default=True, type=click.IntRange(min=1),
+              help="runs of each side in the nanogpt part")
 @click.option("--timeout-s", default=None, type=float,
               help="a child running longer is stopped and its row says 'timed out' (default: 420 on a GPU)")
 @click.option("--skip-tests", is_flag=True, help="same as leaving out --part tests")
-def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[str, ...], timeout_s: float | None,
-         skip_tests: bool) -> None:
+def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[str, ...], nanogpt: Path | None,
+         nanogpt_repeats: int, timeout_s: float | None, skip_tests: bool) -> None:
     import torch
 
     started = time.perf_counter()
@@ -223,6 +283,11 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
     if not gpu and not smoke:
         raise click.UsageError("no CUDA device here; run with --smoke to check the script on this machine")
     parts = tuple(parts) or PARTS
+    if nanogpt is not None:
+        try:
+            nanogpt_peer.check_checkout(nanogpt)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--nanogpt") from None
     if skip_tests or smoke or not gpu:
         parts = tuple(p for p in parts if p != "tests")
     timeout_s = timeout_s if timeout_s is not None else (420.0 if gpu and not smoke else None)
@@ -259,20 +324,59 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
         for name, change in RUNGS:
             if name == "+ largest micro-batch":
                 change = {"micro_batch_size": largest_micro_batch(prof)}
-            if name == "+ cuDNN attention" and not gpu:
-                continue  # no cuDNN attention on a CPU
+            if (not gpu and name in ("+ tf32", "+ cuDNN attention")) or (name == "+ torch.compile" and not prof["compile"]):
+                continue  # CUDA-only switches on a CPU, and compile where the profile turns it off (smoke): no row
             candidate = {**ladder, **change}
             result = measure(name, candidate, prof["steps"], run="ladder" in parts)
             if result is not None and "failed" not in result:
                 ladder = candidate  # a rung that failed (out of memory, a kernel missing here) is not carried on
                 measured.append((result, candidate))
-        if not measured and {"peers", "long"} & set(parts):
+        if not measured and {"peers", "long", "profile"} & set(parts):
             raise click.UsageError("the peers and long parts start from the ladder's best row: run --part ladder "
                                    "first (with the same --json)")
         best = max(measured, key=lambda m: m[0]["tokens_per_s"])[1] if measured else {}  # the fastest, not the last
+        def measure_nanogpt(name: str, ours: dict[str, Any] | None) -> dict[str, Any]:
+            """nanoGPT's own train.py at the same settings; MFU scaled from our row (the same model FLOPs)."""
+            done = report.row(name)
+            if done is not None:
+                return done
+            micro = NANOGPT["micro_batch_size"]
+            args = nanogpt_peer.overrides(prof, token_dir, f"{tmp}/nanogpt-{len(report.data['rows'])}", micro,
+                                          prof["steps"], gpu)
+            times, wrapper, error, stderr = nanogpt_peer.run(nanogpt, args, timeout_s)
+            if error:
+                result = {"name": name, "failed": error, "train": {"nanogpt": args}}
+            else:
+                result = {"name": name, **nanogpt_peer.figures(times, wrapper, micro * prof["seq"], prof["warmup"]),
+                          "estimate_gb": None, "sdpa": "nanoGPT's", "dtype": "bf16" if gpu else "fp32",
+                          "micro_batch": micro, "accum": 1, "note": "", "train": {"nanogpt": args}}
+                ok = ours is not None and "failed" not in ours and ours.get("mfu") is not None
+                result["mfu"] = ours["mfu"] * result["tokens_per_s"] / ours["tokens_per_s"] if ok else None
+            report.add(result, stderr)
+            shown = f"{result['tokens_per_s']:,.0f} tok/s" if "failed" not in result else f"failed: {error}"
+            print(f"gpu_check: [{time.perf_counter() - started:.0f} s] {name}: {shown}", file=sys.stderr)
+            return result
+
+        if "nanogpt" in parts:
+            settings = {**NANOGPT, **({} if gpu else {"dtype": "fp32"})}  # nanoGPT on a CPU runs fp32 whatever asked
+            if nanogpt is None:
+                measure("nanoGPT's settings on our code", settings, prof["steps"],
+                        "micro-batch 12, bf16, compile: not nanoGPT's own train.py (see --nanogpt)")
+            else:
+                pairs = []
+                for k in range(1, nanogpt_repeats + 1):
+                    ours = measure(f"nanoGPT's settings on our code (run {k})", settings, prof["steps"])
+                    pairs.append((ours, measure_nanogpt(f"nanoGPT's own train.py (run {k})", ours)))
+                done = [(o, t) for o, t in pairs if "failed" not in o and "failed" not in t]
+                if done:
+                    ratio = (statistics.median(o["tokens_per_s"] for o, _ in done)
+                             / statistics.median(t["tokens_per_s"] for _, t in done))
+                    each = [o["tokens_per_s"] / t["tokens_per_s"] for o, t in done]
+                    report.data["nanogpt_ratio"] = round(ratio, 3)
+                    done[-1][1]["note"] = (f"ours ÷ nanoGPT: {ratio:.2f}× tokens/s (medians of {len(done)} alternating "
+                                           f"runs each; pairs {min(each):.2f}–{max(each):.2f}×)")
+                report.save()
         if "peers" in parts:
-            measure("nanoGPT's settings on our code", {**NANOGPT}, prof["steps"],
-                    "micro-batch 12, T=1024, bf16, compile (nanoGPT's defaults; not nanoGPT's own train.py)")
             plain = measure("best, plain (for DDP)", best, prof["steps"])
             ddp = measure("best, DDP in 1 process", {**best, "distributed": "ddp"}, prof["steps"])
             if "failed" not in plain and "failed" not in ddp:
@@ -289,9 +393,12 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
                            {**best, "grad_accum_steps": accum, "eval_interval": steps // 2,
                             "eval_iters": prof["eval_iters"], "checkpoint_interval": steps // 2,
                             "save_checkpoint": True, "timing_warmup_steps": prof["warmup"]}, steps)
-            if "failed" not in long and long.get("tokens_per_s_wall"):
-                long["note"] = (f"wall clock {100 * long['tokens_per_s_wall'] / long['tokens_per_s']:.1f}% of the "
-                                "step median")
+            if "failed" not in long and long.get("tokens_per_s_steady"):
+                long["note"] = (f"steady-state wall clock {100 * long['tokens_per_s_steady'] / long['tokens_per_s']:.1f}%"
+                                " of the step median")
+            report.save()
+        if "profile" in parts and "profile" not in report.data:
+            report.data["profile"] = profile_best(train_params(prof, best, prof["steps"]), token_dir, report, timeout_s)
             report.save()
     report.data["seconds"] = round(report.data.get("seconds", 0.0) + time.perf_counter() - started, 1)
     report.save()

@@ -108,7 +108,7 @@ def main(sets: tuple[str, ...], variants: str | None, steps: int, tokens: str | 
 
     gpu = torch.cuda.is_available()
     names = variants.split(";") if variants else (GPU_VARIANTS if gpu else CPU_VARIANTS)
-    base = merge({"train": {"max_steps": steps, "eval_interval": 10**9, "eval_iters": 1, "log_interval": 10,
+    base = merge({"train": {"max_steps": steps, "eval_interval": 10**9, "final_eval": False, "log_interval": 10,
                             "checkpoint_interval": 10**9, "mlflow": False, "resume": "never"}},
                  parse_overrides(list(sets)))
     with tempfile.TemporaryDirectory() as tmp:

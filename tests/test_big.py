@@ -63,6 +63,7 @@ def test_batches_index_past_2_31(big_train):
         assert x.tolist() == [PATTERN[:8].tolist()] * 2 and y.tolist() == [PATTERN[1:9].tolist()] * 2
 
 
+@pytest.mark.slow
 def test_stats_stream_past_2_31_in_bounded_memory(big_train):
     import resource
 
@@ -74,6 +75,7 @@ def test_stats_stream_past_2_31_in_bounded_memory(big_train):
     assert grown_mb < 512  # 4.3 GB scanned; chunks read into one buffer, nothing mapped
 
 
+@pytest.mark.slow
 def test_evaluate_scores_a_val_split_past_2_31(tmp_path):
     tokens = big_split(make_tokens(tmp_path / "tokens"), "val")
     cfg = micro_params(max_steps=2, eval_interval=2, eval_iters=1, data_loading="memmap")

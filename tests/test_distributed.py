@@ -68,6 +68,7 @@ def test_ddp_in_one_process_equals_plain_training(tmp_path, tokens):
     assert ddp["val"] == plain["val"] and ddp["perf"]["world_size"] == 1
 
 
+@pytest.mark.slow
 def test_signal_on_one_rank_stops_both_at_the_same_step_and_resume_is_exact(tmp_path, tokens):
     dropout = {"dropout": 0.1}  # each rank's own dropout stream must be restored too
     full = torchrun(tmp_path / "full", tokens, model=dropout, micro_batch_size=2)
@@ -90,10 +91,11 @@ def test_checkpoint_of_two_ranks_resumes_in_one_process(tmp_path, tokens):
     assert result["steps"] == 12 and result["perf"]["world_size"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["hang", "die"])
 def test_a_rank_that_hangs_or_dies_is_an_error_not_a_wait(tmp_path, tokens, fault):
     result = torchrun(tmp_path / fault, tokens, "--fault", fault, "--fault-rank", "1", "--fault-step", "3",
-                      micro_batch_size=2, dist_timeout_s=3.0)
+                      "--hang-s", "8", micro_batch_size=2, dist_timeout_s=3.0)
     assert result.returncode != 0
     assert "rank 0/2: a collective failed" in result.stderr and "train.dist_timeout_s = 3 s" in result.stderr
 
@@ -133,6 +135,7 @@ def test_preload_under_ddp_shares_one_mapped_copy(tokens):
     assert shared.array().flags.writeable is False and np.array_equal(shared.array(), private.array())
 
 
+@pytest.mark.slow
 def test_the_first_step_gets_the_longer_deadline(tmp_path, tokens):
     """A rank slow in step 1 (compilation) is waited for; the same delay later is a failure."""
     first = torchrun(tmp_path / "first", tokens, "--fault", "hang", "--fault-rank", "1", "--fault-step", "0",

@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
 
 
 def check(out: Path, tokens: Path, *args: str) -> subprocess.CompletedProcess:
@@ -16,21 +19,45 @@ def check(out: Path, tokens: Path, *args: str) -> subprocess.CompletedProcess:
                            str(tokens), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+FAKE_NANOGPT = """
+import os, sys
+settings = dict(arg[2:].split("=", 1) for arg in sys.argv[1:])
+assert os.path.isfile("configurator.py"), "runs from its own folder, as nanoGPT reads configurator.py from there"
+assert os.path.isfile(os.path.join("data", settings["dataset"], "train.bin")), settings["dataset"]
+assert settings["batch_size"] == "12" and settings["gradient_accumulation_steps"] == "1", settings
+for i in range(int(settings["max_iters"]) + 1):
+    print(f"iter {i}: loss 5.0000, time {500 if i == 0 else 10 * (i + 1):.2f}ms, mfu -100.00%")
+"""
+
+
+def fake_nanogpt(folder: Path) -> Path:
+    """A stand-in for a karpathy/nanoGPT checkout: its three files, a train.py that checks how it is called
+    and prints nanoGPT's iteration lines (the real one runs the same way; CI has no network to clone it)."""
+    folder.mkdir()
+    (folder / "train.py").write_text(FAKE_NANOGPT)
+    (folder / "model.py").write_text("")
+    (folder / "configurator.py").write_text("")
+    return folder
+
+
 def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measured(tmp_path, tokens):
     out = tmp_path / "check.json"
     first = check(out, tokens, "--part", "ladder")  # a job that ends (or is killed) after the ladder
     assert first.returncode == 0, first.stderr[-3000:]
     ladder = json.loads(out.read_text())["rows"]
-    assert [r["name"] for r in ladder] == ["fp32", "+ tf32", "+ bf16 autocast", "+ torch.compile",
-                                           "+ flash attention", "+ padded vocab (50304)", "+ fused AdamW",
-                                           "+ largest micro-batch"]
-    second = check(out, tokens, "--part", "ladder", "--part", "peers", "--part", "long")
+    assert [r["name"] for r in ladder] == ["fp32", "+ bf16 autocast", "+ flash attention", "+ padded vocab (50304)",
+                                           "+ fused AdamW", "+ largest micro-batch"]  # no TF32 on a CPU, no compile in smoke
+    nanogpt = fake_nanogpt(tmp_path / "nanoGPT")
+    second = check(out, tokens, "--part", "ladder", "--part", "nanogpt", "--nanogpt", str(nanogpt), "--part", "peers",
+                   "--part", "long", "--part", "profile")
     assert second.returncode == 0, second.stderr[-3000:]
     assert "fp32:" not in second.stderr  # the ladder's rows were read back, not measured again
     report = json.loads(out.read_text())
     names = [r["name"] for r in report["rows"]]
-    assert names[8:] == ["nanoGPT's settings on our code", "best, plain (for DDP)", "best, DDP in 1 process",
-                         "best, Muon optimizer", "4 steps, GPT-2 batch, evals and checkpoints"]
+    assert names[6:] == ["nanoGPT's settings on our code (run 1)", "nanoGPT's own train.py (run 1)",
+                         "nanoGPT's settings on our code (run 2)", "nanoGPT's own train.py (run 2)",
+                         "best, plain (for DDP)", "best, DDP in 1 process", "best, Muon optimizer",
+                         "4 steps, GPT-2 batch, evals and checkpoints"]
     assert not [r for r in report["rows"] if "failed" in r], report["rows"]
     rows = {r["name"]: r for r in report["rows"]}
     assert rows["+ bf16 autocast"]["dtype"] == "bf16" and rows["fp32"]["dtype"] == "fp32"
@@ -40,6 +67,16 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
     assert "DDP overhead" in rows["best, DDP in 1 process"]["note"]
     assert "step time vs AdamW" in rows["best, Muon optimizer"]["note"]
     assert "of the step median" in rows["4 steps, GPT-2 batch, evals and checkpoints"]["note"]
+    theirs = rows["nanoGPT's own train.py (run 2)"]  # iterations of 500 (warm-up, left out) and 20 ms
+    assert theirs["step_ms"] == 20.0 and theirs["tokens_per_s"] == 12 * 8 / 0.02 and theirs["dtype"] == "fp32"
+    ours = rows["nanoGPT's settings on our code (run 2)"]
+    assert ours["micro_batch"] == 12 and ours["dtype"] == "fp32" and ours["graph_breaks"] is None  # smoke: no compile
+    ratio = report["nanogpt_ratio"]
+    assert ratio > 0 and f"ours ÷ nanoGPT: {ratio:.2f}×" in theirs["note"]
+    assert all(r["tokens_per_s_steady"] > 0 for r in report["rows"])
+    profiled = report["profile"]  # the best row's step under torch.profiler: time by kind, the table beside
+    assert profiled["ms_per_step"] > 0 and "matmul" in profiled["by_kind"], profiled
+    assert "| kind | ms/step | share |" in out.with_suffix(".profile.md").read_text()
     assert "===== best, Muon optimizer" in out.with_suffix(".stderr.log").read_text()  # each child's stderr tail
     table = second.stdout
     assert table.count("\n| ") == len(names) + 1 and "| run | micro-batch × accum |" in table
@@ -49,6 +86,8 @@ def test_a_child_past_its_time_limit_is_a_timed_out_row_and_peers_need_the_ladde
     out = tmp_path / "check.json"
     refused = check(out, tokens, "--part", "long")
     assert refused.returncode != 0 and "run --part ladder first" in refused.stderr
+    not_nanogpt = check(out, tokens, "--part", "nanogpt", "--nanogpt", str(tmp_path))
+    assert not_nanogpt.returncode != 0 and "no train.py, model.py, configurator.py there" in not_nanogpt.stderr
     fp32 = {"name": "fp32", "step_ms": 9.0, "tokens_per_s": 1.0, "tokens_per_s_wall": None, "mfu": None, "peak_gb": 0.1,
             "estimate_gb": None, "warmup_s": 0.0, "sdpa": "manual (no SDPA)", "dtype": "fp32", "micro_batch": 1,
             "accum": 1, "note": "", "train": {}}

@@ -192,6 +192,7 @@ def test_ids_of_another_tokenizer_are_refused(tmp_path):
         tokenize_corpus(TokenizeConfig(), tmp_path / "raw", tmp_path / "tokens")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["llm.c", "nanogpt"])
 def test_dvc_repro_trains_and_evaluates_on_shards_without_a_second_copy(tmp_path, fmt):
     source = tmp_path / "shards"

@@ -129,9 +129,9 @@ def test_compile_switch_wraps_the_model(tokens, monkeypatch):
 
 @pytest.mark.slow
 def test_compiled_training_really_compiles_without_a_break_and_checkpoints_clean_names(tmp_path, tokens):
-    """The default model, chunked loss included (three uneven chunks), compiles whole: no graph break, and
+    """The default model, chunked loss included (two uneven chunks), compiles whole: no graph break, and
     no recompilation in later steps or in the second eval."""
-    params = micro_params(compile=True, max_steps=4, eval_interval=2, loss_chunk=24, model={"n_layer": 1})
+    params = micro_params(compile=True, max_steps=4, eval_interval=2, loss_chunk=40, model={"n_layer": 1})
     s = trainer.build(params, tokens)
     assert hasattr(s.step_model, "_orig_mod")
     metrics = trainer.train(params, tokens, tmp_path / "ckpt.pt", tmp_path / "reports")

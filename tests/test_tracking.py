@@ -68,7 +68,7 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     # the summary is the compared figures as final metrics: no booleans, no runtime details
     summary = sorted(k for k in run.data.metrics if k.startswith("summary/"))
     assert summary == ["summary/mem.peak_gb", "summary/perf.step_ms", "summary/perf.tokens_per_s",
-                       "summary/perf.tokens_per_s_wall", "summary/train.loss", "summary/val.loss", "summary/val.ppl",
+                       "summary/perf.tokens_per_s_steady", "summary/perf.tokens_per_s_wall", "summary/train.loss", "summary/val.loss", "summary/val.ppl",
                        "summary/wall_s"]  # MFU: no peak known on a CPU
     experiment = client.get_experiment_by_name("gpt2")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"

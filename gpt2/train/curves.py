@@ -45,7 +45,7 @@ def render_curves(train: list[dict[str, Any]], val: list[dict[str, Any]], title:
     for ax in axes[1]:
         ax.set_xlabel("step")
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.1, right=0.98, bottom=0.08, top=0.9, wspace=0.25, hspace=0.25)  # tight_layout: 2× slower
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     plt.close(fig)

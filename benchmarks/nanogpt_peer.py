@@ -1,0 +1,97 @@
+"""nanoGPT's own ``train.py``, run as shipped on our token files: the peer row of benchmarks/gpu_check.py.
+
+The checkout is the user's (``--nanogpt DIR``, e.g. ``git clone https://github.com/karpathy/nanoGPT``
+into a git-ignored folder brought along with the job); nothing of it is copied here. It runs through
+its own command line (``--key=value`` overrides), in its own folder (its ``configurator.py`` is read
+from the working directory), with ``dataset`` set to the absolute path of our token folder: nanoGPT
+reads ``<dataset>/train.bin`` as uint16 tokens, our format, and with no ``meta.pkl`` there it pads
+the vocabulary to 50304, as our padded-vocab rung does. ``bias=True`` makes its model GPT-2's, ours.
+
+Its step time is the one it prints, ``iter N: loss …, time …ms`` (wall clock between iterations; with
+``log_interval=1``, its default, each one ends in a ``loss.item()`` sync). A wrapper around its script
+adds what it does not print: the process's peak CUDA memory and wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ITER_LINE = re.compile(r"^iter (\d+): loss [-+\d.naif]+, time ([\d.]+)ms")
+
+# Runs train.py as `python train.py …` would, from its folder, then reports the peak memory and wall time.
+RUNNER = """
+import json, os, runpy, sys, time
+folder, argv = sys.argv[1], sys.argv[2:]
+os.chdir(folder)
+sys.path.insert(0, folder)
+sys.argv = ["train.py", *argv]
+started = time.perf_counter()
+try:
+    runpy.run_path("train.py", run_name="__main__")
+finally:
+    import resource
+    torch = sys.modules.get("torch")  # train.py imported it
+    cuda = torch is not None and torch.cuda.is_available()
+    peak = (torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 1e9
+    print("RESULT " + json.dumps({"peak_gb": peak, "wall_s": time.perf_counter() - started}), flush=True)
+"""
+
+
+def check_checkout(folder: Path) -> None:
+    """Refuse a folder that is not a nanoGPT checkout, naming what is missing."""
+    missing = [name for name in ("train.py", "model.py", "configurator.py") if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(f"--nanogpt {folder}: no {', '.join(missing)} there; give a checkout of karpathy/nanoGPT "
+                         "(git clone https://github.com/karpathy/nanoGPT)")
+
+
+def overrides(prof: dict[str, Any], tokens: str, out_dir: str, micro_batch: int, steps: int, gpu: bool
+              ) -> list[str]:
+    """nanoGPT's command-line settings for the same model, tokens, micro-batch, T and dtype as ours."""
+    model = prof["model"]
+    shape = ({"n_layer": 12, "n_head": 12, "n_embd": 768} if model["size"] == "gpt2"
+             else {k: model[k] for k in ("n_layer", "n_head", "n_embd")})
+    settings = {
+        "dataset": str(Path(tokens).resolve()), "out_dir": out_dir, "batch_size": micro_batch,
+        "block_size": prof["seq"], "gradient_accumulation_steps": 1, "max_iters": steps - 1,  # iterations 0..max_iters
+        "eval_interval": steps + 1000, "eval_iters": 1,  # one short eval at iteration 0 only
+        "log_interval": 1, "always_save_checkpoint": False, "wandb_log": False, "bias": True, "dropout": 0.0,
+        "compile": prof["compile"], "dtype": "bfloat16" if gpu else "float32", "device": "cuda" if gpu else "cpu",
+        **shape,
+    }
+    return [f"--{key}={value}" for key, value in settings.items()]
+
+
+def run(folder: Path, args: list[str], timeout_s: float | None) -> tuple[list[float], dict[str, Any], str, str]:
+    """(each iteration's ms, the wrapper's figures, why it failed or '', stderr) of one nanoGPT run."""
+    command = [sys.executable, "-c", RUNNER, str(folder.resolve()), *args]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except subprocess.TimeoutExpired as exc:
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        return [], {}, f"timed out after {timeout_s:g} s", stderr
+    times = [float(m.group(2)) for m in map(ITER_LINE.match, result.stdout.splitlines()) if m]
+    figures = [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    if result.returncode != 0 or not times:
+        why = (result.stderr.strip().splitlines() or ["no iteration lines in its output"])[-1][:300]
+        return times, figures[-1] if figures else {}, why, result.stderr + result.stdout[-4000:]
+    return times, figures[-1], "", result.stderr
+
+
+def figures(times_ms: list[float], wrapper: dict[str, Any], tokens_per_step: int, warmup: int) -> dict[str, Any]:
+    """Our row's figures from nanoGPT's iteration times: the median after ``warmup`` iterations, the steady
+    state over those iterations' summed time, and the whole process's tokens over its wall time."""
+    timed = times_ms[warmup:] or times_ms
+    step_ms = statistics.median(timed)
+    return {"step_ms": step_ms, "tokens_per_s": tokens_per_step / (step_ms / 1000),
+            "tokens_per_s_steady": tokens_per_step * len(timed) / (sum(timed) / 1000),
+            "tokens_per_s_wall": tokens_per_step * len(times_ms) / wrapper["wall_s"] if wrapper.get("wall_s") else None,
+            "peak_gb": wrapper.get("peak_gb"), "warmup_s": sum(times_ms[:warmup]) / 1000}
