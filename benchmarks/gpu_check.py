@@ -159,7 +159,8 @@ def row(name: str, metrics: dict[str, Any] | None, error: str, estimate: float |
     if metrics is None:
         return {"name": name, "failed": error, "train": train}
     perf, runtime = metrics["perf"], metrics.get("runtime", {})
-    return {"name": name, "step_ms": perf["step_ms"], "tokens_per_s": perf["tokens_per_s"],
+    return {"name": name, "step_ms": perf["step_ms"], "step_ms_iqr": perf.get("step_ms_iqr"),
+            "tokens_per_s": perf["tokens_per_s"],
             "tokens_per_s_steady": perf.get("tokens_per_s_steady"), "tokens_per_s_wall": perf.get("tokens_per_s_wall"),
             "mfu": perf["mfu"], "mfu_dtype": perf.get("mfu_dtype"),
             "peak_gb": metrics["mem"]["peak_gb"], "estimate_gb": estimate, "warmup_s": perf.get("warmup_s"),
@@ -179,7 +180,7 @@ def mfu_cell(r: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| run | micro-batch × accum | ms/step | tokens/s | steady tokens/s | whole-run tokens/s "
+    lines = ["| run | micro-batch × accum | ms/step (IQR) | tokens/s | steady tokens/s | whole-run tokens/s "
              "| MFU (bf16 peak) | peak GB (plan) | kernel | note |", "|---|---|---|---|---|---|---|---|---|---|"]
 
     def number(value: float | None) -> str:
@@ -192,7 +193,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         plan_gb = f" ({r['estimate_gb']:.1f})" if r.get("estimate_gb") is not None else ""
         peak = f"{r['peak_gb']:.1f}{plan_gb}" if r.get("peak_gb") is not None else ""
         note = "; ".join(filter(None, [r.get("note", ""), flag(r)]))
-        lines.append(f"| {r['name']} | {r['micro_batch']} × {r['accum']} | {r['step_ms']:.1f} "
+        spread = f" ({r['step_ms_iqr']:.1f})" if r.get("step_ms_iqr") is not None else ""
+        lines.append(f"| {r['name']} | {r['micro_batch']} × {r['accum']} | {r['step_ms']:.1f}{spread} "
                      f"| {number(r['tokens_per_s'])} | {number(r.get('tokens_per_s_steady'))} "
                      f"| {number(r.get('tokens_per_s_wall'))} | {mfu_cell(r)} | {peak} | {r.get('sdpa') or ''} "
                      f"| {note} |")
@@ -369,10 +371,10 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
                     pairs.append((ours, measure_nanogpt(f"nanoGPT's own train.py (run {k})", ours)))
                 done = [(o, t) for o, t in pairs if "failed" not in o and "failed" not in t]
                 if done:
-                    ratio = (statistics.median(o["tokens_per_s"] for o, _ in done)
-                             / statistics.median(t["tokens_per_s"] for _, t in done))
+                    ratio = round(statistics.median(o["tokens_per_s"] for o, _ in done)
+                                  / statistics.median(t["tokens_per_s"] for _, t in done), 3)
                     each = [o["tokens_per_s"] / t["tokens_per_s"] for o, t in done]
-                    report.data["nanogpt_ratio"] = round(ratio, 3)
+                    report.data["nanogpt_ratio"] = ratio
                     done[-1][1]["note"] = (f"ours ÷ nanoGPT: {ratio:.2f}× tokens/s (medians of {len(done)} alternating "
                                            f"runs each; pairs {min(each):.2f}–{max(each):.2f}×)")
                 report.save()

@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpt2.train.reports import iqr
+
 ITER_LINE = re.compile(r"^iter (\d+): loss [-+\d.naif]+, time ([\d.]+)ms")
 
 # Runs train.py as `python train.py …` would, from its folder, then reports the peak memory and wall time.
@@ -91,7 +93,7 @@ def figures(times_ms: list[float], wrapper: dict[str, Any], tokens_per_step: int
     state over those iterations' summed time, and the whole process's tokens over its wall time."""
     timed = times_ms[warmup:] or times_ms
     step_ms = statistics.median(timed)
-    return {"step_ms": step_ms, "tokens_per_s": tokens_per_step / (step_ms / 1000),
+    return {"step_ms": step_ms, "step_ms_iqr": iqr(timed), "tokens_per_s": tokens_per_step / (step_ms / 1000),
             "tokens_per_s_steady": tokens_per_step * len(timed) / (sum(timed) / 1000),
             "tokens_per_s_wall": tokens_per_step * len(times_ms) / wrapper["wall_s"] if wrapper.get("wall_s") else None,
             "peak_gb": wrapper.get("peak_gb"), "warmup_s": sum(times_ms[:warmup]) / 1000}

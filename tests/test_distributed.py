@@ -95,7 +95,7 @@ def test_checkpoint_of_two_ranks_resumes_in_one_process(tmp_path, tokens):
 @pytest.mark.parametrize("fault", ["hang", "die"])
 def test_a_rank_that_hangs_or_dies_is_an_error_not_a_wait(tmp_path, tokens, fault):
     result = torchrun(tmp_path / fault, tokens, "--fault", fault, "--fault-rank", "1", "--fault-step", "3",
-                      "--hang-s", "8", micro_batch_size=2, dist_timeout_s=3.0)
+                      "--hang-s", "6", micro_batch_size=2, dist_timeout_s=3.0)
     assert result.returncode != 0
     assert "rank 0/2: a collective failed" in result.stderr and "train.dist_timeout_s = 3 s" in result.stderr
 

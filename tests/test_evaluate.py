@@ -58,7 +58,8 @@ def test_evaluation_is_deterministic_and_beats_nothing_trivially(trained, tmp_pa
     assert 0 < a["baseline"]["unigram_loss"] < math.log(50257)
     assert json.loads((tmp_path / "eval/summary.json").read_text()) == b
     assert json.loads((tmp_path / "eval/metrics.json").read_text()) == {
-        "eval": {"val_loss": round(b["val"]["loss"], 4), "val_ppl": round(b["val"]["ppl"], 2)}}
+        "eval": {"val_loss": round(b["val"]["loss"], 4), "val_loss_se": round(b["val"]["loss_se"], 4),
+                 "val_ppl": round(b["val"]["ppl"], 2)}}
     text = (tmp_path / "eval/samples.md").read_text()
     assert text.count("### Sample") == 4 and "## The king" in text
 
@@ -69,13 +70,23 @@ def test_val_loss_matches_a_direct_computation(trained, tmp_path):
     metrics = run_eval(trained, tmp_path)
     loaded = load_model(trained / "ckpt.pt", eval_runtime("cpu", "fp32"))
     val = np.fromfile(trained / "tokens/val.bin", dtype=np.uint16).astype(np.int64)
-    total = 0.0
+    losses, lengths = [], []  # each window's mean loss (the plain path: whole logits, F.cross_entropy)
+    loaded.model.loss_chunk = 0
     with torch.no_grad():
         for start in range(0, len(val) - 1, 32):
             chunk = torch.from_numpy(val[start:start + 33])
             logits, loss = loaded.model(chunk[None, :-1], chunk[None, 1:])
-            total += loss.item() * (len(chunk) - 1)
-    assert metrics["val"]["loss"] == pytest.approx(total / (len(val) - 1), rel=1e-5)
+            losses.append(loss.item())
+            lengths.append(len(chunk) - 1)
+    losses, lengths = np.array(losses), np.array(lengths, dtype=float)
+    mean = (losses * lengths).sum() / lengths.sum()
+    assert metrics["val"]["loss"] == pytest.approx(mean, rel=1e-5) and metrics["val"]["windows"] == len(losses)
+    # the standard error over windows: the ratio estimator, which with equal windows is std / sqrt(count)
+    k = len(losses)
+    se = np.sqrt((lengths**2 * (losses - mean) ** 2).sum() * k / (k - 1)) / lengths.sum()
+    assert metrics["val"]["loss_se"] == pytest.approx(se, rel=1e-4)
+    full = lengths == 32
+    assert se == pytest.approx(losses[full].std(ddof=1) / np.sqrt(full.sum()), rel=0.05)  # one short window
 
 
 def test_subset_when_the_split_is_large(trained, tmp_path):

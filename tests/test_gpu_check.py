@@ -48,14 +48,13 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
     assert [r["name"] for r in ladder] == ["fp32", "+ bf16 autocast", "+ flash attention", "+ padded vocab (50304)",
                                            "+ fused AdamW", "+ largest micro-batch"]  # no TF32 on a CPU, no compile in smoke
     nanogpt = fake_nanogpt(tmp_path / "nanoGPT")
-    second = check(out, tokens, "--part", "ladder", "--part", "nanogpt", "--nanogpt", str(nanogpt), "--part", "peers",
-                   "--part", "long", "--part", "profile")
+    second = check(out, tokens, "--part", "ladder", "--part", "nanogpt", "--nanogpt", str(nanogpt),
+                   "--nanogpt-repeats", "1", "--part", "peers", "--part", "long", "--part", "profile")
     assert second.returncode == 0, second.stderr[-3000:]
     assert "fp32:" not in second.stderr  # the ladder's rows were read back, not measured again
     report = json.loads(out.read_text())
     names = [r["name"] for r in report["rows"]]
     assert names[6:] == ["nanoGPT's settings on our code (run 1)", "nanoGPT's own train.py (run 1)",
-                         "nanoGPT's settings on our code (run 2)", "nanoGPT's own train.py (run 2)",
                          "best, plain (for DDP)", "best, DDP in 1 process", "best, Muon optimizer",
                          "4 steps, GPT-2 batch, evals and checkpoints"]
     assert not [r for r in report["rows"] if "failed" in r], report["rows"]
@@ -67,9 +66,9 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
     assert "DDP overhead" in rows["best, DDP in 1 process"]["note"]
     assert "step time vs AdamW" in rows["best, Muon optimizer"]["note"]
     assert "of the step median" in rows["4 steps, GPT-2 batch, evals and checkpoints"]["note"]
-    theirs = rows["nanoGPT's own train.py (run 2)"]  # iterations of 500 (warm-up, left out) and 20 ms
+    theirs = rows["nanoGPT's own train.py (run 1)"]  # iterations of 500 (warm-up, left out) and 20 ms
     assert theirs["step_ms"] == 20.0 and theirs["tokens_per_s"] == 12 * 8 / 0.02 and theirs["dtype"] == "fp32"
-    ours = rows["nanoGPT's settings on our code (run 2)"]
+    ours = rows["nanoGPT's settings on our code (run 1)"]
     assert ours["micro_batch"] == 12 and ours["dtype"] == "fp32" and ours["graph_breaks"] is None  # smoke: no compile
     ratio = report["nanogpt_ratio"]
     assert ratio > 0 and f"ours ÷ nanoGPT: {ratio:.2f}×" in theirs["note"]

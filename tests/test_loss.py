@@ -42,6 +42,11 @@ def test_without_gradients_only_the_loss_is_computed():
     with torch.no_grad():
         assert linear_cross_entropy(hidden, weight, targets, None, 16).item() == pytest.approx(
             reference(hidden, weight, targets, None).item(), rel=1e-5)
+        rows = linear_cross_entropy(hidden, weight, targets, None, 16, per_row=True)  # evaluation's per-window spread
+        expected = F.cross_entropy(hidden @ weight.t(), targets, reduction="none")
+        assert rows.shape == (40,) and torch.allclose(rows, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="evaluation"):
+        linear_cross_entropy(hidden.requires_grad_(), weight, targets, None, 16, per_row=True)
 
 
 def test_the_model_trains_the_same_without_holding_the_logits():

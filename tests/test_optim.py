@@ -91,7 +91,8 @@ def test_a_format_1_checkpoint_resumes_exactly(tmp_path, tokens, monkeypatch):
         tmp_path / "straight/run/reports/plots/train.tsv").read_text().splitlines()[1].split("\t")[:4]
     straight, resumed = (checkpoint.load(p / "run/ckpt.pt")["history"] for p in (tmp_path / "straight", tmp_path))
     assert [r["train/loss"] for r in resumed["train"]] == [r["train/loss"] for r in straight["train"]]
-    assert resumed["val"] == straight["val"] and all(r["mem/rss_gb"] > 0 for r in resumed["train"])
+    scored = [[(r["step"], r["val/loss"]) for r in run["val"]] for run in (resumed, straight)]
+    assert scored[0] == scored[1] and all(r["mem/rss_gb"] > 0 for r in resumed["train"])  # format 1 had no loss_se
 
 
 # --------------------------------------------------------------------------- time to target
@@ -100,7 +101,7 @@ def test_a_format_1_checkpoint_resumes_exactly(tmp_path, tokens, monkeypatch):
 def test_reaching_the_target_records_time_tokens_steps_and_stops(tmp_path, tokens, capsys):
     metrics = run(tmp_path, tokens, micro_params(max_steps=40, eval_interval=4, target_val_loss=9.0))
     target = metrics["target"]
-    val = [row.split("\t") for row in (tmp_path / "run/reports/plots/val.tsv").read_text().splitlines()[1:]]
+    val = [row.split("\t")[:2] for row in (tmp_path / "run/reports/plots/val.tsv").read_text().splitlines()[1:]]
     first = next(int(step) for step, loss in val if float(loss) <= 9.0)
     assert target["reached"] is True and target["steps"] == first == metrics["steps"] < 40
     assert target["tokens"] == first * 4 * 16 and 0 < target["time_s"] <= metrics["wall_s"] + 0.01  # 2 decimals
@@ -145,3 +146,25 @@ def test_the_val_windows_are_the_same_whatever_the_training_seed(tokens):
         setup.model.load_state_dict(first.model.state_dict())
     assert evaluator.estimate_loss(first, first.val_data) == evaluator.estimate_loss(second, second.val_data)
     assert evaluator.estimate_loss(first, first.val_data) != evaluator.estimate_loss(other, other.val_data)
+
+
+def test_the_val_loss_standard_error_is_the_spread_of_the_scored_windows(tokens):
+    """Against numpy over the same windows' losses, scored one window at a time by the plain path."""
+    import numpy as np
+
+    from gpt2.train import evaluator, trainer
+    from gpt2.train.loader import BatchSampler
+
+    s = trainer.build(micro_params(eval_iters=3), tokens)
+    mean, se = evaluator.estimate_loss(s, s.val_data)
+    cfg = s.params.train
+    sampler = BatchSampler(s.val_data, cfg.micro_batch_size, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device)
+    s.model.loss_chunk = 0
+    windows = []
+    with torch.no_grad():
+        for _ in range(cfg.eval_iters):
+            x, y = sampler.next()
+            windows += [s.model(x[i:i + 1], y[i:i + 1])[1].item() for i in range(len(x))]
+    assert len(windows) == 12
+    assert mean == pytest.approx(np.mean(windows), rel=1e-5)
+    assert se == pytest.approx(np.std(windows, ddof=1) / np.sqrt(len(windows)), rel=1e-4)

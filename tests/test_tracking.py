@@ -60,15 +60,18 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     assert run.data.tags["sdpa_backend"]
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert steps == [1, 2, 4, 6]  # step 1, every log_interval, the last step; none twice
-    for name in ("train/lr", "train/grad_norm", "perf/step_ms", "perf/tokens_per_s", "mem/rss_gb", "val/loss"):
+    for name in ("train/lr", "train/grad_norm", "perf/step_ms", "perf/tokens_per_s", "mem/rss_gb", "val/loss",
+                 "val/loss_se", "val/best_loss", "val/best_step"):
         assert client.get_metric_history(run.info.run_id, name), name
     # the warm-up step (compilation) is its own figure, not a point of the speed series
     assert [m.step for m in client.get_metric_history(run.info.run_id, "perf/step_ms")] == [2, 4, 6]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "perf/warmup_s")] == [1]
     # the summary is the compared figures as final metrics: no booleans, no runtime details
     summary = sorted(k for k in run.data.metrics if k.startswith("summary/"))
-    assert summary == ["summary/mem.peak_gb", "summary/perf.step_ms", "summary/perf.tokens_per_s",
-                       "summary/perf.tokens_per_s_steady", "summary/perf.tokens_per_s_wall", "summary/train.loss", "summary/val.loss", "summary/val.ppl",
+    assert summary == ["summary/mem.peak_gb", "summary/perf.step_ms", "summary/perf.step_ms_iqr",
+                       "summary/perf.tokens_per_s", "summary/perf.tokens_per_s_iqr", "summary/perf.tokens_per_s_steady",
+                       "summary/perf.tokens_per_s_wall", "summary/train.loss", "summary/val.loss", "summary/val.loss_se",
+                       "summary/val.ppl",
                        "summary/wall_s"]  # MFU: no peak known on a CPU
     experiment = client.get_experiment_by_name("gpt2")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"

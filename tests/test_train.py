@@ -7,6 +7,7 @@ import math
 import os
 import signal
 
+import numpy as np
 import pytest
 import torch
 from conftest import micro_params
@@ -32,6 +33,8 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
     assert metrics["steps"] == 30 and metrics["tokens"] == 30 * 4 * 16
     assert metrics["val"]["loss"] < 10.0 < math.log(50257)  # starts at about ln(50257) = 10.8
     assert metrics["val"]["ppl"] == pytest.approx(math.exp(metrics["val"]["loss"]))
+    assert 0 < metrics["val"]["loss_se"] < 1 and metrics["val"]["best_loss"] <= metrics["val"]["loss"]
+    assert metrics["val"]["best_step"] in (10, 20, 30)
     assert metrics["perf"]["step_ms"] > 0 and metrics["perf"]["tokens_per_s"] > 0
     assert metrics["perf"]["timed_steps"] == 29  # the first (warm-up) step is excluded
     assert metrics["mem"]["peak_gb"] > 0
@@ -39,9 +42,10 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
     assert json.loads((report / "summary.json").read_text()) == metrics
     # DVC's metrics file keeps only the figures people compare (dvc exp show stays readable)
     compared = json.loads((report / "metrics.json").read_text())
-    assert sorted(flatten(compared)) == ["mem.peak_gb", "perf.mfu", "perf.step_ms", "perf.tokens_per_s",
-                                         "perf.tokens_per_s_steady", "perf.tokens_per_s_wall", "train.loss", "val.loss",
-                                         "val.ppl", "wall_s"]
+    assert sorted(flatten(compared)) == ["mem.peak_gb", "perf.mfu", "perf.step_ms", "perf.step_ms_iqr",
+                                         "perf.tokens_per_s", "perf.tokens_per_s_iqr", "perf.tokens_per_s_steady",
+                                         "perf.tokens_per_s_wall", "train.loss", "val.loss", "val.loss_se", "val.ppl",
+                                         "wall_s"]
     # wall-clock throughput: every token over the whole run's time, evals and model build included; the steady
     # state: the 29 steps after the warm-up over their wall time (evals included), between the two
     assert 0 < metrics["perf"]["tokens_per_s_wall"] == pytest.approx(30 * 4 * 16 / metrics["wall_s"], rel=0.01)
@@ -52,7 +56,11 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
     assert metrics["perf"]["tokens_per_s_wall"] < metrics["perf"]["tokens_per_s"]
     assert metrics["runtime"]["graph_breaks"] is None  # not compiled: nothing to count
     assert compared["val"]["loss"] == round(metrics["val"]["loss"], 4) and compared["perf"] == {
-        k: metrics["perf"][k] for k in ("step_ms", "tokens_per_s", "tokens_per_s_steady", "tokens_per_s_wall", "mfu")}
+        k: metrics["perf"][k] for k in ("step_ms", "step_ms_iqr", "tokens_per_s", "tokens_per_s_iqr", "tokens_per_s_steady",
+                                        "tokens_per_s_wall", "mfu")}
+    history_ms = sorted(1000 * s for s in history["step_s"][1:])  # the spread: the timed steps' interquartile range
+    assert metrics["perf"]["step_ms_iqr"] == pytest.approx(
+        float(np.percentile(history_ms, 75) - np.percentile(history_ms, 25)), abs=1e-3)
     assert (report / "plots/curves.png").read_bytes().startswith(b"\x89PNG")
     train_rows = (report / "plots/train.tsv").read_text().splitlines()
     assert train_rows[0].split("\t") == list(PLOT_COLUMNS["train.tsv"])
@@ -140,6 +148,13 @@ def test_finished_checkpoint_of_the_same_params_rebuilds_the_reports_without_tra
     assert again == first
     assert {name: (reports / name).read_text() for name in saved} == saved
     assert "is a finished run of these params and data (4 steps); rebuilt" in capsys.readouterr().err
+    # a checkpoint written by an older version: its summary lacks figures added since; the reports still rebuild
+    state = checkpoint.load(tmp_path / "run/ckpt.pt")
+    for section, key in (("val", "loss_se"), ("perf", "tokens_per_s_steady"), ("perf", "step_ms_iqr")):
+        del state["metrics"][section][key]
+    torch.save(state, tmp_path / "run/ckpt.pt")
+    older = run(tmp_path, tokens, micro_params(max_steps=4))
+    assert "loss_se" not in older["val"] and json.loads((reports / "metrics.json").read_text())["val"]["loss"]
 
 
 def test_unfinished_checkpoint_of_another_model_is_refused(tmp_path, tokens, monkeypatch):

@@ -104,10 +104,12 @@ def windows(n_tokens: int, block: int, max_tokens: int | None, seed: int) -> lis
 
 
 @torch.no_grad()
-def val_loss(loaded: Loaded, tokens: Tokens, spans: list[tuple[int, int]], batch_size: int) -> tuple[float, int]:
-    """Token-weighted mean cross-entropy over the windows, and the number of predicted tokens."""
+def val_loss(loaded: Loaded, tokens: Tokens, spans: list[tuple[int, int]], batch_size: int
+             ) -> tuple[float, float, int]:
+    """Token-weighted mean cross-entropy over the windows, its standard error over the windows, and the
+    number of predicted tokens."""
     model, runtime = loaded.model, loaded.runtime
-    total, count = 0.0, 0
+    losses, lengths = [], []  # each window's mean loss, and its predicted tokens
     by_length: dict[int, list[int]] = {}
     for start, length in spans:
         by_length.setdefault(length, []).append(start)
@@ -117,10 +119,22 @@ def val_loss(loaded: Loaded, tokens: Tokens, spans: list[tuple[int, int]], batch
             x = torch.from_numpy(batch[:, :-1]).to(runtime.device)
             y = torch.from_numpy(batch[:, 1:]).to(runtime.device)
             with runtime.autocast():
-                _, loss = model(x, y)
-            total += float(loss) * y.numel()
-            count += y.numel()
-    return total / count, count
+                _, window_losses = model(x, y, per_window=True)
+            losses += window_losses.double().tolist()
+            lengths += [length] * len(window_losses)
+    mean, se = weighted_mean_and_error(np.array(losses), np.array(lengths, dtype=np.float64))
+    return mean, se, int(sum(lengths))
+
+
+def weighted_mean_and_error(values: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+    """The weighted mean of the windows' losses and its standard error over windows (the ratio estimator:
+    with equal weights, the sample standard deviation over the square root of the count)."""
+    mean = float((weights * values).sum() / weights.sum())
+    k = len(values)
+    if k < 2:
+        return mean, float("nan")
+    spread = float((weights**2 * (values - mean) ** 2).sum()) * k / (k - 1)
+    return mean, math.sqrt(spread) / float(weights.sum())
 
 
 def train_counts(tokens_dir: str | Path, meta: dict[str, Any], max_tokens: int | None) -> np.ndarray:
@@ -228,14 +242,14 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
     encoded = encode_prompts(cfg.prompts, loaded.model.cfg.block_size)
     spans = windows(len(val), loaded.model.cfg.block_size, cfg.max_tokens, cfg.seed)
     started = time.perf_counter()
-    loss, n = val_loss(loaded, val, spans, cfg.batch_size)
+    loss, se, n = val_loss(loaded, val, spans, cfg.batch_size)
     baseline = unigram_loss(train_counts(tokens_dir, meta, cfg.unigram_max_tokens), val, spans)
-    logger.info(f"evaluate: val loss {loss:.4f} (ppl {math.exp(loss):.1f}) over {n:,} tokens in "
+    logger.info(f"evaluate: val loss {loss:.4f} ± {se:.4f} (ppl {math.exp(loss):.1f}) over {n:,} tokens in "
                 f"{time.perf_counter() - started:.1f} s; unigram baseline {baseline:.4f}")
     hellaswag = score_hellaswag(loaded, cfg) if cfg.hellaswag else None
     text, tokens_per_s = samples(loaded, cfg, encoded, meta["eot_id"])
     summary = {
-        "val": {"loss": loss, "ppl": math.exp(loss), "tokens": n},
+        "val": {"loss": loss, "loss_se": se, "ppl": math.exp(loss), "tokens": n, "windows": len(spans)},
         **({"hellaswag": hellaswag} if hellaswag else {}),
         "baseline": {"unigram_loss": baseline},
         "sample": {"tokens_per_s": round(tokens_per_s, 1)},
@@ -248,7 +262,7 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
     write_json(out / "summary.json", summary)
     # DVC's metrics: the figures compared across experiments (named apart from train's val.loss, so
     # `dvc exp show` needs no file prefix); the rest stays in summary.json
-    compared = {"val_loss": round(loss, 4), "val_ppl": round(math.exp(loss), 2)}
+    compared = {"val_loss": round(loss, 4), "val_loss_se": round(se, 4), "val_ppl": round(math.exp(loss), 2)}
     if hellaswag:
         compared |= {"hellaswag_acc_norm": round(hellaswag["acc_norm"], 4), "hellaswag_acc": round(hellaswag["acc"], 4)}
     write_json(out / "metrics.json", {"eval": compared})
@@ -274,7 +288,8 @@ def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Pat
     name = f"evaluate {state['pretrained']}" if state.get("pretrained") else f"evaluate step {state['step']}"
     tracker = MlflowTracker(experiment, state.get("mlflow_run_id"), run_name=name)
     tracker.set_tags({"training_run_id": state.get("mlflow_run_id"), "eval.val_tokens": metrics["val"]["tokens"]})
-    tracker.log_metrics({"eval/val_loss": metrics["val"]["loss"], "eval/val_ppl": metrics["val"]["ppl"],
+    tracker.log_metrics({"eval/val_loss": metrics["val"]["loss"], "eval/val_loss_se": metrics["val"]["loss_se"],
+                         "eval/val_ppl": metrics["val"]["ppl"],
                          "eval/unigram_loss": metrics["baseline"]["unigram_loss"],
                          "eval/sample_tokens_per_s": metrics["sample"]["tokens_per_s"],
                          **{f"eval/hellaswag_{k}": v for k, v in metrics.get("hellaswag", {}).items()}},

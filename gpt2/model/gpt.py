@@ -162,10 +162,12 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if exclude_position_embedding else n
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None,
+                per_window: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (all positions with ``targets``, else the last one) and the mean loss; with
         ``loss_chunk`` set and ``targets`` given, no logits (None) and the loss computed in chunks.
+        ``per_window``: each sequence's mean loss, shape (B,), instead of the batch's (evaluation: the
+        spread over windows gives the val loss its standard error).
 
         With ``cache``, ``idx`` holds only the new positions; their keys and values are
         appended to the cache, whose length then advances.
@@ -183,8 +185,8 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is not None and self.loss_chunk:  # training: the loss without the logits (model/loss.py)
             loss = linear_cross_entropy(x.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1),
-                                        self.logit_mask, self.loss_chunk)
-            return None, loss
+                                        self.logit_mask, self.loss_chunk, per_row=per_window)
+            return None, loss.view(B, T).mean(1) if per_window else loss
         if targets is None:
             logits = self.lm_head(x[:, [-1], :])  # generation needs only the last position
         else:
@@ -193,7 +195,9 @@ class GPT(nn.Module):
             logits = logits + self.logit_mask.to(logits.dtype)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
+                                   reduction="none" if per_window else "mean")
+            loss = loss.view(B, T).mean(1) if per_window else loss
         return logits, loss
 
 

@@ -66,20 +66,24 @@ class LinearCrossEntropy(torch.autograd.Function):
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         mask: torch.Tensor | None = None, chunk: int = 8192) -> torch.Tensor:
+                         mask: torch.Tensor | None = None, chunk: int = 8192, per_row: bool = False) -> torch.Tensor:
     """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``, never holding all the logits.
 
     ``hidden``: (N, C), ``weight``: (V, C), ``targets``: (N,) ids, ``mask``: (V,) added to the logits.
-    Without gradients (evaluation) only the loss is computed, chunk by chunk.
+    Without gradients (evaluation) only the loss is computed, chunk by chunk; ``per_row`` returns
+    each row's loss, shape (N,), instead of their mean (evaluation only).
     """
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        if per_row:
+            raise ValueError("per_row losses are for evaluation: call under torch.no_grad()")
         return LinearCrossEntropy.apply(hidden, weight, targets, mask, chunk)
     acc = torch.promote_types(hidden.dtype, torch.float32)
-    total = torch.zeros((), device=hidden.device, dtype=acc)
+    rows = []
     for lo in range(0, hidden.shape[0], chunk):
         logits = (hidden[lo:lo + chunk] @ weight.t()).to(acc)
         if mask is not None:
             logits += mask
         labels = targets[lo:lo + chunk]
-        total += (torch.logsumexp(logits, dim=-1) - logits.gather(1, labels[:, None]).squeeze(1)).sum()
-    return total / hidden.shape[0]
+        rows.append(torch.logsumexp(logits, dim=-1) - logits.gather(1, labels[:, None]).squeeze(1))
+    losses = torch.cat(rows)
+    return losses if per_row else losses.mean()

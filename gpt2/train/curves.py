@@ -29,7 +29,11 @@ def render_curves(train: list[dict[str, Any]], val: list[dict[str, Any]], title:
     fig, axes = plt.subplots(2, 2, figsize=(10, 6.5), dpi=100, sharex=True)
     loss, step_ms, tps, mem = axes.flat
     loss.plot(*series(train, "train/loss"), label="train", linewidth=1)
-    loss.plot(*series(val, "val/loss"), label="val", marker="o", markersize=3)
+    steps, values = series(val, "val/loss")
+    errors = [r.get("val/loss_se") for r in val if r.get("val/loss") is not None]
+    known = all(e is not None and e == e for e in errors)  # not NaN (one window) nor missing (older runs)
+    loss.errorbar(steps, values, yerr=errors if known else None, label="val (± standard error)" if known else "val",
+                  marker="o", markersize=3, capsize=2)
     loss.set(ylabel="loss (nats/token)", title="Loss")
     loss.legend()
     step_ms.plot(*series(train, "perf/step_ms"), linewidth=1)

@@ -119,6 +119,14 @@ def mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
     return value
 
 
+def total(value: torch.Tensor, d: Dist) -> torch.Tensor:
+    """The sum of ``value`` over all ranks."""
+    if d.world > 1:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
+
+
 def step_consensus(losses: list[torch.Tensor], stop: bool, d: Dist) -> tuple[list[float], bool]:
     """(each step's loss averaged over ranks, whether any rank must stop), in one all-reduce at a
     sync point: a signal that reached one rank stops every rank after the same step."""

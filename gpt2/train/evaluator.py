@@ -18,23 +18,35 @@ logger = log.get("train")
 
 
 @torch.no_grad()
-def estimate_loss(s: Setup, split: TokenSplit) -> float:
-    """Mean loss over ``eval_iters`` batches drawn with ``eval_seed``: the same windows at every eval and
-    in every run whatever its ``seed``, so two runs' val losses (and times to a target) differ by the
-    models, not by the text they were scored on (under DDP each rank scores its slice of the global
-    batch, as in training)."""
+def estimate_loss(s: Setup, split: TokenSplit) -> tuple[float, float]:
+    """Mean loss over the windows of ``eval_iters`` batches drawn with ``eval_seed``, and its standard
+    error over those windows. The same windows at every eval and in every run whatever its ``seed``, so
+    two runs' val losses (and times to a target) differ by the models, not by the text they were
+    scored on; the standard error says how much another draw of text would move the figure (under DDP
+    each rank scores its slice of the global batch, as in training)."""
     cfg = s.params.train
     sampler = BatchSampler(split, cfg.micro_batch_size, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device,
                            s.dist.rank, s.dist.world)
     s.eval_model.eval()
-    total = torch.zeros((), device=s.runtime.device)
+    sums = torch.zeros(3, device=s.runtime.device, dtype=torch.float64)  # windows, Σ loss, Σ loss²
     for _ in range(cfg.eval_iters):
         x, y = sampler.next()
         with s.runtime.autocast(), s.runtime.attention():
-            _, loss = s.eval_model(x, y)
-        total += loss.float()
+            _, losses = s.eval_model(x, y, per_window=True)
+        losses = losses.double()
+        sums += torch.stack([torch.tensor(float(len(losses)), device=sums.device, dtype=sums.dtype),
+                             losses.sum(), (losses * losses).sum()])
     s.eval_model.train()
-    return float(distributed.mean(total, s.dist)) / cfg.eval_iters
+    n, total, squares = distributed.total(sums, s.dist).tolist()
+    return total / n, standard_error(n, total, squares)
+
+
+def standard_error(n: float, total: float, squares: float) -> float:
+    """The standard error of a mean from the count, sum and sum of squares (sample variance, n - 1)."""
+    if n < 2:
+        return float("nan")
+    variance = max(squares - total * total / n, 0.0) / (n - 1)
+    return math.sqrt(variance / n)
 
 
 class Evaluator:
@@ -54,10 +66,13 @@ class Evaluator:
 
     def evaluate(self, step: int) -> None:
         with self.s.compile_watch.phase("eval"):
-            val = estimate_loss(self.s, self.s.val_data)
-        self.history.val.append({"step": step, "val/loss": val})
-        self.tracker.log_metrics({"val/loss": val, "val/ppl": math.exp(min(val, 50))}, step=step)
-        logger.info(f"step {step}/{self.s.total_steps} | val loss {val:.4f}")
+            val, se = estimate_loss(self.s, self.s.val_data)
+        self.history.val.append({"step": step, "val/loss": val, "val/loss_se": se})
+        best = min(self.history.val, key=lambda r: r["val/loss"])
+        # MLflow's runs table shows each metric's last value: the best so far is a metric of its own
+        self.tracker.log_metrics({"val/loss": val, "val/loss_se": se, "val/ppl": math.exp(min(val, 50)),
+                                  "val/best_loss": best["val/loss"], "val/best_step": best["step"]}, step=step)
+        logger.info(f"step {step}/{self.s.total_steps} | val loss {val:.4f} ± {se:.4f}")
         target = self.cfg.target_val_loss
         if target is None or self.history.target is not None or val > target:
             return

@@ -41,6 +41,11 @@ def flops_per_token(n_params_without_wpe: int, n_layer: int, n_embd: int, seq_le
     return 6.0 * n_params_without_wpe, 12.0 * n_layer * n_embd * seq_len
 
 
+def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float | None, world: int) -> float | None:
+    """Model FLOPs utilization: the FLOP/s the model's arithmetic needs at this speed over the peak."""
+    return flops_per_token * tokens_per_s / (peak_flops * world) if peak_flops else None
+
+
 def peak_flops(device_name: str, dtype: str, tf32: bool) -> float | None:
     """Peak FLOP/s for this device and dtype, or None when unknown."""
     kind = "tf32" if dtype == "fp32" and tf32 else dtype

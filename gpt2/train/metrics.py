@@ -24,7 +24,8 @@ from gpt2.core.errors import UserError
 from gpt2.core.progress import clock
 from gpt2.train import distributed
 from gpt2.train.device import Runtime
-from gpt2.train.reports import History, mfu, warmup_s
+from gpt2.train.flops import mfu
+from gpt2.train.reports import History, warmup_s
 from gpt2.train.setup import Setup
 from gpt2.train.timing import StepTimer
 from gpt2.train.tracking import Tracker

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpt2.core.atomic import atomic_dir, write_json
 from gpt2.train.curves import render_curves
+from gpt2.train.flops import mfu
 
 
 @dataclass
@@ -39,13 +40,14 @@ PLOT_COLUMNS = {
     "train.tsv": {"step": ("step",), "loss": ("train/loss",), "lr": ("train/lr",), "grad_norm": ("train/grad_norm",),
                   "step_ms": ("perf/step_ms",), "tokens_per_s": ("perf/tokens_per_s",), "mfu": ("perf/mfu",),
                   "mem_gb": ("mem/allocated_gb", "mem/rss_gb")},
-    "val.tsv": {"step": ("step",), "val_loss": ("val/loss",)},
+    "val.tsv": {"step": ("step",), "val_loss": ("val/loss",), "val_loss_se": ("val/loss_se",)},
 }
 
 # What metrics.json (DVC metrics: `dvc exp show`, `dvc metrics show`) keeps: the figures people compare.
 # Everything else about the run (steps, tokens, world size, what really ran) goes to summary.json.
-COMPARED = {"train": ("loss",), "val": ("loss", "ppl"),
-            "perf": ("step_ms", "tokens_per_s", "tokens_per_s_steady", "tokens_per_s_wall", "mfu"),
+COMPARED = {"train": ("loss",), "val": ("loss", "loss_se", "ppl"),
+            "perf": ("step_ms", "step_ms_iqr", "tokens_per_s", "tokens_per_s_iqr", "tokens_per_s_steady",
+                     "tokens_per_s_wall", "mfu"),
             "mem": ("peak_gb",), "target": ("reached", "time_s", "tokens", "steps"), "wall_s": None}
 
 
@@ -54,9 +56,12 @@ def warmup_s(history: History, steps: int) -> float:
     return round(sum(history.step_s[:steps]), 3)
 
 
-def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float | None, world: int) -> float | None:
-    """Model FLOPs utilization: the FLOP/s the model's arithmetic needs at this speed over the peak."""
-    return flops_per_token * tokens_per_s / (peak_flops * world) if peak_flops else None
+def iqr(values: list[float]) -> float:
+    """The interquartile range (0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q3 - q1
 
 
 def summarize(history: History, step: int, wall_s: float, first_step: int, *, tokens_per_step: int, world: int,
@@ -67,19 +72,25 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, to
     against the median; ``tokens_per_s_wall`` divides the tokens of this session (steps
     ``first_step``..``step``) by its whole wall time: model build and compilation included too.
     ``peaks``: the peak FLOP/s each MFU figure divides by (``mfu``: the bf16 yardstick; ``mfu_dtype``:
-    the run's own dtype's, where it differs)."""
+    the run's own dtype's, where it differs). ``step_ms_iqr`` and ``tokens_per_s_iqr`` are the
+    interquartile ranges over the timed steps: how much single steps vary."""
     timed = history.step_s[timing_warmup_steps:] or history.step_s
     step_s = statistics.median(timed)
     tokens_per_s = tokens_per_step / step_s
-    last_val = history.val[-1]["val/loss"] if history.val else None
+    last = history.val[-1] if history.val else {}
+    last_val = last.get("val/loss")
+    best = min(history.val, key=lambda r: r["val/loss"]) if history.val else {}
     utilization = {name: _round(mfu(flops_per_token, tokens_per_s, peak, world), 5)
                    for name, peak in peaks.items() if name == "mfu" or peak}
     return {
         "train": {"loss": history.train[-1].get("train/loss") if history.train else None},
-        "val": {"loss": last_val, "ppl": math.exp(last_val) if last_val is not None else None},
+        "val": {"loss": last_val, "loss_se": last.get("val/loss_se"), "ppl": math.exp(last_val) if last else None,
+                "best_loss": best.get("val/loss"), "best_step": best.get("step")},
         "perf": {
             "step_ms": round(1000 * step_s, 3),
             "tokens_per_s": round(tokens_per_s, 1),
+            "step_ms_iqr": round(1000 * iqr(timed), 3),
+            "tokens_per_s_iqr": round(iqr([tokens_per_step / s for s in timed]), 1),
             "tokens_per_s_steady": (round(history.steady_steps * tokens_per_step / history.steady_s, 1)
                                     if history.steady_s > 0 else None),
             "tokens_per_s_wall": round((step - first_step) * tokens_per_step / wall_s, 1) if wall_s > 0 else None,
@@ -106,9 +117,11 @@ def target_figures(target: float, reached: dict[str, float] | None) -> dict[str,
 
 
 def compared_figures(summary: dict[str, Any]) -> dict[str, Any]:
-    """The compared figures, rounded to what is worth reading (4 decimals of loss, 2 of perplexity)."""
-    figures = {key: summary[key] if keys is None else {k: summary[key][k] for k in keys}
-               for key, keys in COMPARED.items() if key in summary}
+    """The compared figures, rounded to what is worth reading (4 decimals of loss, 2 of perplexity). A
+    finished run's summary written by an older version (its reports rebuilt from the checkpoint) keeps
+    the figures it has."""
+    figures = {key: summary[key] if keys is None else {k: summary[key][k] for k in keys if k in summary[key]}
+               for key, keys in COMPARED.items() if key in summary}  # a summary from an older version lacks some
     return {key: {k: _round(v, 2 if k == "ppl" else 4) for k, v in value.items()} if isinstance(value, dict) else value
             for key, value in figures.items()}
 
