@@ -120,6 +120,7 @@ def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
             [fake_run(p, 1, 100.0, cpu)],  # tf32 asked, not on this device
             [fake_run(p, 2, 50.0, cpu)],
             [fake_run(p, 3, 100.0, cpu, loss=8.0)]]
+    runs[3][0].metrics[ladder.TRAIN_METRICS]["val"]["loss_se"] = 0.0512
     rows = ladder.analyse(spec, p, runs)
     assert rows[0].step_ms == 110.0 and (rows[0].step_ms_min, rows[0].step_ms_max) == (100.0, 120.0)
     assert rows[1].effect == "no effect on this device" and "tf32=true → false" in rows[1].ran
@@ -128,6 +129,7 @@ def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
     assert rows[3].vs_previous == pytest.approx(2.0) and rows[3].cumulative == pytest.approx(40960 / ((10240 + 1024 / 0.12) / 2))
     text = ladder.table(rows, 16)
     assert "no effect on this device" in text and "110.0 (100.0–120.0)" in text and "4.36×" in text
+    assert "| 8.000 ± 0.051 |" in text and "| 9.000 |" in text  # the val loss with its standard error, when known
     assert ladder.render_png(rows, "test").startswith(b"\x89PNG")
 
 

@@ -19,7 +19,7 @@ from gpt2.train.compiled import flag
 def table(rows: list[Row], steps: int, target: float | None = None) -> str:
     head = ["#", "rung", "what ran", "ms/step median (min–max)", "tokens/s median (min–max)", "wall tokens/s",
             "vs previous", "cumulative", "peak mem (GB)", "MFU",
-            f"val loss after {steps} steps" if target is None else "val loss at the end", "note"]
+            f"val loss after {steps} steps (± s.e.)" if target is None else "val loss at the end (± s.e.)", "note"]
     if target is not None:
         head[8:8] = [f"time to {target} (s)", "time speedup", "tokens to target"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -35,7 +35,7 @@ def table(rows: list[Row], steps: int, target: float | None = None) -> str:
                  f"{row.tokens_per_s_wall:,.0f}" if row.tokens_per_s_wall else "",
                  _ratio(row.vs_previous, noise.get("tokens_per_s")), _ratio(row.cumulative),
                  f"{row.peak_mem_gb:.2f}", f"{100 * row.mfu:.1f}%" if row.mfu is not None else "n/a",
-                 f"{row.val_loss:.3f}" if row.val_loss is not None else "",
+                 _loss(row.val_loss, row.val_loss_se),
                  "; ".join(filter(None, ["" if row.effect in ("acts", "baseline") else row.effect,
                                          flag(row.runtime)]))]
         if target is not None:
@@ -46,6 +46,13 @@ def table(rows: list[Row], steps: int, target: float | None = None) -> str:
                           f"{row.tokens_to_target:,.0f}" if row.tokens_to_target else ""]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _loss(value: float | None, error: float | None) -> str:
+    """'5.938 ± 0.059': the val loss with its standard error over the scored windows, when known."""
+    if value is None:
+        return ""
+    return f"{value:.3f} ± {error:.3f}" if error is not None else f"{value:.3f}"
 
 
 def _ratio(value: float | None, inside_noise: bool = False) -> str:

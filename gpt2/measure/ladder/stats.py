@@ -44,6 +44,7 @@ class Row:
     peak_mem_gb: float | None = None
     mfu: float | None = None
     val_loss: float | None = None
+    val_loss_se: float | None = None  # its standard error over the scored windows (the median run's)
     previous: int | None = None  # the measured rung this one is compared with
     vs_previous: float | None = None  # tokens/s ratio
     cumulative: float | None = None  # tokens/s ratio to the baseline
@@ -75,6 +76,7 @@ def analyse(ladder: Ladder, plan_: Plan, runs: list[list[experiments.Experiment]
         walls = [m["perf"].get("tokens_per_s_wall") for m in metrics if m["perf"].get("tokens_per_s_wall")]
         mfus = [m["perf"].get("mfu") for m in metrics if m["perf"].get("mfu") is not None]
         losses = [m["val"]["loss"] for m in metrics if m.get("val", {}).get("loss") is not None]
+        errors = [m["val"]["loss_se"] for m in metrics if m.get("val", {}).get("loss_se") is not None]
         row.runtime = (group[0].files.get(TRAIN_RUN) or {}).get("runtime") or {}
         row.step_ms, row.step_ms_min, row.step_ms_max = statistics.median(step_ms), min(step_ms), max(step_ms)
         row.tokens_per_s, row.tokens_per_s_min, row.tokens_per_s_max = statistics.median(tps), min(tps), max(tps)
@@ -82,6 +84,7 @@ def analyse(ladder: Ladder, plan_: Plan, runs: list[list[experiments.Experiment]
         row.peak_mem_gb = max(m["mem"]["peak_gb"] for m in metrics)
         row.mfu = statistics.median(mfus) if mfus else None
         row.val_loss = statistics.median(losses) if losses else None
+        row.val_loss_se = statistics.median(errors) if errors else None
         row.ran = _what_ran(rung, flat(plan_.sections[i]), row.runtime)
         if plan_.profile.target is not None:
             _add_target_figures(row, metrics)
