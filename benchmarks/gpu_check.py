@@ -307,6 +307,13 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
         token_dir = tokens or (str(ROOT / "data/tokens") if (ROOT / "data/tokens/meta.json").exists()
                                else str(synthetic_tokens(Path(tmp) / "tokens", 5_000_000 if not smoke else 200_000)))
 
+        def record(result: dict[str, Any], stderr: str) -> dict[str, Any]:
+            """Save a measured row (and its child's stderr tail) and say it."""
+            report.add(result, stderr)
+            shown = f"{result['tokens_per_s']:,.0f} tok/s" if "failed" not in result else f"failed: {result['failed']}"
+            print(f"gpu_check: [{time.perf_counter() - started:.0f} s] {result['name']}: {shown}", file=sys.stderr)
+            return result
+
         def measure(name: str, train: dict[str, Any], steps: int, note: str = "", run: bool = True
                     ) -> dict[str, Any] | None:
             """The row ``name``: from the JSON if measured before, else measured now (when ``run``)."""
@@ -316,10 +323,7 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
             params = train_params(prof, train, steps)
             metrics, error, stderr = run_child(params, token_dir, f"{tmp}/{len(report.data['rows'])}", timeout_s)
             result = row(name, metrics, error, estimate_gb(prof, params["train"]), params["train"], note)
-            report.add(result, stderr)
-            shown = f"{result['tokens_per_s']:,.0f} tok/s" if "failed" not in result else f"failed: {error}"
-            print(f"gpu_check: [{time.perf_counter() - started:.0f} s] {name}: {shown}", file=sys.stderr)
-            return result
+            return record(result, stderr)
 
         ladder: dict[str, Any] = {}
         measured: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (row, its configuration)
@@ -354,10 +358,7 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
                           "micro_batch": micro, "accum": 1, "note": "", "train": {"nanogpt": args}}
                 ok = ours is not None and "failed" not in ours and ours.get("mfu") is not None
                 result["mfu"] = ours["mfu"] * result["tokens_per_s"] / ours["tokens_per_s"] if ok else None
-            report.add(result, stderr)
-            shown = f"{result['tokens_per_s']:,.0f} tok/s" if "failed" not in result else f"failed: {error}"
-            print(f"gpu_check: [{time.perf_counter() - started:.0f} s] {name}: {shown}", file=sys.stderr)
-            return result
+            return record(result, stderr)
 
         if "nanogpt" in parts:
             settings = {**NANOGPT, **({} if gpu else {"dtype": "fp32"})}  # nanoGPT on a CPU runs fp32 whatever asked
