@@ -195,6 +195,9 @@ def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path):
     assert tagged == ["baseline", "flash attention"]
     summary = [r for r in runs if r.data.tags.get("kind") == "ladder"]
     assert len(summary) == 1 and "ladder/cumulative_speedup" in summary[0].data.metrics
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == summary[0].info.run_id]
+    assert sorted(r.data.tags["ladder.rung"] for r in children) == ["baseline", "flash attention"]
+    assert {a.path for a in client.list_artifacts(summary[0].info.run_id)} >= {"ladder.md", "ladder.png"}
 
     second = run(root, *command)
     assert "0 to run, 2 reused" in second.stderr  # nothing queued: the experiments above are the ones it read

@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import commit_all, dvc, environment, exp_rows, new_project, run, set_params
+
+from gpt2.measure import experiments
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -164,21 +167,35 @@ def test_dvc_exp_run_compares_a_switch(project):
     assert "params.yaml" not in header and "…" not in shown
 
 
-def test_queued_grid_runs_and_logs_to_the_root_mlflow_db(tmp_path):
+def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path):
     mlflow = pytest.importorskip("mlflow")
     root = new_project(tmp_path)
     set_params(root, train={"mlflow": True}, eval={"mlflow": True})
     dvc(root, "repro", "stats")  # the data stages once, in the shared cache: the experiments run train and evaluate
     commit_all(root)
-    dvc(root, "exp", "run", "--queue", "-S", "model.attention=flash,manual")
-    dvc(root, "exp", "run", "--run-all")
-    rows = [r for r in exp_rows(root) if r["Experiment"] and r["perf.step_ms"] not in ("", "-")]
-    assert sorted(r["model.attention"] for r in rows) == ["flash", "manual"]
+    done = run(root, sys.executable, "-m", "gpt2.cli", "grid", "-S", "model.attention=flash,manual", "--name", "attn")
+    assert "grid: [2/2]" in done.stderr
+    table = (root / "reports/grid/attn.md").read_text()
+    assert "| experiment | model.attention | val loss | eval val loss | tokens/s |" in table and " ± " in table
+    exps = {e.name: e for e in experiments.finished(root)}
+    assert sorted(e.params["model"]["attention"] for e in exps.values()) == ["flash", "manual"]
+
     client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
-    assert sorted(r.data.params["model.attention"] for r in runs) == ["flash", "manual"]
-    assert all("eval/val_loss" in r.data.metrics for r in runs)  # evaluate logged into each training run
-    assert {r.data.tags.get("dvc_exp_name") for r in runs} == {r["Experiment"] for r in rows}
+    [parent] = [r for r in runs if r.data.tags.get("kind") == "grid"]
+    assert parent.info.run_name == "attn" and parent.data.params["grid.model.attention"] == "flash,manual"
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"attn.md", "attn.json"}
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.params["model.attention"] for r in children) == ["flash", "manual"]
+    assert {r.data.tags["dvc_exp_name"] for r in children} == set(exps)
+    for child in children:  # evaluate logged into each training run; both name the exact data and weights
+        assert "eval/val_loss" in child.data.metrics
+        lock = yaml.safe_load(run(root, "git", "show", f"{exps[child.data.tags['dvc_exp_name']].rev}:dvc.lock").stdout)
+        outs = {o["path"]: o["md5"] for stage in lock["stages"].values() for o in stage.get("outs", [])}
+        assert child.data.tags["checkpoint_dvc_hash"] == outs["checkpoints"]
+        inputs = {i.tags[0].value: i.dataset for i in child.inputs.dataset_inputs}
+        assert set(inputs) == {"training", "evaluation"} and inputs["evaluation"].name.endswith(" (val)")
+        assert {d.digest for d in inputs.values()} == {outs["data/tokens"].removesuffix(".dir")}
     assert not list((root / ".dvc" / "tmp").rglob("mlflow.db"))  # nothing landed in the temp copies
 
 

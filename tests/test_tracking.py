@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 
@@ -77,6 +79,15 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
     assert "summary.json" in artifacts
+    # what the run was made of: its tokens as a dataset input (once, though it resumed), its checkpoint's DVC hash
+    [used] = run.inputs.dataset_inputs
+    assert {t.key: t.value for t in used.tags} == {"mlflow.data.context": "training"}
+    assert used.dataset.name == "tokens" and used.dataset.digest == "test"  # no dvc.lock: the manifest's hash
+    assert json.loads(used.dataset.source) == {"uri": tokens.resolve().as_uri()}
+    assert json.loads(used.dataset.profile) == {"train_tokens": 20_000, "val_tokens": 4_000, "train_documents": 188,
+                                               "val_documents": 38, "tokenizer": "gpt2", "split": "documents",
+                                               "digest_from": "meta.json manifest_sha256 (not a DVC output)"}
+    assert run.data.tags["checkpoint_md5"] == hashlib.md5((tmp_path / "ckpt.pt").read_bytes()).hexdigest()
 
 
 def test_runs_outside_dvc_exp_are_named_after_what_they_trained(tmp_path, tokens, monkeypatch):

@@ -106,6 +106,10 @@ class TrainConfig:
                             note="0 = plain loss")
     keep_host_memory: bool = param(True, "CPU/Linux: glibc reuses freed big blocks instead of page-faulting them in "
                                          "every step")
+    threads: int = param(0, "CPU intra-op threads; the count changes the last digits of CPU results", ge=0,
+                         note="0 = PyTorch's default (the physical cores)")
+    deterministic: bool = param(False, "bit-identical reruns on this machine: deterministic kernels (CUDA too), the "
+                                       "CPU thread count fixed")
     init_from: str = param("scratch", "scratch | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (OpenAI's) | a Hugging "
                                       "Face dir or file")
     # data

@@ -113,6 +113,7 @@ def tokenize_corpus(cfg: TokenizeConfig, raw_dir: str | Path = "data/raw",
             "eot_id": EOT_ID,
             "tokenizer": {"name": NAME, "bpe_sha256": RANKS_SHA256},
             "manifest_sha256": sha256_file(raw_dir / MANIFEST),
+            "source": source_record(manifest),
             "split": {"mode": "within-document" if within else "documents", "val_fraction": cfg.val_fraction,
                       "seed": cfg.seed},
             "splits": {name: {"file": w.path.name, "tokens": w.tokens, "documents": w.documents, "bytes": w.bytes}
@@ -138,6 +139,7 @@ def import_token_shards(raw_dir: Path, manifest: dict[str, Any], out_dir: Path) 
             "eot_id": EOT_ID,
             "tokenizer": {"name": NAME, "bpe_sha256": None},  # the shards' own: GPT-2's ids, checked in range
             "manifest_sha256": sha256_file(raw_dir / MANIFEST),
+            "source": source_record(manifest),
             "split": {"mode": "shards", "shard_format": fmt, "eot": EOT_POSITION[fmt]},
             "splits": splits,
         }
@@ -145,6 +147,11 @@ def import_token_shards(raw_dir: Path, manifest: dict[str, Any], out_dir: Path) 
     logger.info(f"tokenize: {len(manifest['files'])} {fmt} shards linked, not re-tokenized: train "
                 f"{splits['train']['tokens']:,} tokens, val {splits['val']['tokens']:,}")
     return meta
+
+
+def source_record(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Where the raw text came from (download.source and what it resolved to), without the file list."""
+    return {k: v for k, v in manifest.items() if k not in ("documents", "bytes", "tokens", "files")}
 
 
 def read_manifest(raw_dir: Path) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from gpt2.core import log
 from gpt2.core.atomic import atomic_file, write_json
 from gpt2.core.config import EvalConfig
 from gpt2.core.errors import UserError
+from gpt2.core.provenance import describe_tokens
 from gpt2.core.tokens import (
     CHUNK,
     Shard,
@@ -267,7 +268,10 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
         compared |= {"hellaswag_acc_norm": round(hellaswag["acc_norm"], 4), "hellaswag_acc": round(hellaswag["acc"], 4)}
     write_json(out / "metrics.json", {"eval": compared})
     if cfg.mlflow:
-        log_to_training_run(loaded.state, summary, out)
+        scored = describe_tokens(tokens_dir, meta, splits=("val",))
+        scored["name"] += " (val)"  # MLflow keeps one input per name and digest: the split gets its own name
+        scored["profile"]["val_tokens_scored"] = summary["val"]["tokens"]
+        log_to_training_run(loaded.state, summary, out, scored)
     return summary
 
 
@@ -281,7 +285,8 @@ def score_hellaswag(loaded: Loaded, cfg: EvalConfig) -> dict[str, Any]:
                            loaded.runtime.autocast, max(1, cfg.batch_size // 4))
 
 
-def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Path) -> None:
+def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Path, scored: dict[str, Any]) -> None:
+    """Evaluate's figures, samples and the split it scored, in the MLflow run of the training it scored."""
     from gpt2.train.tracking import MlflowTracker
 
     experiment = state.get("params", {}).get("train", {}).get("experiment", "gpt2")
@@ -294,6 +299,7 @@ def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Pat
                          "eval/sample_tokens_per_s": metrics["sample"]["tokens_per_s"],
                          **{f"eval/hellaswag_{k}": v for k, v in metrics.get("hellaswag", {}).items()}},
                         step=state["step"])
+    tracker.log_dataset(scored, context="evaluation")
     tracker.log_artifact(out / "samples.md")
     tracker.log_artifact(out / "summary.json")
     tracker.end()

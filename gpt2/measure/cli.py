@@ -32,6 +32,23 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
 
 
 @click.command()
+@PARAMS
+@click.option("-S", "--set", "sets", multiple=True, required=True,
+              help="section.key=value[,value...]: one experiment per combination of the values (repeatable)")
+@click.option("--name", default=None, help="the grid's name in the report and MLflow (default: grid MM-DD HH:MM)")
+@click.option("--target", default="evaluate", show_default=True, help="the dvc.yaml stage each experiment runs to")
+@click.option("--out", default="reports/grid", show_default=True, help="report folder (<name>.md, .json, dvc.log)")
+@click.option("--mlflow/--no-mlflow", default=None, help="a parent MLflow run (default: params.yaml train.mlflow)")
+@user_errors
+def grid(params_path: str, sets: tuple[str, ...], name: str | None, target: str, out: str,
+         mlflow: bool | None) -> None:
+    """Run a grid of DVC experiments (-S key=a,b ...) one at a time; one table, one MLflow parent run."""
+    from gpt2.measure.grid import run_grid
+
+    run_grid(sets, name, target, out, mlflow, params_path)
+
+
+@click.command()
 @click.option("--model", default="gpt2", show_default=True,
               type=click.Choice(["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]))
 @click.option("--tokens", required=True, type=click.FloatRange(min=0, min_open=True),

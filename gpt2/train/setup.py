@@ -51,6 +51,7 @@ class Setup:
     peak_flops: float | None  # the card's dense bf16 peak: MFU's yardstick whatever the dtype
     dtype_peak_flops: float | None  # the run's own dtype's peak where it differs (fp32, tf32)
     meta: dict[str, Any]
+    tokens_dir: Path
     compile_watch: CompileWatch  # graph breaks and recompilations of this run
     init: dict[str, str] = field(default_factory=dict)  # where the weights came from (train.init_from)
 
@@ -114,6 +115,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
                                             model_cfg.n_embd, seq_len)),
         peak_flops=yardstick_flops(runtime.device_name, cfg.peak_tflops),
         dtype_peak_flops=dtype_peak_flops(runtime.device_name, runtime.dtype, runtime.tf32, cfg.peak_tflops), meta=meta,
+        tokens_dir=Path(tokens_dir),
         compile_watch=CompileWatch(cfg.compile), init=init,
     )
 
@@ -146,7 +148,8 @@ def what_runs(s: Setup) -> dict[str, Any]:
         "device": str(s.runtime.device), "device_name": s.runtime.device_name, "dtype": s.runtime.dtype,
         "tf32": s.runtime.tf32, "compile": cfg.compile, "attention": s.model_cfg.attention,
         "sdpa_backend": backend if s.model_cfg.attention == "flash" else "manual (no SDPA)",
-        "keep_host_memory": s.runtime.keep_host_memory, "world_size": s.dist.world,
+        "keep_host_memory": s.runtime.keep_host_memory, "threads": torch.get_num_threads(),
+        "deterministic": cfg.deterministic, "world_size": s.dist.world,
         "params": s.model.num_params(), "torch": str(torch.__version__), **s.init,
     }
 

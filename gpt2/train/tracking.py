@@ -75,6 +75,8 @@ class Tracker:
 
     def log_artifact(self, path: str | Path) -> None: ...
 
+    def log_dataset(self, dataset: dict[str, Any], context: str) -> None: ...
+
     def end(self, status: str = "FINISHED") -> None: ...
 
 
@@ -126,5 +128,53 @@ class MlflowTracker(Tracker):
     def log_artifact(self, path: str | Path) -> None:
         self.mlflow.log_artifact(str(path))
 
+    def log_dataset(self, dataset: dict[str, Any], context: str) -> None:
+        """``dataset`` (gpt2.core.provenance.describe_tokens) as the run's input, so MLflow's dataset column
+        tells runs on different corpora or splits apart. ``context``: training or evaluation."""
+        self.mlflow.log_input(token_dataset(dataset), context=context)
+
     def end(self, status: str = "FINISHED") -> None:
         self.mlflow.end_run(status=status)
+
+
+def adopt(parent: MlflowTracker, dvc_exp_names: list[str], tags: dict[str, dict[str, str]] | None = None) -> int:
+    """Make the MLflow runs of these DVC experiments children of ``parent``: the UI nests them under it.
+
+    ``tags``: more tags per experiment name. Returns how many runs were found."""
+    client = parent.mlflow.tracking.MlflowClient()
+    found = 0
+    for name in dvc_exp_names:
+        for run in client.search_runs([parent.experiment_id], f"tags.dvc_exp_name = '{name}'"):
+            for key, value in {"mlflow.parentRunId": parent.run_id, **(tags or {}).get(name, {})}.items():
+                client.set_tag(run.info.run_id, key, value)
+            found += 1
+    return found
+
+
+def token_dataset(dataset: dict[str, Any]) -> Any:
+    """An MLflow dataset that describes a token folder without uploading it: source, digest and profile."""
+    import json
+
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.data.sources import HTTPDatasetSource, LocalArtifactDatasetSource
+
+    uri, source = dataset["uri"], dataset["source"]
+    if uri.startswith("hf:"):
+        from mlflow.data.huggingface_dataset_source import HuggingFaceDatasetSource
+
+        where: Any = HuggingFaceDatasetSource(source.get("hf_dataset") or uri[3:], config_name=source.get("hf_config"),
+                                              split=source.get("hf_split"))
+    elif uri.startswith(("http://", "https://")):
+        where = HTTPDatasetSource(uri)
+    else:
+        where = LocalArtifactDatasetSource(uri)
+
+    class TokenDataset(MetaDataset):
+        @property
+        def profile(self) -> dict[str, Any]:
+            return dataset["profile"]
+
+        def to_dict(self) -> dict[str, str]:
+            return {**super().to_dict(), "profile": json.dumps(dataset["profile"])}
+
+    return TokenDataset(where, name=dataset["name"], digest=dataset["digest"])

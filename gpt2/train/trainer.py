@@ -24,8 +24,10 @@ import torch
 
 from gpt2.core import log
 from gpt2.core.config import Params, to_dict
+from gpt2.core.provenance import checkpoint_hashes, describe_tokens
 from gpt2.train import checkpoint, distributed
 from gpt2.train.checkpointer import Checkpointer
+from gpt2.train.determinism import reproducible
 from gpt2.train.evaluator import Evaluator
 from gpt2.train.metrics import Diverged, Metrics, memory_gb
 from gpt2.train.optim import lr_at, set_lr
@@ -85,17 +87,18 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
     Under DDP every rank runs this; rank 0 alone logs, tracks and writes."""
     ckpt_path, report_dir = Path(ckpt_path), Path(report_dir) if report_dir is not None else None
     started = time.perf_counter()  # wall-clock throughput counts building the model and loading the data too
-    s = build(params, tokens_dir)
-    log.set_rank(s.dist.rank)
-    try:
-        with checkpoint.exclusive(ckpt_path) if s.dist.main else nullcontext():
-            return run(s, ckpt_path, report_dir, started)
-    except (getattr(torch.distributed, "DistError", RuntimeError), RuntimeError) as exc:
-        if s.dist.world > 1 and _is_collective_failure(exc):
-            raise distributed.collective_error(exc, s.dist, params.train.dist_timeout_s) from None
-        raise
-    finally:
-        distributed.shutdown(s.dist)
+    with reproducible(params.train.threads, params.train.deterministic):
+        s = build(params, tokens_dir)
+        log.set_rank(s.dist.rank)
+        try:
+            with checkpoint.exclusive(ckpt_path) if s.dist.main else nullcontext():
+                return run(s, ckpt_path, report_dir, started)
+        except (getattr(torch.distributed, "DistError", RuntimeError), RuntimeError) as exc:
+            if s.dist.world > 1 and _is_collective_failure(exc):
+                raise distributed.collective_error(exc, s.dist, params.train.dist_timeout_s) from None
+            raise
+        finally:
+            distributed.shutdown(s.dist)
 
 
 def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> dict[str, Any]:
@@ -122,6 +125,7 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
     tracker.log_params(flatten({"model": to_dict(params.model), "train": to_dict(params.train)}))
     tracker.set_tags({"git_commit": git_commit(), "dvc_exp_name": os.environ.get("DVC_EXP_NAME"),
                       "device": s.runtime.device_name, "torch_version": torch.__version__, **info})
+    tracker.log_dataset(describe_tokens(s.tokens_dir, s.meta), context="training")
     runtime = {k: v for k, v in info.items() if k != "params"}  # what really ran (the ladder reads it)
     earlier_s, first_step = history.elapsed_s, step  # a resumed run: the time and steps of its earlier sessions
 
@@ -141,6 +145,8 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
         if complaint := s.compile_watch.complaint():
             logger.warning(complaint)
         tracker.set_tags(s.compile_watch.figures())
+        if tracker.run_id and cfg.save_checkpoint and ckpt_path.is_file():  # DVC's hash of it: dvc exp apply finds it
+            tracker.set_tags(checkpoint_hashes(ckpt_path))
         if s.dist.main and report_dir is not None:
             write_reports(report_dir, summary, history)
             tracker.log_artifact(report_dir / "summary.json")

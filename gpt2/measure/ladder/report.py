@@ -129,19 +129,16 @@ def render_png(rows: list[Row], subtitle: str) -> bytes:
 
 def log_to_mlflow(rows: list[Row], plan_: Plan, runs: list[list[experiments.Experiment]],
                   out: Path) -> None:
-    """Tag every rung's training run with its rung; log the ladder itself as one more run."""
-    from gpt2.train.tracking import MlflowTracker
+    """Log the ladder as a parent run (its table, plot and figures) with every rung's training runs as children.
+
+    A rung's run reused from an earlier ladder moves under this one: a run has one parent."""
+    from gpt2.train.tracking import MlflowTracker, adopt
 
     tracker = MlflowTracker(plan_.sections[0]["train"]["experiment"], run_name=f"ladder {plan_.device}")
-    client = tracker.mlflow.tracking.MlflowClient()
     try:
-        experiment_ids = [tracker.run.info.experiment_id]
-        for row, group in zip(rows, runs):
-            for exp in group:
-                for found in client.search_runs(experiment_ids, f"tags.dvc_exp_name = '{exp.name}'"):
-                    client.set_tag(found.info.run_id, "ladder.rung", row.rung)
-                    client.set_tag(found.info.run_id, "ladder.index", str(row.index))
-                    client.set_tag(found.info.run_id, "ladder.run_id", tracker.run_id)
+        rungs = {exp.name: {"ladder.rung": row.rung, "ladder.index": str(row.index)}
+                 for row, group in zip(rows, runs) for exp in group}
+        adopt(tracker, list(rungs), rungs)
         tracker.set_tags({"kind": "ladder", "device": rows[0].runtime.get("device_name", plan_.device)})
         tracker.log_params({"ladder.steps": plan_.profile.steps, "ladder.repeats": plan_.profile.repeats,
                             "ladder.model": plan_.sections[0]["model"]["size"], "ladder.device": plan_.device})
