@@ -133,8 +133,25 @@ def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
     assert ladder.render_png(rows, "test").startswith(b"\x89PNG")
 
 
+def test_rungs_a_device_cannot_show_are_known_before_running_and_not_run(tmp_path):
+    spec = ladder.load_ladder(ROOT / "ladder.yaml")
+    names = [r.name for r in spec.rungs]
+    cpu = dict(zip(names, ladder.plan(spec, PARAMS, "cpu").cannot_show))
+    assert cpu["tf32"] == "TF32 is a CUDA (Ampere+) matmul mode" and cpu["amp"].startswith("AMP's dtype auto is fp32")
+    assert {n for n, why in cpu.items() if why} == {"tf32", "amp"} or not ladder.spec._cxx_compiler()
+    assert not any(ladder.plan(spec, PARAMS, "cuda").cannot_show)
+    p = ladder.plan(spec, PARAMS, "cpu")
+    runs = [[] if p.cannot_show[i] else [fake_run(p, i, 100.0 - i, CPU), fake_run(p, i, 101.0 - i, CPU)]
+            for i in range(len(names))]
+    rows = ladder.analyse(spec, p, runs)
+    assert rows[4].effect == "not run: cannot show on this device: TF32 is a CUDA (Ampere+) matmul mode"
+    assert rows[6].previous == 3  # compile is compared with the last rung that ran
+    assert "| 4 | tf32 |  | not run |" in ladder.table(rows, 12)
+    assert "Not run, as this device cannot show them: tf32 (TF32 is a CUDA" in ladder.noise_verdict(rows, 2)
+
+
 def test_failed_rung_is_marked_and_the_next_compares_with_the_last_measured(tmp_path):
-    spec = load(tmp_path, "rungs:\n  - {name: a, set: {compile: true}}\n  - {name: b, set: {model.pad_vocab: false}}\n"
+    spec = load(tmp_path, "rungs:\n  - {name: a, set: {fused_adamw: false}}\n  - {name: b, set: {model.pad_vocab: false}}\n"
                           "profiles: {cpu: {}}\n")
     p = ladder.plan(spec, PARAMS, "cpu")
     cpu = {"device": "cpu", "dtype": "fp32", "tf32": False}
@@ -158,8 +175,10 @@ def test_only_ladder_experiments_with_the_same_params_are_reused(tmp_path):
 
 
 TWO_RUNGS = """
-baseline: {model.attention: manual, model.pad_vocab: false}
+baseline: {model.attention: manual, model.pad_vocab: false, tf32: false}
 rungs:
+  - name: tf32
+    set: {tf32: true}
   - name: flash attention
     set: {model.attention: flash}
 profiles:
@@ -179,16 +198,18 @@ def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path):
     commit_all(root)  # the experiments start from a commit with the tokens in its dvc.lock
     command = [sys.executable, "-m", "gpt2.cli", "ladder", "--ladder", "two.yaml", "--device", "cpu", "--mlflow"]
     first = run(root, *command)
-    assert "2 to run, 0 reused" in first.stderr and "[2/2] rung 1 'flash attention', repeat 1/1" in first.stderr
+    assert "2 to run, 0 reused; rung 1 'tf32' cannot show on cpu: TF32 is a CUDA" in first.stderr
+    assert "[2/2] rung 2 'flash attention', repeat 1/1" in first.stderr
     report = root / "reports/ladder"
     table = (report / "ladder.md").read_text()
-    assert "| 0 | baseline |" in table and "| 1 | flash attention | model.attention=flash → " in table
+    assert "| 0 | baseline |" in table and "| 2 | flash attention | model.attention=flash → " in table
+    assert "| 1 | tf32 |  | not run |" in table
     assert (report / "ladder.png").read_bytes().startswith(b"\x89PNG")
     rows = json.loads((report / "ladder.json").read_text())["rows"]
-    assert [r["runs"] for r in rows] == [1, 1] and rows[1]["cumulative"] > 0
-    assert rows[0]["val_loss"] == rows[1]["val_loss"] or abs(rows[0]["val_loss"] - rows[1]["val_loss"]) < 1e-3
+    assert [r["runs"] for r in rows] == [1, 0, 1] and rows[2]["cumulative"] > 0
+    assert rows[0]["val_loss"] == rows[2]["val_loss"] or abs(rows[0]["val_loss"] - rows[2]["val_loss"]) < 1e-3
     names = {r["Experiment"] for r in exp_rows(root)}
-    assert {"ladder-00-baseline-1", "ladder-01-flash-attention-1"} <= names
+    assert {"ladder-00-baseline-1", "ladder-02-flash-attention-1"} <= names and not any("tf32" in n for n in names)
     client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
     tagged = sorted(r.data.tags.get("ladder.rung", "") for r in runs if r.data.tags.get("dvc_exp_name"))
@@ -221,12 +242,13 @@ def test_a_gain_inside_the_repeats_interval_or_the_inert_rungs_move_is_not_a_gai
             [fake_run(p, 2, 95.0, CPU), fake_run(p, 2, 96.5, CPU)],  # 2.4% faster, intervals apart: within the floor
             [fake_run(p, 3, 60.0, CPU), fake_run(p, 3, 61.0, CPU)]]  # 1.57x: a gain
     rows = ladder.analyse(spec, p, runs)
-    assert rows[1].effect == "no effect on this device" and rows[1].noise_floor == pytest.approx(0.0405, abs=1e-4)
+    assert rows[1].effect == "no effect on this device" and rows[1].noise_floor == pytest.approx(0.0407, abs=1e-4)
     assert rows[2].inside_noise == {"tokens_per_s": True} and rows[3].inside_noise == {"tokens_per_s": False}
     text = ladder.table(rows, 12)
     assert "| 1.02× (inside noise) |" in text and "| 1.58× |" in text
-    assert ladder.noise_verdict(rows, 2).startswith("Noise: rungs that changed nothing here moved tokens/s by up to 4.1%")
-    # overlapping intervals: inside noise whatever the floor
+    verdict = ladder.noise_verdict(rows, 2)
+    assert verdict.startswith("Noise: each rung's runs, paired with the rung above's") and "by up to 4.1%" in verdict
+    # paired runs that disagree on the direction (1.08x, then 1.00x): inside noise whatever the floor
     runs[2] = [fake_run(p, 2, 90.0, CPU), fake_run(p, 2, 99.0, CPU)]
     assert ladder.analyse(spec, p, runs)[2].inside_noise["tokens_per_s"] is True
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from gpt2.core.atomic import atomic_dir
 from gpt2.measure import experiments
 from gpt2.measure.ladder.spec import Plan
-from gpt2.measure.ladder.stats import NO_EFFECT, Row, noise_verdict
+from gpt2.measure.ladder.stats import CANNOT_SHOW, NO_EFFECT, Row, noise_verdict
 from gpt2.train.compiled import flag
 
 
@@ -24,6 +24,10 @@ def table(rows: list[Row], steps: int, target: float | None = None) -> str:
         head[8:8] = [f"time to {target} (s)", "time speedup", "tokens to target"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
+        if not row.runs and row.effect.startswith(CANNOT_SHOW):
+            cells = [str(row.index), row.rung, "", "not run"] + [""] * (len(head) - 5) + [row.effect]
+            lines.append("| " + " | ".join(cells) + " |")
+            continue
         if not row.runs:
             cells = [str(row.index), row.rung, "", "failed"] + [""] * (len(head) - 5) + ["see `dvc queue logs`"]
             lines.append("| " + " | ".join(cells) + " |")

@@ -70,20 +70,23 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
                         "them (dvc queue remove --queued) first")
     existing = experiments.finished(root, (TRAIN_RUN,))
     have = [0] * len(plan_.sections) if fresh else [len(runs) for runs in measured(plan_, existing)]
-    todo = schedule(plan_.profile.repeats, have)
-    reused = sum(min(h, plan_.profile.repeats) for h in have)
+    unshown = [i for i, why in enumerate(plan_.cannot_show) if why]
+    todo = schedule(plan_.profile.repeats, [plan_.profile.repeats if i in unshown else h for i, h in enumerate(have)])
+    reused = sum(min(h, plan_.profile.repeats) for i, h in enumerate(have) if i not in unshown)
     logger.info(f"ladder: {len(ladder.rungs)} rungs × {plan_.profile.repeats} repeats on {device} "
                 f"(model {plan_.sections[0]['model']['size']}, {plan_.profile.steps} steps per run): "
-                f"{len(todo)} to run, {reused} reused")
+                f"{len(todo)} to run, {reused} reused"
+                + "".join(f"; rung {i} {ladder.rungs[i].name!r} cannot show on {device}: {plan_.cannot_show[i]}"
+                          for i in unshown))
     if todo:
         _measure(root, ladder, plan_, todo, {e.name for e in existing}, Path(out))
         existing = experiments.finished(root, (TRAIN_RUN,))
-    runs = [r[:plan_.profile.repeats] for r in measured(plan_, existing)]
+    runs = [[] if plan_.cannot_show[i] else r[:plan_.profile.repeats] for i, r in enumerate(measured(plan_, existing))]
     rows = analyse(ladder, plan_, runs)
     write_report(Path(out), rows, plan_, runs)
     if plan_.sections[0]["train"]["mlflow"]:
         log_to_mlflow(rows, plan_, runs, Path(out))
-    failed = [row.rung for row in rows if row.runs < plan_.profile.repeats]
+    failed = [row.rung for row in rows if row.runs < plan_.profile.repeats and not plan_.cannot_show[row.index]]
     if failed:
         raise UserError(f"ladder: rung(s) {', '.join(failed)} did not finish every run; see {out}/dvc.log and "
                         "`dvc queue logs NAME`; the report marks them")

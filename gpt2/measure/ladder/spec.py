@@ -52,6 +52,7 @@ class Plan:
     profile: Profile
     sections: list[dict[str, dict[str, Any]]]  # per rung: normalized {"model": ..., "train": ...}
     sets: list[dict[str, Any]]  # per rung: dotted key -> value, for dvc exp run -S
+    cannot_show: list[str | None] = dataclasses.field(default_factory=list)  # per rung: why it cannot act here
 
 
 def load_ladder(path: str | Path) -> Ladder:
@@ -155,7 +156,38 @@ def plan(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str | N
         sections.append({"model": to_dict(model_cfg), "train": to_dict(train_cfg)})
         sets.append({**{f"model.{k}": v for k, v in rung_model.items()},
                      **{f"train.{k}": v for k, v in train_set.items()}})
-    return Plan(device=device, profile=profile, sections=sections, sets=sets)
+    unshown = [None] + [cannot_show(rung, flat(before), flat(after), device)
+                        for rung, before, after in zip(ladder.rungs[1:], sections, sections[1:])]
+    return Plan(device=device, profile=profile, sections=sections, sets=sets, cannot_show=unshown)
+
+
+def cannot_show(rung: Rung, before: dict[str, Any], after: dict[str, Any], device: str) -> str | None:
+    """Why ``rung`` cannot act on ``device``, known before it runs: every change it makes resolves to
+    what the rung above already ran there. None when it can act (or when that is only known by running it)."""
+    reasons = []
+    for key in rung.changes:
+        if before[key] == after[key]:
+            continue
+        if key == "tf32" and device != "cuda":
+            reasons.append("TF32 is a CUDA (Ampere+) matmul mode")
+        elif key == "dtype" and device != "cuda" and {_dtype_on_cpu(before[key]), _dtype_on_cpu(after[key])} == {"fp32"}:
+            reasons.append("AMP's dtype auto is fp32 off CUDA (bf16 is emulated on most CPUs)")
+        elif key == "compile" and device == "cpu" and after[key] and not _cxx_compiler():
+            reasons.append("torch.compile needs a C++ compiler on a CPU and none is installed")
+        else:
+            return None
+    return "; ".join(reasons) or "it changes nothing from the rung above"
+
+
+def _dtype_on_cpu(dtype: str) -> str:
+    return "fp32" if dtype == "auto" else dtype
+
+
+def _cxx_compiler() -> str | None:
+    import os
+    import shutil
+
+    return next(filter(None, (shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "clang++", "c++") if c)), None)
 
 
 def _accumulation(raw: dict[str, Any], model_set: dict[str, Any], train_set: dict[str, Any], profile: Profile) -> int:

@@ -19,6 +19,7 @@ from gpt2.measure.ladder.spec import TRAIN_METRICS, TRAIN_RUN, Ladder, Plan, Run
 RESOLVED = {"dtype": "dtype", "tf32": "tf32", "keep_host_memory": "keep_host_memory",
             "model.attention": "sdpa_backend"}
 NO_EFFECT = "no effect on this device"
+CANNOT_SHOW = "not run: cannot show on this device"
 
 
 @dataclass
@@ -56,6 +57,8 @@ class Row:
     steps_to_target: float | None = None
     time_speedup: float | None = None
     time_vs_previous: float | None = None
+    tokens_per_s_runs: list[float] = field(default_factory=list)  # newest first, as the runs were paired
+    paired: list[float] = field(default_factory=list)  # tokens/s ratio to the rung above, run by run (same repeat)
     inside_noise: dict[str, bool] = field(default_factory=dict)  # per figure: a gain the repeats cannot tell apart
     noise_floor: float | None = None
 
@@ -70,6 +73,8 @@ def analyse(ladder: Ladder, plan_: Plan, runs: list[list[experiments.Experiment]
                   experiments=[e.name for e in group])
         rows.append(row)
         if not metrics:
+            if plan_.cannot_show and plan_.cannot_show[i]:
+                row.effect = f"{CANNOT_SHOW}: {plan_.cannot_show[i]}"
             continue
         step_ms = [m["perf"]["step_ms"] for m in metrics]
         tps = [m["perf"]["tokens_per_s"] for m in metrics]
@@ -88,8 +93,11 @@ def analyse(ladder: Ladder, plan_: Plan, runs: list[list[experiments.Experiment]
         row.ran = _what_ran(rung, flat(plan_.sections[i]), row.runtime)
         if plan_.profile.target is not None:
             _add_target_figures(row, metrics)
+        row.tokens_per_s_runs = tps
         base = base or (row if i == 0 else None)
-        row.vs_previous = row.tokens_per_s / previous.tokens_per_s if previous else None
+        if previous:  # each run against the rung above's run of the same repeat: neighbours in time
+            row.paired = [a / b for a, b in zip(tps, previous.tokens_per_s_runs)]
+            row.vs_previous = statistics.median(row.paired)
         row.cumulative = row.tokens_per_s / base.tokens_per_s if base else None
         if row.time_s:
             row.time_speedup = base.time_s / row.time_s if base and base.time_s else None
@@ -115,10 +123,12 @@ def _add_target_figures(row: Row, metrics: list[dict[str, Any]]) -> None:
 def mark_noise(rows: list[Row]) -> None:
     """Flag each rung's gain that its repeats cannot tell from noise, and measure the noise itself.
 
-    A gain is "inside noise" when the rung's min–max interval over its repeats overlaps the rung
-    above's, or when it is no larger than the largest move of a rung that changed nothing here
-    (``no effect on this device``: its difference from the rung above is this machine's noise).
-    The floor goes on every measured row for the report's header."""
+    A rung's runs are paired with the rung above's runs of the same repeat, which ran next to them
+    in time, so slow drift of the machine cancels in each ratio. A tokens/s gain is "inside noise"
+    when the paired ratios do not agree on its direction (one above 1, one below), or when it is no
+    larger than the largest move of a rung that changed nothing here (``no effect on this device``:
+    its difference from the rung above is this machine's noise). Time to target, measured once per
+    run, is judged on the min–max intervals. The floor goes on every measured row for the report."""
     measured = {r.index: r for r in rows if r.runs}
     floor = max((abs(r.vs_previous - 1) for r in measured.values() if r.effect == NO_EFFECT and r.vs_previous),
                 default=0.0)
@@ -127,30 +137,35 @@ def mark_noise(rows: list[Row]) -> None:
         above = measured.get(row.previous) if row.previous is not None else None
         if above is None or row.effect == NO_EFFECT:
             continue
-        for key, ratio in (("tokens_per_s", row.vs_previous), ("time_s", row.time_vs_previous)):
-            if ratio is None:
-                continue
-            low, high = getattr(row, f"{key}_min"), getattr(row, f"{key}_max")
-            overlap = low <= getattr(above, f"{key}_max") and getattr(above, f"{key}_min") <= high
-            row.inside_noise[key] = overlap or abs(ratio - 1) <= floor
+        if row.vs_previous is not None:
+            straddles = min(row.paired) <= 1 <= max(row.paired)
+            row.inside_noise["tokens_per_s"] = straddles or abs(row.vs_previous - 1) <= floor
+        if row.time_vs_previous is not None:
+            overlap = row.time_s_min <= above.time_s_max and above.time_s_min <= row.time_s_max
+            row.inside_noise["time_s"] = overlap or abs(row.time_vs_previous - 1) <= floor
 
 
 def noise_verdict(rows: list[Row], repeats: int) -> str:
-    """The report's first words on noise: too noisy to read, or how noisy."""
+    """The report's first words: too noisy to read, or how noisy, and which rungs this device cannot show."""
     acting = [r for r in rows if r.runs and r.effect not in ("baseline", NO_EFFECT, "failed")]
     floor = max((r.noise_floor or 0.0 for r in rows if r.runs), default=0.0)
+    spread = statistics.median([max(r.paired) - min(r.paired) for r in acting if len(r.paired) > 1] or [0.0])
     noisy = [r for r in acting if r.inside_noise.get("tokens_per_s")]
-    advice = ("run it on an idle machine, with more steps per run (--steps) or more repeats (--repeats)")
+    unshown = [r for r in rows if r.effect.startswith(CANNOT_SHOW)]
+    skipped = ("" if not unshown else " Not run, as this device cannot show them: " + "; ".join(
+        f"{r.rung} ({r.effect.removeprefix(CANNOT_SHOW + ': ')})" for r in unshown) + ".")
+    advice = "run it on an idle machine, with more steps per run (--steps) or more repeats (--repeats)"
     if repeats < 2:
-        return f"**One run per rung: no interval, so no gain can be told from noise.** To read it, {advice}."
-    if floor > 0.10 or (acting and len(noisy) > len(acting) / 2):
-        return (f"**Too noisy to read:** a rung that changed nothing here moved tokens/s by {100 * floor:.0f}%, and "
-                f"{len(noisy)} of {len(acting)} rungs' gains are inside the noise. To read it, {advice}.")
-    shown = f"rungs that changed nothing here moved tokens/s by up to {100 * floor:.1f}%" if floor else \
-        "no rung here was inert, so the noise floor is the repeats' intervals alone"
-    return (f"Noise: {shown}; a gain whose min–max interval over the repeats overlaps the rung above's, or "
-            f"that is no larger than that, is marked *inside noise* and not counted as a gain ({len(noisy)} of "
-            f"{len(acting)} rungs).")
+        return f"**One run per rung: no interval, so no gain can be told from noise.** To read it, {advice}.{skipped}"
+    if max(floor, spread) > 0.10:
+        return (f"**Too noisy to read:** a rung's paired runs disagree by {100 * spread:.0f}% (median)"
+                + (f" and a rung that changed nothing here moved tokens/s by {100 * floor:.0f}%" if floor else "")
+                + f"; {len(noisy)} of {len(acting)} rungs' gains are inside that noise. To read it, {advice}.{skipped}")
+    shown = f"; rungs that changed nothing here moved it by up to {100 * floor:.1f}%" if floor else ""
+    return (f"Noise: each rung's runs, paired with the rung above's of the same repeat, agree on its tokens/s ratio "
+            f"within {100 * spread:.1f}% (median over the rungs){shown}. A gain whose paired runs disagree on its "
+            f"direction, or no larger than that, is marked *inside noise*: it buys nothing this machine can measure "
+            f"({len(noisy)} of {len(acting)} rungs).{skipped}")
 
 
 def _resolved(key: str, params: dict[str, Any], runtime: dict[str, Any]) -> Any:
