@@ -92,8 +92,10 @@ def run_one(name: str, params: dict, tokens: str, folder: Path) -> dict:
     overrides, env, nudge = PERTURBATIONS[name]
     spec = json.dumps({"params": merge(params, overrides), "tokens": tokens, "out": str(folder), "nudge": nudge})
     started = time.perf_counter()
+    # Threads that wait sleep instead of spinning: jobs sharing the cores then cost their work, not
+    # each other's spin (the waiting policy changes the speed only, never the arithmetic).
     result = subprocess.run([sys.executable, __file__, "--child-spec", spec], capture_output=True, text=True,
-                            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, **env, "PYTHONUNBUFFERED": "1", "OMP_WAIT_POLICY": "PASSIVE"})
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     if result.returncode != 0 or not lines:
         raise SystemExit(f"{name}: the run failed\n{result.stderr[-3000:]}")

@@ -127,11 +127,14 @@ def mark_noise(rows: list[Row]) -> None:
     in time, so slow drift of the machine cancels in each ratio. A tokens/s gain is "inside noise"
     when the paired ratios do not agree on its direction (one above 1, one below), or when it is no
     larger than the largest move of a rung that changed nothing here (``no effect on this device``:
-    its difference from the rung above is this machine's noise). Time to target, measured once per
-    run, is judged on the min–max intervals. The floor goes on every measured row for the report."""
+    its difference from the rung above is this machine's noise) or than the typical disagreement of
+    a rung's paired ratios (the median over the rungs of their max - min): with two or three pairs a
+    rung's own agreement on the direction is a weak test, the machine's typical spread is not. Time
+    to target, measured once per run, is judged on the min–max intervals. The floor goes on every
+    measured row for the report."""
     measured = {r.index: r for r in rows if r.runs}
-    floor = max((abs(r.vs_previous - 1) for r in measured.values() if r.effect == NO_EFFECT and r.vs_previous),
-                default=0.0)
+    floor = max(max((abs(r.vs_previous - 1) for r in measured.values() if r.effect == NO_EFFECT and r.vs_previous),
+                    default=0.0), paired_spread(rows))
     for row in measured.values():
         row.noise_floor = floor
         above = measured.get(row.previous) if row.previous is not None else None
@@ -145,11 +148,17 @@ def mark_noise(rows: list[Row]) -> None:
             row.inside_noise["time_s"] = overlap or abs(row.time_vs_previous - 1) <= floor
 
 
+def paired_spread(rows: list[Row]) -> float:
+    """How far a rung's paired tokens/s ratios typically disagree: the median of their max - min."""
+    spreads = [max(r.paired) - min(r.paired) for r in rows if r.effect != NO_EFFECT and len(r.paired) > 1]
+    return statistics.median(spreads) if spreads else 0.0
+
+
 def noise_verdict(rows: list[Row], repeats: int) -> str:
     """The report's first words: too noisy to read, or how noisy, and which rungs this device cannot show."""
     acting = [r for r in rows if r.runs and r.effect not in ("baseline", NO_EFFECT, "failed")]
     floor = max((r.noise_floor or 0.0 for r in rows if r.runs), default=0.0)
-    spread = statistics.median([max(r.paired) - min(r.paired) for r in acting if len(r.paired) > 1] or [0.0])
+    spread = paired_spread(rows)
     noisy = [r for r in acting if r.inside_noise.get("tokens_per_s")]
     unshown = [r for r in rows if r.effect.startswith(CANNOT_SHOW)]
     skipped = ("" if not unshown else " Not run, as this device cannot show them: " + "; ".join(
@@ -161,11 +170,11 @@ def noise_verdict(rows: list[Row], repeats: int) -> str:
         return (f"**Too noisy to read:** a rung's paired runs disagree by {100 * spread:.0f}% (median)"
                 + (f" and a rung that changed nothing here moved tokens/s by {100 * floor:.0f}%" if floor else "")
                 + f"; {len(noisy)} of {len(acting)} rungs' gains are inside that noise. To read it, {advice}.{skipped}")
-    shown = f"; rungs that changed nothing here moved it by up to {100 * floor:.1f}%" if floor else ""
+    shown = f"; rungs that changed nothing here moved it by up to {100 * floor:.1f}%" if floor > spread else ""
     return (f"Noise: each rung's runs, paired with the rung above's of the same repeat, agree on its tokens/s ratio "
             f"within {100 * spread:.1f}% (median over the rungs){shown}. A gain whose paired runs disagree on its "
-            f"direction, or no larger than that, is marked *inside noise*: it buys nothing this machine can measure "
-            f"({len(noisy)} of {len(acting)} rungs).{skipped}")
+            f"direction, or no larger than {100 * floor:.1f}%, is marked *inside noise*: it buys nothing this "
+            f"machine can measure ({len(noisy)} of {len(acting)} rungs).{skipped}")
 
 
 def _resolved(key: str, params: dict[str, Any], runtime: dict[str, Any]) -> Any:
