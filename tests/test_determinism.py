@@ -36,6 +36,8 @@ def test_the_settings_hold_for_the_run_and_are_restored_after_it():
     with reproducible(threads=3, deterministic=True) as used:
         assert used == 3 == torch.get_num_threads() and torch.are_deterministic_algorithms_enabled()
         assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+        assert not torch.utils.deterministic.fill_uninitialized_memory  # no NaN fill of every fresh tensor
     assert torch.get_num_threads() == threads and not torch.are_deterministic_algorithms_enabled()
+    assert torch.utils.deterministic.fill_uninitialized_memory
     with reproducible(threads=0, deterministic=False) as used:  # 0: PyTorch's default, nothing forced
         assert used == threads and not torch.are_deterministic_algorithms_enabled()

@@ -122,11 +122,11 @@ class TrainConfig:
     # length and schedule
     max_steps: int | None = param(320, "optimizer steps; or null, with max_tokens set", ge=1)
     max_tokens: int | None = param(None, "tokens to train on, rounded up to whole steps; or null", ge=1)
-    lr: float = param(2.0e-3, "peak learning rate", gt=0)
+    lr: float = param(1.0e-3, "peak learning rate", gt=0)
     lr_schedule: Literal["cosine", "constant"] = param(
         "cosine", "cosine (linear warmup, cosine decay to min_lr) | constant (after warmup)")
-    min_lr: float = param(2.0e-4, "learning rate at the end of the cosine decay (at most lr)", ge=0)
-    warmup_steps: int = param(20, "linear warmup from lr/warmup_steps to lr", ge=0)
+    min_lr: float = param(1.0e-4, "learning rate at the end of the cosine decay (at most lr)", ge=0)
+    warmup_steps: int = param(40, "linear warmup from lr/warmup_steps to lr", ge=0)
     weight_decay: float = param(0.1, "AdamW weight decay, on matrices only", ge=0)
     betas: tuple[float, float] = param((0.9, 0.95), "AdamW's betas", ge=0, lt=1)
     grad_clip: float = param(1.0, "max global gradient norm", ge=0, note="0 = off")
