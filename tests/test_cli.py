@@ -35,3 +35,12 @@ def test_user_error_is_one_line_and_exit_2(runner, tmp_path):
 def test_missing_params_file(runner, tmp_path):
     result = runner.invoke(main, ["stats", "--params", str(tmp_path / "none.yaml")])
     assert result.exit_code == 2 and "not found" in result.output
+
+
+def test_a_grid_setting_without_values_is_refused_before_anything_is_queued(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no DVC project here: the setting is checked first
+    result = runner.invoke(main, ["grid", "-S", "train.lr"])
+    assert result.exit_code == 2 and result.output.strip() == (
+        "error: -S 'train.lr': write section.key=value[,value...], e.g. -S train.lr=1.0e-3,2.0e-3")
+    result = runner.invoke(main, ["grid", "-S", "train.lr=1.0e-3"])
+    assert result.exit_code == 2 and "has no dvc.yaml; run from the project root" in result.output
