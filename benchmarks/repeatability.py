@@ -38,6 +38,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from train_switches import merge, parse_overrides  # noqa: E402  (the same --set syntax)
 
 PERTURBATIONS = {  # name: (params overrides, environment, initial-weight nudge)
     "same": ({}, {}, 0.0),
@@ -48,19 +50,6 @@ PERTURBATIONS = {  # name: (params overrides, environment, initial-weight nudge)
     "aten-scalar": ({}, {"ATEN_CPU_CAPABILITY": "default"}, 0.0),
 }
 PARTED = 0.01  # train losses further apart than this: the runs have parted
-
-
-def merge(base: dict, extra: dict) -> dict:
-    return {s: {**base.get(s, {}), **extra.get(s, {})} for s in {*base, *extra}}
-
-
-def parse_overrides(items: list[str]) -> dict[str, dict]:
-    tree: dict[str, dict] = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        section, _, name = key.partition(".")
-        tree.setdefault(section, {})[name] = yaml.safe_load(value)
-    return tree
 
 
 def child(spec: str) -> None:

@@ -108,6 +108,18 @@ def run_queue(root: Path, on_start: Callable[[str], None], log: Path) -> int:
         return process.wait()
 
 
+def run_queue_or_cancel(root: Path, on_start: Callable[[str], None], log: Path, what: str, kept: str = "") -> int:
+    """:func:`run_queue`; on Ctrl-C, :func:`cancel` and a UserError (exit 130) that says what was kept."""
+    try:
+        return run_queue(root, on_start, log)
+    except KeyboardInterrupt:
+        cancel(root)
+        error = UserError(f"{what} interrupted: the queued runs were removed and the running one killed; finished "
+                          f"runs are kept (dvc exp show){kept}")
+        error.exit_code = 130
+        raise error from None
+
+
 def cancel(root: Path) -> None:
     """Remove the queued experiments and kill the running one (after Ctrl-C); finished ones stay."""
     for args in (("queue", "remove", "--queued"), ("queue", "stop", "--kill")):

@@ -95,14 +95,7 @@ def _run(root: Path, queued: list[str], out: Path) -> None:
             eta = f", ETA {clock(each * (len(queued) - len(started) + 1))}"
         logger.info(f"grid: [{len(started)}/{len(queued)}] {exp}{eta}")
 
-    try:
-        code = experiments.run_queue(root, on_start, out / "dvc.log")
-    except KeyboardInterrupt:
-        experiments.cancel(root)
-        error = UserError("grid interrupted: the queued experiments were removed and the running one killed; "
-                          "finished ones are kept (dvc exp show)")
-        error.exit_code = 130
-        raise error from None
+    code = experiments.run_queue_or_cancel(root, on_start, out / "dvc.log", "grid")
     if code != 0:
         logger.info(f"grid: dvc exp run --run-all exited {code}; see {out}/dvc.log")
 

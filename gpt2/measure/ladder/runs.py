@@ -125,13 +125,7 @@ def _measure(root: Path, ladder: Ladder, plan_: Plan, todo: list[tuple[int, int]
         logger.info(f"ladder: [{done + 1}/{len(todo)}] rung {i} {rung!r}, repeat {r + 1}/{plan_.profile.repeats} "
                     f"({name}){eta}")
 
-    try:
-        code = experiments.run_queue(root, on_start, out / "dvc.log")
-    except KeyboardInterrupt:
-        experiments.cancel(root)
-        error = UserError("ladder interrupted: the queued runs were removed and the running one killed; finished "
-                          "runs are kept (dvc exp show) and reused by the next `gpt2 ladder`")
-        error.exit_code = 130
-        raise error from None
+    code = experiments.run_queue_or_cancel(root, on_start, out / "dvc.log", "ladder",
+                                           " and reused by the next `gpt2 ladder`")
     if code != 0:
         logger.info(f"ladder: dvc exp run --run-all exited {code}; see {out}/dvc.log")
