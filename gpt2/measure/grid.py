@@ -72,9 +72,10 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
     rows = [row(n, found.get(n), grid) for n in queued]
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
     write_json(out / f"{slug}.json", {"name": name, "grid": grid, "rows": rows})
+    text = table(name, grid, rows)
     with atomic_file(out / f"{slug}.md") as tmp:
-        tmp.write_text(table(name, grid, rows))
-    logger.info(f"grid: {out / (slug + '.md')}\n{table(name, grid, rows)}")
+        tmp.write_text(text)
+    logger.info(f"grid: {out / (slug + '.md')}\n{text}")
     raw = read_yaml(params_path, "params", "--params") or {}
     if (raw.get("train") or {}).get("mlflow", True) if mlflow is None else mlflow:
         log_parent(name, grid, rows, out / f"{slug}.md", (raw.get("train") or {}).get("experiment", "gpt2"))

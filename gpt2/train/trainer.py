@@ -125,7 +125,8 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
     tracker.log_params(flatten({"model": to_dict(params.model), "train": to_dict(params.train)}))
     tracker.set_tags({"git_commit": git_commit(), "dvc_exp_name": os.environ.get("DVC_EXP_NAME"),
                       "device": s.runtime.device_name, "torch_version": torch.__version__, **info})
-    tracker.log_dataset(describe_tokens(s.tokens_dir, s.meta), context="training")
+    if tracker.run_id:  # no dvc.lock reading or folder walk when nothing tracks it
+        tracker.log_dataset(describe_tokens(s.tokens_dir, s.meta), context="training")
     runtime = {k: v for k, v in info.items() if k != "params"}  # what really ran (the ladder reads it)
     earlier_s, first_step = history.elapsed_s, step  # a resumed run: the time and steps of its earlier sessions
 
