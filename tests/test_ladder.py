@@ -224,8 +224,18 @@ def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path):
     assert "0 to run, 2 reused" in second.stderr  # nothing queued: the experiments above are the ones it read
 
     dvc(root, "exp", "run", "--queue", "-n", "waiting", "train")
-    refused = run(root, *command, check=False)
-    assert refused.returncode == 2 and "already queued" in refused.stderr and "waiting" in refused.stderr
+    third = run(root, *command)  # a queued experiment is neither run nor waited for: the ladder runs its own now
+    assert "0 to run, 2 reused" in third.stderr and "waiting" in dvc(root, "queue", "status").stdout
+
+
+def test_the_ladder_refuses_to_time_beside_a_running_experiment(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS))
+    (tmp_path / "two.yaml").write_text(TWO_RUNGS)
+    monkeypatch.setattr(ladder.runs.experiments, "check_repo", lambda root: None)
+    monkeypatch.setattr(ladder.runs.experiments, "pending", lambda root, states: ["exp-1"] if "Running" in states else [])
+    with pytest.raises(UserError, match=r"1 queued DVC experiment\(s\) running \(exp-1\); .*dvc queue kill"):
+        ladder.run_ladder("two.yaml", device="cpu")
 
 
 CPU = {"device": "cpu", "dtype": "fp32", "tf32": False, "sdpa_backend": "flash_attention", "device_name": "x"}

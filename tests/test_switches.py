@@ -130,15 +130,42 @@ def test_compile_switch_wraps_the_model(tokens, monkeypatch):
 @pytest.mark.slow
 def test_compiled_training_really_compiles_without_a_break_and_checkpoints_clean_names(tmp_path, tokens):
     """The default model, chunked loss included (two uneven chunks), compiles whole: no graph break, and
-    no recompilation in later steps or in the second eval."""
+    no recompilation in later steps or in the second eval. Its graphs go to AOTAutograd's cache, which
+    PyTorch would bypass for the loss's autograd.Function unless train.compile_cache allows it."""
+    from torch._dynamo.utils import counters
+
     params = micro_params(compile=True, max_steps=4, eval_interval=2, loss_chunk=40, model={"n_layer": 1})
     s = trainer.build(params, tokens)
     assert hasattr(s.step_model, "_orig_mod")
+    before = dict(counters["aot_autograd"])
     metrics = trainer.train(params, tokens, tmp_path / "ckpt.pt", tmp_path / "reports")
     assert metrics["steps"] == 4
+    cache = {k: n - before.get(k, 0) for k, n in counters["aot_autograd"].items() if k.startswith("autograd_cache")}
+    assert not cache.get("autograd_cache_bypass") and cache.get("autograd_cache_saved", 0) + \
+        cache.get("autograd_cache_hit", 0) >= 1, cache
     assert metrics["runtime"]["graph_breaks"] == 0 and metrics["runtime"]["recompiles"] == 0
     state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert not any(k.startswith("_orig_mod.") for k in state["model"])
+
+
+def test_compile_caches_are_set_for_a_compiled_run_and_restored():
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    from gpt2.train.compiled import compile_caches
+
+    def settings():
+        return (inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache,
+                functorch_config.autograd_cache_allow_custom_autograd_functions)
+
+    before = settings()
+    with compile_caches(compile=True, cache=False):
+        assert settings() == (False, False, False)
+    with compile_caches(compile=True, cache=True):
+        assert settings() == (True, True, True)
+    with compile_caches(compile=False, cache=False):
+        assert settings() == before
+    assert settings() == before
 
 
 def test_graph_breaks_and_recompilations_are_counted():

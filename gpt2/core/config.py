@@ -99,6 +99,8 @@ class TrainConfig:
     compile: bool = param(False, "torch.compile the model")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = param(
         "default", "torch.compile's mode")
+    compile_cache: bool = param(True, "reuse compiled graphs across runs (Inductor's on-disk caches): later runs "
+                                      "skip most of compile's warm-up", note="false: a cold compile every run")
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math"] = param(
         "auto", "the kernel behind model.attention flash: auto (PyTorch's choice) | flash | cudnn | efficient | math")
     fused_adamw: bool = param(True, "one fused AdamW kernel instead of PyTorch's default (foreach)")

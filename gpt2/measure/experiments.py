@@ -65,23 +65,47 @@ def check_repo(root: Path) -> None:
                         "git config user.email EMAIL")
 
 
-def pending(root: Path) -> list[str]:
-    """Names of experiments already queued or running (``dvc queue status``)."""
+def pending(root: Path, states: tuple[str, ...] = ("Queued", "Running")) -> list[str]:
+    """Names of the queue's experiments in one of ``states`` (``dvc queue status``)."""
     out = dvc(root, "queue", "status").stdout
     names = []
     for line in out.splitlines():
         cells = line.split()
-        if len(cells) >= 3 and cells[-1] in ("Queued", "Running"):
+        if len(cells) >= 3 and cells[-1] in states:
             names.append(cells[1])
     return names
 
 
 def queue(root: Path, name: str, sets: dict[str, Any], target: str) -> None:
-    """``dvc exp run --queue -n NAME -S key=value ... TARGET``. Values are JSON, which DVC reads as YAML."""
-    args = ["exp", "run", "--queue", "-n", name]
-    for key, value in sets.items():
-        args += ["-S", f"{key}={json.dumps(value)}"]
-    dvc(root, *args, target)
+    """``dvc exp run --queue -n NAME -S key=value ... TARGET``."""
+    dvc(root, "exp", "run", "--queue", "-n", name, *_set_args(sets), target)
+
+
+def run_now(root: Path, name: str, sets: dict[str, Any], target: str, log: Path) -> int:
+    """``dvc exp run --temp -n NAME -S key=value ... TARGET``: one experiment, in a temporary workspace, now.
+
+    The same experiment a queued one would be (``dvc exp show`` lists it) without the queue's
+    worker, which costs seconds before and after every run. DVC's output is appended to ``log``.
+    Returns DVC's exit status. On Ctrl-C DVC, which gets the signal too, is waited for: it removes
+    its temporary workspace and keeps the experiments that finished."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "dvc", "exp", "run", "--temp", "-n", name,
+                                    *_set_args(sets), target], cwd=root, stdout=sink, stderr=subprocess.STDOUT,
+                                   env=_env())
+        try:
+            return process.wait()
+        except KeyboardInterrupt:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            raise
+
+
+def _set_args(sets: dict[str, Any]) -> list[str]:
+    """``-S key=value`` for each setting. Values are JSON, which DVC reads as YAML."""
+    return [arg for key, value in sets.items() for arg in ("-S", f"{key}={json.dumps(value)}")]
 
 
 def run_queue(root: Path, on_start: Callable[[str], None], log: Path) -> int:

@@ -27,6 +27,7 @@ from gpt2.core.config import Params, to_dict
 from gpt2.core.provenance import checkpoint_hashes, describe_tokens
 from gpt2.train import checkpoint, distributed
 from gpt2.train.checkpointer import Checkpointer
+from gpt2.train.compiled import compile_caches
 from gpt2.train.determinism import reproducible
 from gpt2.train.evaluator import Evaluator
 from gpt2.train.metrics import Diverged, Metrics, memory_gb
@@ -87,7 +88,8 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
     Under DDP every rank runs this; rank 0 alone logs, tracks and writes."""
     ckpt_path, report_dir = Path(ckpt_path), Path(report_dir) if report_dir is not None else None
     started = time.perf_counter()  # wall-clock throughput counts building the model and loading the data too
-    with reproducible(params.train.threads, params.train.deterministic):
+    cfg = params.train
+    with reproducible(cfg.threads, cfg.deterministic), compile_caches(cfg.compile, cfg.compile_cache):
         s = build(params, tokens_dir)
         log.set_rank(s.dist.rank)
         try:

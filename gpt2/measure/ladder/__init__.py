@@ -1,14 +1,13 @@
 """The optimization ladder: what each training optimization buys, measured here, as DVC experiments.
 
 ``ladder.yaml`` declares a baseline (everything off) and rungs, each the rung above plus one
-change to params.yaml's ``train`` (or ``model``) section. Every rung is queued as a real ``dvc exp``
-of the ``train`` stage, repeated in alternating order (forward, then backward) so that a machine
-warming up or slowing down does not pass for a speedup, and the queue runs one experiment at a
-time. The table compares tokens/s (not step time: gradient accumulation changes the tokens per
+change to params.yaml's ``train`` (or ``model``) section. Every rung runs as a real ``dvc exp``
+of the ``train`` stage, one experiment at a time, repeated in alternating order (forward, then
+backward) so that a machine warming up or slowing down does not pass for a speedup. The table compares tokens/s (not step time: gradient accumulation changes the tokens per
 step) and keeps the val loss after N steps in view, so a "speedup" that breaks training shows.
 
 - spec.py: the ladder file and the plan (each rung's params on this device);
-- runs.py: the DVC experiments (queue, run one at a time, reuse, schedule);
+- runs.py: the DVC experiments (schedule, run one at a time, reuse);
 - stats.py: the typed result rows, speedups, what really ran, the noise;
 - report.py: markdown, PNG, JSON and MLflow.
 """

@@ -29,7 +29,7 @@ def table(rows: list[Row], steps: int, target: float | None = None) -> str:
             lines.append("| " + " | ".join(cells) + " |")
             continue
         if not row.runs:
-            cells = [str(row.index), row.rung, "", "failed"] + [""] * (len(head) - 5) + ["see `dvc queue logs`"]
+            cells = [str(row.index), row.rung, "", "failed"] + [""] * (len(head) - 5) + ["see dvc.log"]
             lines.append("| " + " | ".join(cells) + " |")
             continue
         noise = row.inside_noise

@@ -1,4 +1,4 @@
-"""Running the ladder: each rung's runs as queued DVC experiments, one at a time, reused when already measured."""
+"""Running the ladder: each rung's runs as DVC experiments, one at a time, reused when already measured."""
 
 from __future__ import annotations
 
@@ -63,11 +63,11 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
     device = resolve_device(device)
     plan_ = plan(ladder, raw, device, model, steps, repeats, mlflow, target)
     experiments.check_repo(root)
-    waiting = experiments.pending(root)
-    if waiting:
-        raise UserError(f"{len(waiting)} DVC experiment(s) already queued or running ({', '.join(waiting[:5])}); "
-                        "the ladder times one experiment at a time: run them (dvc exp run --run-all) or remove "
-                        "them (dvc queue remove --queued) first")
+    running = experiments.pending(root, ("Running",))
+    if running:
+        raise UserError(f"{len(running)} queued DVC experiment(s) running ({', '.join(running[:5])}); the ladder "
+                        "times one experiment at a time on an otherwise idle machine: wait for them or stop "
+                        "them (dvc queue kill NAME) first")
     existing = experiments.finished(root, (TRAIN_RUN,))
     have = [0] * len(plan_.sections) if fresh else [len(runs) for runs in measured(plan_, existing)]
     unshown = [i for i, why in enumerate(plan_.cannot_show) if why]
@@ -88,8 +88,8 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
         log_to_mlflow(rows, plan_, runs, Path(out))
     failed = [row.rung for row in rows if row.runs < plan_.profile.repeats and not plan_.cannot_show[row.index]]
     if failed:
-        raise UserError(f"ladder: rung(s) {', '.join(failed)} did not finish every run; see {out}/dvc.log and "
-                        "`dvc queue logs NAME`; the report marks them")
+        raise UserError(f"ladder: rung(s) {', '.join(failed)} did not finish every run; see {out}/dvc.log; "
+                        "the report marks them")
     return rows
 
 
@@ -101,31 +101,27 @@ def resolve_device(device: str) -> str:
 
 def _measure(root: Path, ladder: Ladder, plan_: Plan, todo: list[tuple[int, int]], taken: set[str],
              out: Path) -> None:
-    names: dict[str, tuple[int, int]] = {}
-    for i, r in todo:
+    """Run ``todo`` one experiment at a time, in its order (the repeats' alternation is the point)."""
+    log_path = out / "dvc.log"
+    log_path.unlink(missing_ok=True)
+    durations: list[float] = []
+    for done, (i, r) in enumerate(todo):
         n = 1
         while f"{EXP_PREFIX}{i:02d}-{ladder.rungs[i].slug}-{n}" in taken:
             n += 1
         name = f"{EXP_PREFIX}{i:02d}-{ladder.rungs[i].slug}-{n}"
         taken.add(name)
-        names[name] = (i, r)
-        experiments.queue(root, name, plan_.sets[i], "train")
-    started: dict[str, float] = {}
-    durations: list[float] = []
-
-    def on_start(name: str) -> None:
-        now = time.perf_counter()
-        if started:
-            durations.append(now - max(started.values()))
-        started[name] = now
-        done = len(started) - 1
         eta = f", ETA {clock(statistics.median(durations) * (len(todo) - done))}" if durations else ""
-        i, r = names.get(name, (-1, 0))
-        rung = ladder.rungs[i].name if i >= 0 else name
-        logger.info(f"ladder: [{done + 1}/{len(todo)}] rung {i} {rung!r}, repeat {r + 1}/{plan_.profile.repeats} "
-                    f"({name}){eta}")
-
-    code = experiments.run_queue_or_cancel(root, on_start, out / "dvc.log", "ladder",
-                                           " and reused by the next `gpt2 ladder`")
-    if code != 0:
-        logger.info(f"ladder: dvc exp run --run-all exited {code}; see {out}/dvc.log")
+        logger.info(f"ladder: [{done + 1}/{len(todo)}] rung {i} {ladder.rungs[i].name!r}, repeat {r + 1}/"
+                    f"{plan_.profile.repeats} ({name}){eta}")
+        started = time.perf_counter()
+        try:
+            code = experiments.run_now(root, name, plan_.sets[i], "train", log_path)
+        except KeyboardInterrupt:
+            error = UserError("ladder interrupted: the running experiment was stopped; finished runs are kept "
+                              "(dvc exp show) and reused by the next `gpt2 ladder`")
+            error.exit_code = 130
+            raise error from None
+        durations.append(time.perf_counter() - started)
+        if code != 0:
+            logger.info(f"ladder: {name} failed (dvc exit {code}); its output is in {log_path}")
