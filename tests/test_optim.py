@@ -12,7 +12,7 @@ from test_train import interrupt_at, losses, run
 
 from gpt2.core.config import TrainConfig
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2.train import checkpoint
+from gpt2.train import checkpoint, muon
 from gpt2.train.optim import build_optimizers
 from gpt2.train.trainer import TrainingInterrupted
 
@@ -34,13 +34,53 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
     assert muon.param_groups[0]["lr"] == 0.03 and adamw.param_groups[0]["lr"] == 1e-3
 
 
+def muon_steps(optimizer_class, steps=3):
+    """Parameters after ``steps`` of ``optimizer_class`` on fixed gradients: a tall and a wide matrix."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(12, 5)), torch.nn.Parameter(torch.randn(4, 9))]
+    optimizer = optimizer_class(params, lr=0.02, weight_decay=0.1)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn_like(p)
+        optimizer.step()
+    return [p.detach().clone() for p in params], optimizer
+
+
+def test_fp32_muon_is_pytorchs_muon_with_another_precision():
+    class BF16(muon.FP32Muon):
+        ns_dtype = torch.bfloat16
+
+    reference, _ = muon_steps(torch.optim.Muon)
+    same, _ = muon_steps(BF16)
+    assert all(torch.equal(a, b) for a, b in zip(same, reference))  # the step is PyTorch's, bit for bit
+    fp32, fp32_muon = muon_steps(muon.FP32Muon)
+    assert all(torch.allclose(a, b, atol=2e-3) for a, b in zip(fp32, reference))
+    assert not all(torch.equal(a, b) for a, b in zip(fp32, reference))
+    singular = torch.linalg.svdvals(muon.orthogonalize(torch.randn(64, 16), (3.4445, -4.7750, 2.0315), 5, 1e-7))
+    assert 0.5 < singular.min() and singular.max() < 1.5  # near-orthogonal, as Muon's iteration leaves it
+    fresh = torch.optim.Muon([torch.nn.Parameter(torch.zeros(12, 5)), torch.nn.Parameter(torch.zeros(4, 9))])
+    fresh.load_state_dict(fp32_muon.state_dict())  # a checkpoint resumes with either
+    assert torch.equal(fresh.state_dict()["state"][1]["momentum_buffer"],
+                       fp32_muon.state_dict()["state"][1]["momentum_buffer"])
+
+
+def test_muon_orthogonalizes_in_bf16_only_where_bf16_is_native(monkeypatch):
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=4, vocab_size=10, padded_vocab_size=16))
+    for native, auto in ((True, torch.optim.Muon), (False, muon.FP32Muon)):
+        monkeypatch.setattr(muon, "bf16_is_native", lambda device, native=native: native)
+        assert type(build_optimizers(model, TrainConfig(optimizer="muon"))[0]) is auto
+        assert type(build_optimizers(model, TrainConfig(optimizer="muon", muon_ns_dtype="bf16"))[0]) is torch.optim.Muon
+        assert type(build_optimizers(model, TrainConfig(optimizer="muon", muon_ns_dtype="fp32"))[0]) is muon.FP32Muon
+
+
 def test_muon_learns_and_follows_the_schedule(tmp_path, tokens):
     metrics = run(tmp_path, tokens, micro_params(optimizer="muon", max_steps=40, eval_interval=40))
+    assert metrics["runtime"]["muon_ns_dtype"] == muon.ns_dtype("auto", torch.device("cpu"))
     trained = losses(tmp_path)
     assert trained[-1] < trained[0] - 2.0 and metrics["val"]["loss"] < 9.0  # AdamW: 8.79 here
     state = checkpoint.load(tmp_path / "run/ckpt.pt")
-    muon, adamw = state["optimizer"]
-    assert muon["param_groups"][0]["lr"] == pytest.approx(0.02 * adamw["param_groups"][0]["lr"] / 1e-2)
+    muon_state, adamw = state["optimizer"]
+    assert muon_state["param_groups"][0]["lr"] == pytest.approx(0.02 * adamw["param_groups"][0]["lr"] / 1e-2)
 
 
 def test_muon_interrupted_and_resumed_matches_uninterrupted(tmp_path, tokens, monkeypatch):
@@ -60,7 +100,7 @@ def test_muon_under_ddp_matches_one_process(tmp_path, tokens):
     train(micro_params(optimizer="muon", micro_batch_size=4), tokens, tmp_path / "one/ckpt.pt", tmp_path / "one/reports")
     result = torchrun(tmp_path / "two", tokens, optimizer="muon", micro_batch_size=2)
     assert result.returncode == 0, result.stderr[-3000:]
-    # Muon orthogonalizes in bf16 (Newton-Schulz): all-reduce's last-bit differences come out a little larger
+    # Newton-Schulz (in bf16 where bf16 is native) amplifies all-reduce's last-bit differences a little
     assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), abs=2e-3)
 
 

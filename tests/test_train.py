@@ -310,3 +310,26 @@ def test_a_run_without_a_report_folder_writes_only_its_checkpoint(tmp_path, toke
     metrics = train(micro_params(max_steps=3), tokens, tmp_path / "run" / "ckpt.pt", report_dir=None)
     assert metrics["steps"] == 3 and metrics["perf"]["tokens_per_s"] > 0
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["ckpt.pt"]
+
+
+def test_out_of_memory_is_an_answer_and_the_last_checkpoint_stays(tmp_path, tokens, monkeypatch):
+    original, calls = trainer.backward_micro_batches, []
+
+    def backward(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:  # step 5, after the checkpoint of step 4
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "backward_micro_batches", backward)
+    with pytest.raises(UserError) as caught:
+        run(tmp_path, tokens, micro_params(micro_batch_size=6, grad_accum_steps=2, checkpoint_interval=2))
+    message = str(caught.value)
+    assert message.startswith("out of memory on cpu at micro-batch 6 × 16 tokens (tiny, fp32); the memory model "
+                              "expected 0.1 GB: ")
+    assert "set train.micro_batch_size 3 and train.grad_accum_steps 4 (the same batch of 12 sequences)" in message
+    assert "ckpt.pt) is intact and train.resume auto continues from it (OutOfMemoryError)" in message
+    assert checkpoint.load(tmp_path / "run/ckpt.pt")["step"] == 4
+    from gpt2.train.oom import smaller_micro_batch
+
+    assert smaller_micro_batch(7, 1) == (1, 7) and smaller_micro_batch(1, 4) is None

@@ -137,6 +137,9 @@ class TrainConfig:
     muon_lr: float = param(0.02, "Muon's peak learning rate; follows lr's warmup and decay", gt=0)
     muon_momentum: float = param(0.95, "Muon's (Nesterov) momentum", ge=0, lt=1)
     muon_weight_decay: float = param(0.0, "Muon's decoupled weight decay", ge=0)
+    muon_ns_dtype: Literal["auto", "bf16", "fp32"] = param(
+        "auto", "precision of Muon's orthogonalization: auto (bf16 where the device's bf16 matmuls are native, "
+                "else fp32) | bf16 (torch.optim.Muon) | fp32")
     seed: int = param(1337, "model init, batches, dropout")
     # measuring
     eval_interval: int = param(40, "val loss every this many steps", ge=1)

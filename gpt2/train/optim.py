@@ -7,10 +7,11 @@ import math
 import torch
 
 from gpt2.core.config import TrainConfig
+from gpt2.train.muon import build_muon, ns_dtype
 
 
 def build_optimizers(model: torch.nn.Module, cfg: TrainConfig) -> list[torch.optim.Optimizer]:
-    """``adamw``: one AdamW for every parameter. ``muon``: ``torch.optim.Muon`` for the hidden matrices
+    """``adamw``: one AdamW for every parameter. ``muon``: Muon (train/muon.py) for the hidden matrices
     (attention and MLP weights), AdamW for the rest (embeddings, the tied LM head, gains, biases), the
     split of modded-nanogpt and nanochat: Muon orthogonalizes a matrix's update, which means nothing
     for an embedding's rows (each a separate lookup) or for a vector.
@@ -19,8 +20,9 @@ def build_optimizers(model: torch.nn.Module, cfg: TrainConfig) -> list[torch.opt
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if cfg.optimizer == "muon":
         hidden = [p for n, p in named if p.dim() == 2 and not _embedding(n)]
-        muon = torch.optim.Muon([{"params": hidden, "peak_lr": cfg.muon_lr}], lr=cfg.muon_lr,
-                                momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
+        device = hidden[0].device if hidden else torch.device("cpu")
+        muon = build_muon([{"params": hidden, "peak_lr": cfg.muon_lr}], ns_dtype(cfg.muon_ns_dtype, device),
+                          lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay)
         taken = {id(p) for p in hidden}
         return [muon, adamw([(n, p) for n, p in named if id(p) not in taken], cfg)]
     return [adamw(named, cfg)]

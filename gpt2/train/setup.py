@@ -25,6 +25,7 @@ from gpt2.train.device import Runtime, resolve, sdpa_backend
 from gpt2.train.distributed import Dist
 from gpt2.train.flops import dtype_peak_flops, flops_per_token, yardstick_flops
 from gpt2.train.loader import BatchSampler, TokenSplit
+from gpt2.train.muon import FP32Muon
 from gpt2.train.optim import build_optimizers
 
 
@@ -151,6 +152,8 @@ def what_runs(s: Setup) -> dict[str, Any]:
         "keep_host_memory": s.runtime.keep_host_memory, "threads": torch.get_num_threads(),
         "deterministic": cfg.deterministic, "world_size": s.dist.world,
         "params": s.model.num_params(), "torch": str(torch.__version__), **s.init,
+        **({"muon_ns_dtype": "fp32" if isinstance(s.optimizers[0], FP32Muon) else "bf16"}
+           if cfg.optimizer == "muon" else {}),
     }
 
 

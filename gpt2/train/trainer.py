@@ -31,6 +31,7 @@ from gpt2.train.compiled import compile_caches
 from gpt2.train.determinism import reproducible
 from gpt2.train.evaluator import Evaluator
 from gpt2.train.metrics import Diverged, Metrics, memory_gb
+from gpt2.train.oom import out_of_memory_error
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.reports import History, compared_figures, summarize, write_reports
 from gpt2.train.resume import load_for_resume, restore
@@ -95,6 +96,8 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
         try:
             with checkpoint.exclusive(ckpt_path) if s.dist.main else nullcontext():
                 return run(s, ckpt_path, report_dir, started)
+        except torch.OutOfMemoryError as exc:
+            raise out_of_memory_error(exc, s, ckpt_path) from None
         except (getattr(torch.distributed, "DistError", RuntimeError), RuntimeError) as exc:
             if s.dist.world > 1 and _is_collective_failure(exc):
                 raise distributed.collective_error(exc, s.dist, params.train.dist_timeout_s) from None
