@@ -191,6 +191,21 @@ def test_prompt_longer_than_the_context_is_refused_before_scoring(tmp_path, trai
     assert not (tmp_path / "eval").exists()
 
 
+def test_out_of_memory_names_the_batch_to_try_and_writes_nothing(tmp_path, trained, monkeypatch):
+    from gpt2.eval import evaluate as module
+
+    def full(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+
+    monkeypatch.setattr(module, "val_loss", full)
+    with pytest.raises(UserError, match=r"^out of memory on cpu scoring 6 windows × 32 tokens \(fp32\): set "
+                                        r"eval.batch_size 3 \(the same windows are scored\); the previous results"):
+        run_eval(trained, tmp_path, batch_size=6)
+    assert not (tmp_path / "eval").exists()
+    with pytest.raises(UserError, match="one window does not fit: eval.dtype bf16, or eval.device cpu"):
+        run_eval(trained, tmp_path, batch_size=1)
+
+
 def test_sample_command_streams_text(runner, trained):
     result = runner.invoke(main, ["sample", "--checkpoint", str(trained / "ckpt.pt"), "--prompt", "Hello",
                                   "--max-new-tokens", "5", "--num-samples", "2", "--device", "cpu"])

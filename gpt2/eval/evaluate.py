@@ -243,12 +243,15 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
     encoded = encode_prompts(cfg.prompts, loaded.model.cfg.block_size)
     spans = windows(len(val), loaded.model.cfg.block_size, cfg.max_tokens, cfg.seed)
     started = time.perf_counter()
-    loss, se, n = val_loss(loaded, val, spans, cfg.batch_size)
-    baseline = unigram_loss(train_counts(tokens_dir, meta, cfg.unigram_max_tokens), val, spans)
-    logger.info(f"evaluate: val loss {loss:.4f} ± {se:.4f} (ppl {math.exp(loss):.1f}) over {n:,} tokens in "
-                f"{time.perf_counter() - started:.1f} s; unigram baseline {baseline:.4f}")
-    hellaswag = score_hellaswag(loaded, cfg) if cfg.hellaswag else None
-    text, tokens_per_s = samples(loaded, cfg, encoded, meta["eot_id"])
+    try:
+        loss, se, n = val_loss(loaded, val, spans, cfg.batch_size)
+        baseline = unigram_loss(train_counts(tokens_dir, meta, cfg.unigram_max_tokens), val, spans)
+        logger.info(f"evaluate: val loss {loss:.4f} ± {se:.4f} (ppl {math.exp(loss):.1f}) over {n:,} tokens in "
+                    f"{time.perf_counter() - started:.1f} s; unigram baseline {baseline:.4f}")
+        hellaswag = score_hellaswag(loaded, cfg) if cfg.hellaswag else None
+        text, tokens_per_s = samples(loaded, cfg, encoded, meta["eot_id"])
+    except torch.OutOfMemoryError:
+        raise out_of_memory(cfg, loaded, out_dir) from None
     summary = {
         "val": {"loss": loss, "loss_se": se, "ppl": math.exp(loss), "tokens": n, "windows": len(spans)},
         **({"hellaswag": hellaswag} if hellaswag else {}),
@@ -273,6 +276,15 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
         scored["profile"]["val_tokens_scored"] = summary["val"]["tokens"]
         log_to_training_run(loaded.state, summary, out, scored)
     return summary
+
+
+def out_of_memory(cfg: EvalConfig, loaded: Loaded, out_dir: str | Path) -> UserError:
+    """What did not fit and what to change, for an out-of-memory failure (nothing was written yet)."""
+    what = (f"out of memory on {loaded.runtime.device} scoring {cfg.batch_size} windows × "
+            f"{loaded.model.cfg.block_size} tokens ({loaded.runtime.dtype})")
+    fix = (f"set eval.batch_size {cfg.batch_size // 2} (the same windows are scored)" if cfg.batch_size > 1
+           else "one window does not fit: eval.dtype bf16, or eval.device cpu")
+    return UserError(f"{what}: {fix}; the previous results in {out_dir} are kept")
 
 
 def score_hellaswag(loaded: Loaded, cfg: EvalConfig) -> dict[str, Any]:
