@@ -19,7 +19,7 @@ from contextlib import ExitStack, contextmanager
 
 @contextmanager
 def compile_caches(compile: bool, cache: bool) -> Iterator[None]:
-    """Inductor's on-disk caches on (``cache``) or off for one compiled run, as they were after it.
+    """Inductor's on-disk caches on (``cache``) or off for one compiled run, restored after it.
 
     With them a later run of the same graph skips most of compile's warm-up: the tiny model's
     first compiled step takes 3.6 s instead of 10 s on a 2-core CPU. PyTorch keeps AOTAutograd's

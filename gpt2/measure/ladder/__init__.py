@@ -3,8 +3,9 @@
 ``ladder.yaml`` declares a baseline (everything off) and rungs, each the rung above plus one
 change to params.yaml's ``train`` (or ``model``) section. Every rung runs as a real ``dvc exp``
 of the ``train`` stage, one experiment at a time, repeated in alternating order (forward, then
-backward) so that a machine warming up or slowing down does not pass for a speedup. The table compares tokens/s (not step time: gradient accumulation changes the tokens per
-step) and keeps the val loss after N steps in view, so a "speedup" that breaks training shows.
+backward) so that a machine warming up or slowing down does not pass for a speedup. The table
+compares tokens/s (not step time: gradient accumulation changes the tokens per step) and keeps
+the val loss after N steps in view, so a "speedup" that breaks training shows.
 
 - spec.py: the ladder file and the plan (each rung's params on this device);
 - runs.py: the DVC experiments (schedule, run one at a time, reuse);
