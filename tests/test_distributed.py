@@ -1,16 +1,21 @@
-"""DDP on CPU (gloo, 2 processes under torchrun): same results as one process, rank 0 writes, faults end cleanly."""
+"""DDP and FSDP on CPU (gloo, 2 processes under torchrun): same results as one process, rank 0 writes, checkpoints
+resume across off/ddp/fsdp and world sizes, faults end cleanly."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import yaml
-from conftest import MICRO_MODEL, MICRO_TRAIN, commit_all, dvc, micro_params, new_project, set_params
+from conftest import MICRO_MODEL, MICRO_TRAIN, ROOT, commit_all, dvc, micro_params, new_project, set_params
 
 from gpt2.train import checkpoint
 from gpt2.train.trainer import train
@@ -29,7 +34,7 @@ def params_file(folder: Path, model: dict | None = None, **train_overrides) -> P
 
 def torchrun(folder: Path, tokens: Path, *extra: str, nproc: int = 2, model: dict | None = None,
              **train_overrides) -> subprocess.CompletedProcess:
-    params = params_file(folder, model, distributed="ddp", **train_overrides)
+    params = params_file(folder, model, **{"distributed": "ddp", **train_overrides})
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                str(DRIVER), str(params), str(tokens), str(folder / "ckpt.pt"), str(folder / "reports"), *extra]
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -68,6 +73,52 @@ def test_ddp_in_one_process_equals_plain_training(tmp_path, tokens):
     assert ddp["val"] == plain["val"] and ddp["perf"]["world_size"] == 1
 
 
+def test_fsdp_checkpoints_are_plain_ones_and_resume_across_modes_exactly(tmp_path, tokens, monkeypatch):
+    """FSDP in one process trains bit for bit as plain training; a run cut under one mode ends under the other."""
+    from test_train import interrupt_at
+
+    from gpt2.train.signals import TrainingInterrupted
+
+    straight = train(micro_params(), tokens, tmp_path / "plain/ckpt.pt", tmp_path / "plain/reports")
+    for first, then in (("fsdp", "off"), ("off", "fsdp")):
+        folder = tmp_path / f"{first}-then-{then}"
+        interrupt_at(monkeypatch, 5)
+        with pytest.raises(TrainingInterrupted):
+            train(micro_params(distributed=first), tokens, folder / "ckpt.pt", folder / "reports")
+        monkeypatch.undo()
+        cut = checkpoint.load(folder / "ckpt.pt")
+        assert cut["step"] == 6 and cut["model"].keys() == checkpoint.load(tmp_path / "plain/ckpt.pt")["model"].keys()
+        assert sorted(cut["optimizer"][0]["state"]) == list(range(len(cut["optimizer"][0]["state"])))  # torch.optim's
+        resumed = train(micro_params(distributed=then), tokens, folder / "ckpt.pt", folder / "reports")
+        assert train_losses(folder) == train_losses(tmp_path / "plain") and resumed["val"] == straight["val"]
+
+
+@pytest.mark.slow
+def test_fsdp_on_two_ranks_matches_one_process_and_resumes_in_any_world_size(tmp_path, tokens):
+    """Sharded over 2 gloo ranks: the single-process losses; cut at step 6, resumed on 2 ranks and in 1 process."""
+    batch = {"micro_batch_size": 2, "grad_accum_steps": 2}
+    train(micro_params(micro_batch_size=4, grad_accum_steps=2), tokens, tmp_path / "one/ckpt.pt",
+          tmp_path / "one/reports")
+    cut = torchrun(tmp_path / "two", tokens, "--fault", "signal", "--fault-rank", "1", "--fault-step", "5",
+                   distributed="fsdp", **batch)
+    assert cut.returncode != 0 and "interrupted by SIGTERM at step 6/12" in cut.stderr, cut.stderr[-3000:]
+    state = checkpoint.load(tmp_path / "two/ckpt.pt")
+    assert state["world_size"] == 2 and state["params"]["train"]["distributed"] == "fsdp"
+    (tmp_path / "alone").mkdir()
+    shutil.copy(tmp_path / "two/ckpt.pt", tmp_path / "alone/ckpt.pt")
+    resumed = torchrun(tmp_path / "two", tokens, distributed="fsdp", **batch)
+    assert resumed.returncode == 0 and "resuming" in resumed.stderr, resumed.stderr[-3000:]
+    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), abs=1e-4)
+    assert metrics(tmp_path / "two")["val"]["loss"] == pytest.approx(metrics(tmp_path / "one")["val"]["loss"], abs=1e-4)
+    assert metrics(tmp_path / "two")["runtime"]["distributed"] == "fsdp"
+    weights, reference = checkpoint.load(tmp_path / "two/ckpt.pt")["model"], checkpoint.load(tmp_path / "one/ckpt.pt")["model"]
+    # Adam magnifies summation-order differences on rarely seen embedding rows (~1e-4); a step is lr = 1e-2
+    assert all(torch.allclose(weights[k], reference[k], atol=1e-3) for k in reference)
+    train(micro_params(micro_batch_size=4, grad_accum_steps=2), tokens, tmp_path / "alone/ckpt.pt",
+          tmp_path / "alone/reports")
+    assert train_losses(tmp_path / "alone") == pytest.approx(train_losses(tmp_path / "one"), abs=1e-4)
+
+
 @pytest.mark.slow
 def test_signal_on_one_rank_stops_both_at_the_same_step_and_resume_is_exact(tmp_path, tokens):
     dropout = {"dropout": 0.1}  # each rank's own dropout stream must be restored too
@@ -98,6 +149,60 @@ def test_a_rank_that_hangs_or_dies_is_an_error_not_a_wait(tmp_path, tokens, faul
                       "--hang-s", "6", micro_batch_size=2, dist_timeout_s=3.0)
     assert result.returncode != 0
     assert "rank 0/2: a collective failed" in result.stderr and "train.dist_timeout_s = 3 s" in result.stderr
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def two_nodes(project: Path, rdzv_id: str) -> tuple[list[subprocess.Popen], list[Path]]:
+    """The README's multi-node command on two "nodes" of this machine: two torchrun launchers, one process each,
+    rendezvous on 127.0.0.1, each running the train stage's entry point in the project folder."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", rdzv_id,
+               "-m", "stages.train"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    logs = [project / f"node{n}.log" for n in (0, 1)]
+    nodes = []
+    for log in logs:
+        nodes.append(subprocess.Popen(command, cwd=project, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT))
+        time.sleep(1)  # the first launcher hosts the rendezvous
+    return nodes, logs
+
+
+@pytest.mark.slow
+def test_two_nodes_train_as_one_job_and_a_dead_node_is_an_error_on_the_other(tmp_path, tokens):
+    train(micro_params(micro_batch_size=4), tokens, tmp_path / "one/ckpt.pt", tmp_path / "one/reports")
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data/tokens").symlink_to(tokens)
+    params_file(project, distributed="ddp", micro_batch_size=2)
+    nodes, logs = two_nodes(project, "same")
+    assert [node.wait(timeout=240) for node in nodes] == [0, 0], logs[0].read_text()[-3000:]
+    summary = json.loads((project / "reports/train/summary.json").read_text())
+    assert summary["perf"]["world_size"] == 2 and summary["tokens"] == metrics(tmp_path / "one")["tokens"]
+    rows = (project / "reports/train/plots/train.tsv").read_text().splitlines()[1:]
+    assert [float(r.split("\t")[1]) for r in rows] == pytest.approx(train_losses(tmp_path / "one"), abs=1e-4)
+
+    params_file(project, distributed="ddp", micro_batch_size=2, max_steps=100_000, eval_interval=100_000,
+                checkpoint_interval=100_000, log_interval=10, resume="never", dist_timeout_s=30.0)
+    nodes, logs = two_nodes(project, "dies")
+    deadline = time.monotonic() + 120
+    while not any("step 20/" in log.read_text() for log in logs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    main = next(n for n, log in enumerate(logs) if "step 20/" in log.read_text())  # rank 0 logs the steps
+    other = psutil.Process(nodes[1 - main].pid)
+    for process in [*other.children(recursive=True), other]:  # the node's launcher and its rank: gone at once
+        process.kill()
+    started = time.monotonic()
+    assert nodes[main].wait(timeout=120) != 0
+    assert time.monotonic() - started < 30  # a closed connection, noticed at once: not the deadline
+    assert "error: rank 0/2: a collective failed" in logs[main].read_text()
+    nodes[1 - main].wait(timeout=30)
 
 
 def test_torchrun_with_distributed_off_is_refused(tmp_path, tokens):

@@ -328,6 +328,7 @@ def test_out_of_memory_is_an_answer_and_the_last_checkpoint_stays(tmp_path, toke
     assert message.startswith("out of memory on cpu at micro-batch 6 × 16 tokens (tiny, fp32); the memory model "
                               "expected 0.1 GB: ")
     assert "set train.micro_batch_size 3 and train.grad_accum_steps 4 (the same batch of 12 sequences)" in message
+    assert "or train.micro_batch_size auto with train.batch_tokens 192 and train.grad_accum_steps 1" in message
     assert "ckpt.pt) is intact and train.resume auto continues from it (OutOfMemoryError)" in message
     assert checkpoint.load(tmp_path / "run/ckpt.pt")["step"] == 4
     from gpt2.train.oom import smaller_micro_batch

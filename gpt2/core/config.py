@@ -118,9 +118,16 @@ class TrainConfig:
     data_loading: Literal["preload", "memmap"] = param("preload", "preload (RAM) | memmap (open the file per batch)")
     batching: Literal["vectorized", "loop"] = param(
         "vectorized", "vectorized (one gather, pinned, non_blocking) | loop (per-sample Python)")
-    micro_batch_size: int = param(8, "sequences per forward and backward", ge=1)
+    micro_batch_size: int | Literal["auto"] = param(
+        8, "sequences per forward and backward; auto: the largest that the memory model fits in the device's free "
+           "memory (with train.batch_tokens; on CPU, 8)", ge=1)
     block_size: int | None = param(None, "sequence length; null = model.block_size", ge=1)
     grad_accum_steps: int = param(1, "micro-batches per optimizer step", ge=1)
+    batch_tokens: int | None = param(None, "tokens per optimizer step, all ranks together; the accumulation follows "
+                                           "from it (leave grad_accum_steps at 1)", ge=1,
+                                     note="null = micro_batch_size x grad_accum_steps x ranks x block_size")
+    memory_margin: float = param(0.15, "with micro_batch_size auto: share of the device's free memory left unused "
+                                       "(allocator slack, fragmentation, kernels' workspace)", ge=0, lt=1)
     # length and schedule
     max_steps: int | None = param(320, "optimizer steps; or null, with max_tokens set", ge=1)
     max_tokens: int | None = param(None, "tokens to train on, rounded up to whole steps; or null", ge=1)
@@ -144,7 +151,8 @@ class TrainConfig:
     # measuring
     eval_interval: int = param(40, "val loss every this many steps", ge=1)
     final_eval: bool = param(True, "and after the last step (false: speed runs, where the eval compiles again)")
-    eval_iters: int = param(10, "micro-batches per val loss", ge=1)
+    eval_iters: int = param(10, "micro-batches per val loss (with micro_batch_size auto: batches of 8, scored in "
+                                "micro-batches of what fits)", ge=1)
     eval_seed: int = param(1337, "which val windows: the same in every run (not train.seed), so runs compare on "
                                  "one text")
     log_interval: int = param(10, "a log line and a metrics record every this many steps", ge=1)
@@ -161,9 +169,10 @@ class TrainConfig:
     resume: Literal["auto", "never"] = param(
         "auto", "auto (continue an unfinished run of this model and data) | never")
     # many processes
-    distributed: Literal["off", "ddp"] = param(
-        "off", "off | ddp (DistributedDataParallel under torchrun; NCCL on CUDA, gloo on CPU)")
-    nproc_per_node: int = param(1, "with ddp: processes the stage launches on this machine (torchrun "
+    distributed: Literal["off", "ddp", "fsdp"] = param(
+        "off", "off | ddp (DistributedDataParallel: a full replica per rank) | fsdp (FSDP2's fully_shard: weights, "
+               "gradients and optimizer state sharded over the ranks); under torchrun, NCCL on CUDA, gloo on CPU")
+    nproc_per_node: int = param(1, "with ddp or fsdp: processes the stage launches on this machine (torchrun "
                                    "--standalone)", ge=1)
     dist_timeout_s: float = param(600.0, "a collective waiting longer than this (a peer died or hangs) fails every "
                                          "rank", gt=0)
@@ -178,8 +187,16 @@ class TrainConfig:
         require(self.min_lr <= self.lr, f"{at}.min_lr", self.min_lr, "a number in [0, train.lr]")
         require(bool(self.init_from.strip()), f"{at}.init_from", self.init_from,
                 "scratch, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a path")
-        require(self.nproc_per_node == 1 or self.distributed == "ddp", f"{at}.nproc_per_node", self.nproc_per_node,
-                "1 unless train.distributed is ddp")
+        require(self.nproc_per_node == 1 or self.distributed != "off", f"{at}.nproc_per_node", self.nproc_per_node,
+                "1 unless train.distributed is ddp or fsdp")
+        require(self.micro_batch_size != "auto" or self.batch_tokens is not None, f"{at}.micro_batch_size",
+                self.micro_batch_size, "an integer, or auto together with train.batch_tokens (the batch that auto "
+                "splits into micro-batches, so that the result does not depend on the card)")
+        require(self.batch_tokens is None or self.grad_accum_steps == 1, f"{at}.grad_accum_steps",
+                self.grad_accum_steps, "1 when train.batch_tokens is set (the accumulation follows from it)")
+        require(self.distributed != "fsdp" or self.optimizer == "adamw", f"{at}.optimizer", self.optimizer,
+                "adamw under train.distributed fsdp (Muon orthogonalizes whole matrices; each fsdp rank holds "
+                "a shard: use ddp for Muon)")
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,8 @@ def coerce(value: Any, hint: Any, key: str, moved: dict[str, str] | None = None)
                 return coerce(value, candidate, key)
             except ParamError:
                 continue
-        raise ParamError(f"params: {key} = {value!r} has the wrong type; expected {_type_name(hint)}")
+        raise ParamError(f"params: {key} = {value!r} has the wrong type; expected "
+                         + " or ".join(["null"] * (type(None) in args) + [_describe(a, {}) for a in inner]))
     if origin is Literal:
         if value is False and "off" in args:  # YAML 1.1 (and so `dvc exp run -S`) reads a bare off as false
             value = "off"
@@ -160,8 +161,18 @@ def allowed(spec: dataclasses.Field, hint: Any) -> str:
     optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
     inner = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
     m = spec.metadata
+    text = _describe(inner, m)
+    text = f"null or {text}" if optional else text
+    return f"{text} ({m['note']})" if m.get("note") else text
+
+
+def _describe(inner: Any, m: typing.Mapping[str, Any]) -> str:
+    """One type with its bounds, in words (each member of ``int | Literal["auto"]`` in turn)."""
+    if typing.get_origin(inner) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(member, m) for member in typing.get_args(inner))
     if typing.get_origin(inner) is Literal:
-        text = "one of " + ", ".join(str(a) for a in typing.get_args(inner))
+        names = [str(a) for a in typing.get_args(inner)]
+        text = names[0] if len(names) == 1 else "one of " + ", ".join(names)
     elif inner is bool:
         text = "true or false"
     elif inner is str:
@@ -184,8 +195,7 @@ def allowed(spec: dataclasses.Field, hint: Any) -> str:
             text = text.replace(f"a list of {len(typing.get_args(inner))} numbers", f"{len(typing.get_args(inner))} numbers")
     else:
         text = _type_name(inner)
-    text = f"null or {text}" if optional else text
-    return f"{text} ({m['note']})" if m.get("note") else text
+    return text
 
 
 def to_dict(obj: Any) -> dict:

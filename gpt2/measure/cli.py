@@ -71,11 +71,16 @@ def grid(params_path: str, sets: tuple[str, ...], name: str | None, target: str,
               help="project whose reports/ladder and mlflow.db hold measured MFU")
 @click.option("--loss-chunk", default=8192, show_default=True, type=click.IntRange(min=0),
               help="train.loss_chunk: positions whose logits exist at once; 0 = plain loss")
+@click.option("--optimizer", default="adamw", show_default=True, type=click.Choice(["adamw", "muon"]),
+              help="train.optimizer: its state is part of the memory")
+@click.option("--distributed", default="ddp", show_default=True, type=click.Choice(["ddp", "fsdp"]),
+              help="ddp: a full replica per GPU; fsdp: weights, gradients and optimizer state split over --gpus")
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
 @user_errors
 def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int, seq_len: int | None, dtype: str | None,
          attention: str, mfu: float | None, price_per_hour: float | None, memory_gb: float | None,
-         peak_tflops: float | None, root: str, loss_chunk: int, as_json: bool) -> None:
+         peak_tflops: float | None, root: str, loss_chunk: int, optimizer: str, distributed: str,
+         as_json: bool) -> None:
     """Compute budget: parameters, FLOPs, memory, largest micro-batch, time and cost for TOKENS."""
     import json
     from pathlib import Path
@@ -84,5 +89,5 @@ def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int, se
     from gpt2.measure.plan import render
 
     result = make(model, tokens, device, micro_batch, seq_len, gpus, dtype, attention, mfu, price_per_hour,
-                  memory_gb, peak_tflops, Path(root), loss_chunk)
+                  memory_gb, peak_tflops, Path(root), loss_chunk, optimizer, distributed)
     click.echo(json.dumps(result, indent=2) if as_json else render(result), nl=as_json)

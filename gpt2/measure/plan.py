@@ -11,18 +11,26 @@ backward pass, tensor by tensor, per token and layer (h = n_embd, a = n_head, T 
 * The head: ln_f's input and lm_head's input (8·h fp32, 6·h AMP), and the logits: the peak of the
   loss's backward holds about four vocabulary-wide tensors per token (16·V bytes fp32, 14·V AMP).
 * Weights, gradients and AdamW's two moments in fp32 (16 bytes per parameter), plus autocast's
-  16-bit weight copies under AMP (2 bytes per parameter).
+  16-bit weight copies under AMP (2 bytes per parameter). Muon keeps one momentum buffer for the
+  hidden matrices (12·L·h² parameters, 4 bytes each) and AdamW's two for the rest.
+* FSDP (``shards`` ranks): weights, gradients and optimizer state are split over the ranks. What
+  is not split is the unsharded working copy: the embedding group (wte = lm_head, wpe, ln_f),
+  gathered for the whole forward and backward, and two blocks at a time (the one computing and the
+  one prefetched), each with its full-size gradient until it is reduce-scattered. Autocast's
+  16-bit copies are cached for the whole forward: counted in full.
 
 ``tests/test_plan.py`` checks the activation count against the bytes autograd really saves and the
 total against a measured peak. torch.compile fuses the loss and some activations away: there the
 estimate is an upper bound. Allocator caching and the CUDA context (~0.5 GB) are not included;
-the micro-batch search leaves 10% of the device's memory for them.
+the micro-batch search leaves 10% of the device's memory for them (``train.memory_margin`` of the
+free memory when the trainer sizes its own micro-batch, gpt2/train/batch.py).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +75,7 @@ class Memory:
     gradients: float
     optimizer: float
     weight_casts: float  # autocast's 16-bit copies of the weights
+    unsharded: float  # fsdp: the full weights and gradients of the layers gathered at once
     activations: float  # what the layers save for backward
     logits: float  # the head's vocabulary-wide tensors at the loss's backward peak
 
@@ -119,24 +128,44 @@ def activation_bytes(s: Shape, batch: int, seq: int, amp: bool, flash: bool,
     return saved, float(rows * V * (6 if amp else 8) + n * 4 * h + (12 * V * h if n else 0))
 
 
-def memory(s: Shape, batch: int, seq: int, amp: bool, flash: bool, loss_chunk: int = 0) -> Memory:
+def hidden_matrices(s: Shape) -> int:
+    """Parameters in the blocks' four weight matrices: what Muon (train/optim.py) optimizes."""
+    return 12 * s.n_layer * s.n_embd * s.n_embd
+
+
+def memory(s: Shape, batch: int, seq: int, amp: bool, flash: bool, loss_chunk: int = 0, optimizer: str = "adamw",
+           shards: int = 1) -> Memory:
+    """Bytes on one device; ``shards`` > 1 is FSDP over that many ranks (DDP keeps a full replica: 1)."""
     saved, logits = activation_bytes(s, batch, seq, amp, flash, loss_chunk)
-    return Memory(weights=4.0 * s.params, gradients=4.0 * s.params, optimizer=8.0 * s.params,
-                  weight_casts=2.0 * s.params if amp else 0.0, activations=saved, logits=logits)
+    muon = hidden_matrices(s) if optimizer == "muon" else 0
+    unsharded = 0.0
+    if shards > 1:
+        block = 12 * s.n_embd * s.n_embd + 13 * s.n_embd
+        embedding = s.params - s.params_without_wpe + s.padded_vocab * s.n_embd + 2 * s.n_embd
+        unsharded = 8.0 * (embedding + 2 * block)  # fp32 weights and gradients
+    return Memory(weights=4.0 * s.params / shards, gradients=4.0 * s.params / shards,
+                  optimizer=(4.0 * muon + 8.0 * (s.params - muon)) / shards,
+                  weight_casts=2.0 * s.params if amp else 0.0, unsharded=unsharded, activations=saved, logits=logits)
 
 
-def largest_micro_batch(s: Shape, seq: int, amp: bool, flash: bool, memory_gb: float, loss_chunk: int = 0) -> int:
-    """The largest batch whose estimate fits ``HEADROOM`` of the memory (0 if not even one)."""
-    budget = HEADROOM * memory_gb * 1e9
-    if memory(s, 1, seq, amp, flash, loss_chunk).total > budget:
+def largest_fitting(estimate: Callable[[int], float], budget: float) -> int:
+    """The largest batch whose ``estimate`` (bytes) is within ``budget`` (0 if not even one)."""
+    if estimate(1) > budget:
         return 0
     low, high = 1, 2
-    while memory(s, high, seq, amp, flash, loss_chunk).total <= budget:
+    while estimate(high) <= budget:
         low, high = high, high * 2
     while high - low > 1:  # the chunk makes the cost per sequence uneven: search, do not divide
         mid = (low + high) // 2
-        low, high = (mid, high) if memory(s, mid, seq, amp, flash, loss_chunk).total <= budget else (low, mid)
+        low, high = (mid, high) if estimate(mid) <= budget else (low, mid)
     return low
+
+
+def largest_micro_batch(s: Shape, seq: int, amp: bool, flash: bool, memory_gb: float, loss_chunk: int = 0,
+                        optimizer: str = "adamw", shards: int = 1) -> int:
+    """The largest batch whose estimate fits ``HEADROOM`` of the memory (0 if not even one)."""
+    return largest_fitting(lambda b: memory(s, b, seq, amp, flash, loss_chunk, optimizer, shards).total,
+                           HEADROOM * memory_gb * 1e9)
 
 
 def measured_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
@@ -192,8 +221,9 @@ def _has_metric(db: Path, key: str) -> bool:
 def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: int | None = None,
          gpus: int = 1, dtype: str | None = None, attention: str = "flash", mfu: float | None = None,
          price_per_hour: float | None = None, memory_gb: float | None = None, peak_tflops: float | None = None,
-         root: Path = Path("."), loss_chunk: int = 8192) -> dict[str, Any]:
-    """Everything ``gpt2 plan`` prints, as a dict."""
+         root: Path = Path("."), loss_chunk: int = 8192, optimizer: str = "adamw",
+         distributed: str = "ddp") -> dict[str, Any]:
+    """Everything ``gpt2 plan`` prints, as a dict; memory per GPU (``distributed`` fsdp: sharded over ``gpus``)."""
     if device not in DEVICES:
         raise UserError(f"unknown device {device!r}; one of {', '.join(DEVICES)}")
     dev = DEVICES[device]
@@ -205,9 +235,11 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
     dense, attn = flops_per_token(s.params_without_wpe, s.n_layer, s.n_embd, seq)
     total_flops = (dense + attn) * tokens
     mem_gb = memory_gb or dev.memory_gb or _ram_gb()
-    variants = {f"{'amp' if a else 'fp32'} {'flash' if f else 'manual'}": memory(s, micro_batch, seq, a, f, loss_chunk)
-                for a in (False, True) for f in (False, True)}
-    fits = {name: largest_micro_batch(s, seq, "amp" in name, "flash" in name, mem_gb, loss_chunk) for name in variants}
+    shards = gpus if distributed == "fsdp" else 1
+    variants = {f"{'amp' if a else 'fp32'} {'flash' if f else 'manual'}":
+                memory(s, micro_batch, seq, a, f, loss_chunk, optimizer, shards) for a in (False, True) for f in (False, True)}
+    fits = {name: largest_micro_batch(s, seq, "amp" in name, "flash" in name, mem_gb, loss_chunk, optimizer, shards)
+            for name in variants}
     peak_kind = "tf32" if dtype == "fp32" else dtype
     peak = (peak_tflops or PEAK_TFLOPS.get(dev.name, {}).get(peak_kind, 0.0)) * 1e12
     if mfu is not None:
@@ -222,7 +254,8 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
         "tokens": tokens, "flops_per_token": {"dense_6N": dense, "attention": attn, "total": dense + attn},
         "total_flops": total_flops, "device": dev.name, "cpu": device == "cpu", "gpus": gpus, "memory_gb": mem_gb,
         "dtype": dtype,
-        "attention": attention, "micro_batch": micro_batch, "loss_chunk": loss_chunk,
+        "attention": attention, "micro_batch": micro_batch, "loss_chunk": loss_chunk, "optimizer": optimizer,
+        "distributed": distributed if gpus > 1 or distributed == "fsdp" else "off",
         "memory": {name: {**asdict(m), "total": m.total} for name, m in variants.items()},
         "largest_micro_batch": fits, "peak_tflops": peak / 1e12, "mfu": used_mfu, "mfu_source": source,
         "hours": seconds / 3600 if seconds else None, "price_per_hour": price,
@@ -252,11 +285,15 @@ def render(p: dict[str, Any]) -> str:
         f"= {f['total'] / 1e6:,.0f}M (forward + backward)",
         f"total FLOPs       {p['total_flops']:.3e}",
         "",
-        f"memory per {unit} (GB), micro-batch {p['micro_batch']} × {p['seq_len']}, "
+        f"memory per {unit} (GB), micro-batch {p['micro_batch']} × {p['seq_len']}, {p['optimizer']}, "
+        + (f"fsdp over {p['gpus']}, " if p["distributed"] == "fsdp" else "")
         + (f"loss in chunks of {p['loss_chunk']} positions:" if p["loss_chunk"] else "plain loss (whole logits):"),
         "                  " + "".join(f"{name:>14}" for name in p["memory"]),
     ]
-    for part in ("weights", "gradients", "optimizer", "weight_casts", "activations", "logits", "total"):
+    parts = ["weights", "gradients", "optimizer", "weight_casts", "activations", "logits", "total"]
+    if p["distributed"] == "fsdp":
+        parts.insert(4, "unsharded")
+    for part in parts:
         lines.append(f"  {part:<16}" + "".join(f"{m[part] / gb:>14.2f}" for m in p["memory"].values()))
     lines.append(f"  {'largest batch':<16}" + "".join(f"{p['largest_micro_batch'][k]:>14}" for k in p["memory"]))
     lines += [

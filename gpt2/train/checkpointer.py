@@ -1,7 +1,9 @@
 """Checkpoints during training: when to save, what a checkpoint holds, and the last one on disk.
 
-A save gathers every rank's RNG states (each rank's dropout continues exactly on resume), then
-rank 0 hands the state to a background writer (train/checkpoint.py) and training goes on. Leaving
+A save gathers every rank's RNG states (each rank's dropout continues exactly on resume), and
+under FSDP the full weights and optimizer state from the shards (train/sharded.py), so the file is
+the one a single process writes. Then rank 0 hands the state to a background writer
+(train/checkpoint.py) and training goes on. Leaving
 the ``with`` block waits for the last write, so "checkpoint saved" is true when the run says it.
 """
 
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core.config import to_dict
-from gpt2.train import checkpoint, distributed
+from gpt2.train import checkpoint, distributed, sharded
 from gpt2.train.reports import History
 from gpt2.train.setup import Setup
 from gpt2.train.tracking import Tracker
@@ -39,8 +41,10 @@ class Checkpointer:
             return
         self.history.elapsed_s = self.elapsed_s()
         rngs = distributed.gather(checkpoint.rng_states(), self.s.dist)
+        weights, optimizers = full_state(self.s)
         if self.s.dist.main:
-            self.saver.save(self.path, state(self.s, step, self.history, self.tracker.run_id, rngs, summary))
+            self.saver.save(self.path, state(self.s, step, self.history, self.tracker.run_id, rngs, summary,
+                                             weights, optimizers))
         self.last_saved = step
 
     def what_was_saved(self) -> str:
@@ -59,12 +63,21 @@ class Checkpointer:
         self.saver.wait()  # the last checkpoint is on disk before the run reports, returns or stops
 
 
+def full_state(s: Setup) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The whole model's weights and optimizer states, on rank 0 (under FSDP every rank must call it)."""
+    if s.dist.sharded:
+        return sharded.full_model_state(s.model), [sharded.full_optimizer_state(s.model, o) for o in s.optimizers]
+    if not s.dist.main:
+        return {}, []
+    return checkpoint.clean_state_dict(s.model.state_dict()), [optimizer.state_dict() for optimizer in s.optimizers]
+
+
 def state(s: Setup, step: int, history: History, run_id: str | None, rngs: list[Any],
-          summary: dict[str, Any] | None) -> dict[str, Any]:
+          summary: dict[str, Any] | None, weights: dict[str, Any], optimizers: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "metrics": summary,  # set once the run is finished: its reports can be rebuilt without training
-        "model": checkpoint.clean_state_dict(s.model.state_dict()),
-        "optimizer": [optimizer.state_dict() for optimizer in s.optimizers],
+        "model": weights,  # full, without torch.compile's prefix, whatever the distribution
+        "optimizer": optimizers,  # each in torch.optim's own layout, as one process holds it
         "scaler": s.scaler.state_dict(),
         "step": step,
         "total_steps": s.total_steps,

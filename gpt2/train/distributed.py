@@ -1,7 +1,8 @@
-"""Data-parallel training on PyTorch's own engine: torchrun launches, DDP averages gradients.
+"""Data-parallel training on PyTorch's own engines: torchrun launches, DDP or FSDP2 averages gradients.
 
-``train.distributed: ddp`` with ``nproc_per_node: N > 1`` makes ``gpt2 train`` (and so the DVC
-stage) re-launch itself under ``torchrun --standalone``; on several nodes, start ``torchrun`` on
+``train.distributed: ddp`` (a full replica per rank) or ``fsdp`` (sharded, train/sharded.py) with
+``nproc_per_node: N > 1`` makes ``gpt2 train`` (and so the DVC stage) re-launch itself under
+``torchrun --standalone``; on several nodes, start ``torchrun`` on
 each node yourself (docs/many-gpus.md): a process that finds torchrun's ``RANK`` in its
 environment joins the group instead of launching. NCCL on CUDA, gloo on CPU. Every collective
 has a deadline (``train.dist_timeout_s``), so a rank that died or hangs becomes an error on the
@@ -33,7 +34,8 @@ class Dist:
     rank: int = 0
     local_rank: int = 0
     world: int = 1
-    ddp: bool = False
+    grouped: bool = False  # in a process group (ddp or fsdp, even of one process)
+    sharded: bool = False  # fsdp: the model is split over the ranks
 
     @property
     def main(self) -> bool:
@@ -47,7 +49,7 @@ def under_torchrun() -> bool:
 
 def must_launch(cfg: TrainConfig) -> bool:
     """Whether this process should start torchrun rather than train."""
-    return cfg.distributed == "ddp" and cfg.nproc_per_node > 1 and not under_torchrun()
+    return cfg.distributed != "off" and cfg.nproc_per_node > 1 and not under_torchrun()
 
 
 def launch(cfg: TrainConfig, args: list[str]) -> int:
@@ -76,9 +78,9 @@ def init(cfg: TrainConfig, device: torch.device) -> tuple[Dist, torch.device]:
     if cfg.distributed == "off":
         if under_torchrun() and int(os.environ["WORLD_SIZE"]) > 1:
             raise UserError(f"started by torchrun with WORLD_SIZE={os.environ['WORLD_SIZE']} but train.distributed "
-                            "is off: every process would train alone; set train.distributed: ddp")
+                            "is off: every process would train alone; set train.distributed: ddp (or fsdp)")
         return Dist(), device
-    alone = not under_torchrun()  # ddp in one process: the DDP code path, measurable against plain training
+    alone = not under_torchrun()  # ddp/fsdp in one process: their code path, measurable against plain training
     rank, world = (0, 1) if alone else (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
     local_rank = 0 if alone else int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":
@@ -95,7 +97,7 @@ def init(cfg: TrainConfig, device: torch.device) -> tuple[Dist, torch.device]:
         where = {"store": dist.HashStore(), "rank": 0, "world_size": 1} if alone else {}
         dist.init_process_group(backend, timeout=timeout, **where,
                                 **({"device_id": device} if device.type == "cuda" else {}))
-    return Dist(rank=rank, local_rank=local_rank, world=world, ddp=True), device
+    return Dist(rank=rank, local_rank=local_rank, world=world, grouped=True, sharded=cfg.distributed == "fsdp"), device
 
 
 def set_step_deadline(cfg: TrainConfig, d: Dist) -> None:
@@ -106,7 +108,7 @@ def set_step_deadline(cfg: TrainConfig, d: Dist) -> None:
 
 
 def shutdown(d: Dist) -> None:
-    if d.ddp and dist.is_initialized():
+    if d.grouped and dist.is_initialized():
         dist.destroy_process_group()
 
 

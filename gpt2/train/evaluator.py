@@ -9,6 +9,7 @@ import torch
 
 from gpt2.core import log
 from gpt2.train import distributed
+from gpt2.train.batch import DEFAULT_MICRO_BATCH
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.reports import History
 from gpt2.train.setup import Setup
@@ -23,14 +24,18 @@ def estimate_loss(s: Setup, split: TokenSplit) -> tuple[float, float]:
     error over those windows. The same windows at every eval and in every run whatever its ``seed``, so
     two runs' val losses (and times to a target) differ by the models, not by the text they were
     scored on; the standard error says how much another draw of text would move the figure (under DDP
-    each rank scores its slice of the global batch, as in training)."""
+    or FSDP each rank scores its slice, as in training). With ``micro_batch_size: auto`` a batch here
+    is 8 windows, scored in micro-batches of what fits: the windows do not depend on the card."""
     cfg = s.params.train
-    sampler = BatchSampler(split, cfg.micro_batch_size, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device,
+    sampler = BatchSampler(split, s.batch.micro, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device,
                            s.dist.rank, s.dist.world)
     s.eval_model.eval()
     sums = torch.zeros(3, device=s.runtime.device, dtype=torch.float64)  # windows, Σ loss, Σ loss²
-    for _ in range(cfg.eval_iters):
+    left = cfg.eval_iters * (DEFAULT_MICRO_BATCH if cfg.micro_batch_size == "auto" else s.batch.micro)
+    while left:
+        sampler.batch_size = min(s.batch.micro, left)  # one seeded stream: the windows do not depend on the split
         x, y = sampler.next()
+        left -= len(x)
         with s.runtime.autocast(), s.runtime.attention():
             _, losses = s.eval_model(x, y, per_window=True)
         losses = losses.double()

@@ -12,18 +12,16 @@ from pathlib import Path
 import torch
 
 from gpt2.core.errors import UserError
+from gpt2.train.batch import Recipe, model_shape
 from gpt2.train.setup import Setup
 
 
 def expected_gb(s: Setup) -> float:
     """What ``gpt2 plan``'s memory model expects this run to need on one device, in GB."""
-    from gpt2.measure.plan import Shape, memory
-
     cfg, m = s.params.train, s.model_cfg
-    shape = Shape(m.n_layer, m.n_head, m.n_embd, m.padded_vocab_size, s.model.num_params(),
-                  s.model.num_params(exclude_position_embedding=True))
-    return memory(shape, cfg.micro_batch_size, s.seq_len, amp=s.runtime.dtype in ("bf16", "fp16"),
-                  flash=m.attention == "flash", loss_chunk=cfg.loss_chunk).total / 1e9
+    recipe = Recipe(model_shape(s.model), s.seq_len, s.runtime.dtype in ("bf16", "fp16"), m.attention == "flash",
+                    cfg.loss_chunk, cfg.optimizer, s.dist.world if s.dist.sharded else 1)
+    return recipe.bytes(s.batch.micro) / 1e9
 
 
 def smaller_micro_batch(micro_batch: int, accum: int) -> tuple[int, int] | None:
@@ -40,12 +38,19 @@ def out_of_memory_error(exc: BaseException, s: Setup, ckpt_path: Path) -> UserEr
     capacity = ""
     if device.type == "cuda":
         capacity = f" of {torch.cuda.get_device_properties(device).total_memory / 1e9:.1f} GB"
-    what = (f"out of memory on {device}{capacity} at micro-batch {cfg.micro_batch_size} × {s.seq_len} tokens "
+    micro, accum = s.batch.micro, s.batch.accum
+    what = (f"out of memory on {device}{capacity} at micro-batch {micro} × {s.seq_len} tokens "
             f"({s.params.model.size}, {s.runtime.dtype}); the memory model expected {expected_gb(s):.1f} GB")
-    smaller = smaller_micro_batch(cfg.micro_batch_size, cfg.grad_accum_steps)
-    if smaller:
+    smaller = smaller_micro_batch(micro, accum)
+    if cfg.micro_batch_size == "auto" and smaller:
+        fix = (f"auto chose {micro}: raise train.memory_margin (now {cfg.memory_margin:g}) so it leaves more free, "
+               f"or set train.micro_batch_size {smaller[0]}")
+    elif smaller and cfg.batch_tokens is not None:
+        fix = f"set train.micro_batch_size {smaller[0]} (train.batch_tokens keeps the batch) or auto"
+    elif smaller:
         fix = (f"set train.micro_batch_size {smaller[0]} and train.grad_accum_steps {smaller[1]} (the same batch "
-               f"of {cfg.micro_batch_size * cfg.grad_accum_steps} sequences), or smaller")
+               f"of {micro * accum} sequences), or smaller; or train.micro_batch_size auto with "
+               f"train.batch_tokens {s.tokens_per_step} and train.grad_accum_steps 1")
     else:
         fix = "one sequence does not fit: a smaller model.size or train.block_size, or bf16 (train.dtype auto)"
     kept = (f"the last checkpoint ({ckpt_path}) is intact and train.resume auto continues from it"

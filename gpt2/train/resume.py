@@ -17,7 +17,7 @@ from typing import Any
 from gpt2.core import log
 from gpt2.core.config import to_dict
 from gpt2.core.errors import UserError
-from gpt2.train import checkpoint
+from gpt2.train import checkpoint, sharded
 from gpt2.train.reports import History
 from gpt2.train.setup import Setup
 
@@ -74,9 +74,14 @@ def _normal(value: Any) -> Any:
 def restore(s: Setup, state: dict[str, Any]) -> tuple[int, History, str | None]:
     """Put the checkpoint's weights, optimizer, scaler, data stream and RNGs in place; return
     (step, history, MLflow run id)."""
-    s.model.load_state_dict(state["model"])
-    for optimizer, optimizer_state in zip(s.optimizers, state["optimizer"], strict=True):
-        optimizer.load_state_dict(optimizer_state)
+    if s.dist.sharded:  # each rank keeps its shard of the full state
+        sharded.load_model_state(s.model, state["model"])
+        for optimizer, optimizer_state in zip(s.optimizers, state["optimizer"], strict=True):
+            sharded.load_optimizer_state(s.model, optimizer, optimizer_state)
+    else:
+        s.model.load_state_dict(state["model"])
+        for optimizer, optimizer_state in zip(s.optimizers, state["optimizer"], strict=True):
+            optimizer.load_state_dict(optimizer_state)
     s.scaler.load_state_dict(state["scaler"])
     s.sampler.load_state(state["sampler"])  # the global-batch stream: the same on every rank
     if state["world_size"] == s.dist.world:

@@ -19,7 +19,8 @@ from gpt2.core.errors import UserError
 from gpt2.core.tokens import read_meta
 from gpt2.model.gpt import GPT, GPTConfig, gpt_config
 from gpt2.model.sizes import SIZES, sequence_length
-from gpt2.train import distributed
+from gpt2.train import distributed, sharded
+from gpt2.train.batch import Batch, Recipe, model_shape, resolve_batch
 from gpt2.train.compiled import CompileWatch
 from gpt2.train.device import Runtime, resolve, sdpa_backend
 from gpt2.train.distributed import Dist
@@ -38,10 +39,11 @@ class Setup:
     model_cfg: GPTConfig
     model: GPT
     step_model: torch.nn.Module  # what trains: DDP around the compiled model, or either alone
-    eval_model: torch.nn.Module  # the compiled model or the model itself: no DDP, no collectives
+    eval_model: torch.nn.Module  # the compiled model or the model itself: no DDP (FSDP's gathers stay)
     dist: Dist
     optimizers: list[torch.optim.Optimizer]  # AdamW; or Muon (hidden matrices) and AdamW (the rest)
     scaler: torch.amp.GradScaler
+    batch: Batch  # the micro-batch and the accumulation, as resolved for this device
     sampler: BatchSampler
     train_data: TokenSplit
     val_data: TokenSplit
@@ -84,7 +86,16 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
                         "lower train.block_size or raise model.block_size")
     model = GPT(model_cfg, loss_chunk=cfg.loss_chunk)  # the same seed on every rank: the same initial weights
     init = load_pretrained(model, cfg.init_from, params) if cfg.init_from != "scratch" else {}
+    amp = runtime.dtype in ("bf16", "fp16")
+    if dist_info.sharded and runtime.dtype == "fp16":
+        raise UserError("train.distributed fsdp with fp16: GradScaler's overflow check would differ per shard; "
+                        "set train.dtype bf16 (Ampere or newer) or fp32, or use ddp")
+    recipe = Recipe(model_shape(model), seq_len, amp, model_cfg.attention == "flash", cfg.loss_chunk, cfg.optimizer,
+                    dist_info.world if dist_info.sharded else 1)
+    batch = resolve_batch(cfg, recipe, dist_info.world, runtime.device)  # before the model takes device memory
     model = model.to(runtime.device)
+    if dist_info.sharded:
+        sharded.shard(model)
     if dist_info.world > 1:
         torch.manual_seed(cfg.seed + dist_info.rank)  # each rank its own dropout masks
     optimizers = build_optimizers(model, cfg)
@@ -92,16 +103,16 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     shared = dist_info.world > 1  # ranks on one machine share the page cache's copy of the tokens
     train_data = TokenSplit(tokens_dir, "train", cfg.data_loading, meta, shared)
     val_data = TokenSplit(tokens_dir, "val", cfg.data_loading, meta, shared)
-    sampler = BatchSampler(train_data, cfg.micro_batch_size, seq_len, cfg.seed, cfg.batching, runtime.device,
+    sampler = BatchSampler(train_data, batch.micro, seq_len, cfg.seed, cfg.batching, runtime.device,
                            dist_info.rank, dist_info.world)
-    BatchSampler(val_data, cfg.micro_batch_size, seq_len, cfg.seed, cfg.batching, runtime.device)  # length check
-    tokens_per_step = cfg.micro_batch_size * seq_len * cfg.grad_accum_steps * dist_info.world
+    BatchSampler(val_data, batch.micro, seq_len, cfg.seed, cfg.batching, runtime.device)  # length check
+    tokens_per_step = batch.micro * seq_len * batch.accum * dist_info.world
     total = cfg.max_steps or math.ceil(cfg.max_tokens / tokens_per_step)
     eval_model = model
     if cfg.compile:
         eval_model = torch.compile(model, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)
     step_model = eval_model
-    if dist_info.ddp:
+    if dist_info.grouped and not dist_info.sharded:
         from torch.nn.parallel import DistributedDataParallel
 
         step_model = DistributedDataParallel(eval_model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -110,7 +121,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     return Setup(
         params=params, runtime=runtime, model_cfg=model_cfg, model=model, step_model=step_model,
         eval_model=eval_model, dist=dist_info,
-        optimizers=optimizers, scaler=scaler, sampler=sampler, train_data=train_data, val_data=val_data,
+        optimizers=optimizers, scaler=scaler, batch=batch, sampler=sampler, train_data=train_data, val_data=val_data,
         seq_len=seq_len, tokens_per_step=tokens_per_step, total_steps=total,
         flops_per_token=sum(flops_per_token(model.num_params(exclude_position_embedding=True), model_cfg.n_layer,
                                             model_cfg.n_embd, seq_len)),
@@ -151,6 +162,8 @@ def what_runs(s: Setup) -> dict[str, Any]:
         "sdpa_backend": backend if s.model_cfg.attention == "flash" else "manual (no SDPA)",
         "keep_host_memory": s.runtime.keep_host_memory, "threads": torch.get_num_threads(),
         "deterministic": cfg.deterministic, "world_size": s.dist.world,
+        "micro_batch_size": s.batch.micro, "grad_accum_steps": s.batch.accum,
+        **({"distributed": s.params.train.distributed} if s.dist.grouped else {}),
         "params": s.model.num_params(), "torch": str(torch.__version__), **s.init,
         **({"muon_ns_dtype": "fp32" if isinstance(s.optimizers[0], FP32Muon) else "bf16"}
            if cfg.optimizer == "muon" else {}),
@@ -162,7 +175,7 @@ def run_name(s: Setup) -> str:
     cfg = s.params.train
     switches = [s.runtime.dtype, s.model_cfg.attention] + ["compile"] * cfg.compile
     if s.dist.world > 1:
-        switches.append(f"ddp×{s.dist.world}")
+        switches.append(f"{cfg.distributed}×{s.dist.world}")
     return f"{s.params.model.size} {s.total_steps} steps {' '.join(switches)} {time.strftime('%m-%d %H:%M')}"
 
 

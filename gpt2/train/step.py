@@ -17,7 +17,8 @@ def backward_micro_batches(model: torch.nn.Module, batches: Iterator[tuple[torch
     loss, still on the device.
 
     Under DDP the gradients are all-reduced once per step: every micro-batch but the last runs
-    in ``no_sync``."""
+    in ``no_sync``. FSDP reduce-scatters after every micro-batch: deferring it would hold full-size
+    gradients, the memory that sharding saves."""
     total = torch.zeros((), device=runtime.device)
     for i in range(steps):
         x, y = next(batches)
@@ -40,6 +41,8 @@ def optimizer_step(model: torch.nn.Module, optimizers: list[torch.optim.Optimize
     for optimizer in optimizers:
         scaler.unscale_(optimizer)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+    if hasattr(norm, "full_tensor"):  # FSDP: a DTensor, the same on every rank
+        norm = norm.full_tensor()
     scale = scaler.get_scale() if scaler.is_enabled() else None
     for optimizer in optimizers:
         scaler.step(optimizer)

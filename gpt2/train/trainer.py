@@ -58,7 +58,7 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
             lr = lr_at(step, cfg, s.total_steps)
             set_lr(s.optimizers, lr / cfg.lr)
             metrics.step_started()
-            loss = backward_micro_batches(s.step_model, batches, cfg.grad_accum_steps, s.runtime, s.scaler)
+            loss = backward_micro_batches(s.step_model, batches, s.batch.accum, s.runtime, s.scaler)
             grad_norm, skipped = optimizer_step(s.model, s.optimizers, s.scaler, cfg.grad_clip)
             step += 1
             metrics.step_done(loss, skipped)
@@ -123,6 +123,9 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
     del state
     info = what_runs(s)
     logger.info("train: " + ", ".join(f"{k}={v}" for k, v in info.items()))
+    if cfg.batch_tokens is not None:
+        logger.info(f"train: batch of {s.tokens_per_step:,} tokens = micro-batch {s.batch.micro} × {s.seq_len} tokens "
+                    f"× accumulation {s.batch.accum} × {s.dist.world} rank(s); micro-batch {s.batch.why}")
     for warning in inert_switch_warnings(s):
         logger.warning(warning)
     tracker: Tracker = (MlflowTracker(cfg.experiment, run_id, os.environ.get("DVC_EXP_NAME") or run_name(s))
