@@ -45,3 +45,11 @@ def test_params_yaml_says_of_each_key_what_its_dataclass_says():
         elif match := re.match(r"^  (\w+):.*?  # (.*)$", line):
             said[(section, match.group(1))] = match.group(2)
     assert said == yaml_comments()
+
+
+def test_the_readme_table_of_what_fits_is_the_memory_model_s():
+    from gpt2.measure.plan import fits_table
+
+    text = (ROOT / "README.md").read_text()
+    assert fits_table() in text.split("<!-- fits-table: python -m gpt2.measure.plan -->", 1)[1], \
+        "README's table of what fits is stale: paste the output of python -m gpt2.measure.plan"

@@ -309,3 +309,31 @@ def render(p: dict[str, Any]) -> str:
     else:
         lines.append("time              unknown: no peak FLOP/s for this device and dtype; pass --peak-tflops")
     return "\n".join(lines) + "\n"
+
+
+FITS_CARDS = (("l4", 24), ("a100-40gb", 40), ("h100", 80))
+FITS_MODELS = (("gpt2", "124M"), ("gpt2-medium", "350M"), ("gpt2-large", "774M"), ("gpt2-xl", "1.5B"))
+
+
+def fits_table(shards: int = 4) -> str:
+    """What fits on common cards: the README's table (markdown), one GPU and FSDP over ``shards`` GPUs.
+
+    Each cell is the largest micro-batch at the model's context in bf16 (flash attention, loss in
+    chunks of 8192, AdamW); the state columns are weights, gradients, AdamW and bf16 copies per GPU
+    (under FSDP, the gathered layers too)."""
+    head = ["model", "state per GPU, replica", *(f"{gb} GB" for _, gb in FITS_CARDS),
+            f"state per GPU, fsdp × {shards}", *(f"{gb} GB × {shards}" for _, gb in FITS_CARDS)]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for size, label in FITS_MODELS:
+        cells = [f"{size} ({label})"]
+        for n in (1, shards):
+            m = memory(shape(size), 0, SIZES[size]["block_size"], amp=True, flash=True, loss_chunk=8192, shards=n)
+            cells.append(f"{m.total / 1e9:.1f} GB")
+            cells += [str(largest_micro_batch(shape(size), SIZES[size]["block_size"], True, True, gb, 8192,
+                                              shards=n)) for _, gb in FITS_CARDS]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(fits_table())
