@@ -25,6 +25,9 @@ run's graph breaks and recompilations (a row with any says so). The parts:
   overhead) and with Muon;
 - ``long``: the best row at GPT-2's 0.5M-token batch with evals and checkpoints: the steady-state
   wall clock against the step median;
+- ``fit``: the best row with ``micro_batch_size: auto`` at GPT-2's batch (what the memory model
+  chose, its peak against the estimate), the next micro-batch up (which should not fit: out of
+  memory), and the best row under FSDP in one process (its overhead: FSDP's gain needs several GPUs);
 - ``profile``: the best row under torch.profiler (benchmarks/profile_step.py): device time per step
   by kind (matmuls, attention, Inductor's fused kernels, optimizer, copies) and the top kernels, in
   ``<json>.profile.md``: where the time goes, and what is left to cut.
@@ -40,7 +43,8 @@ process), in the order that brings the headline rows first, each job with the sa
 1. ``--part ladder`` (9 rows, 6 of them compiled: about 7 minutes; if cut, the next job finishes it);
 2. ``--part ladder --part nanogpt --nanogpt DIR`` (4 compiled runs, 2 each, alternating: about 5 minutes);
 3. ``--part peers`` (3 compiled rows: about 4 minutes);
-4. ``--part long --part tests --part profile`` (about 6 minutes).
+4. ``--part long --part tests --part profile`` (about 6 minutes);
+5. ``--part fit`` (3 compiled rows: about 4 minutes).
 
 Needs only torch, numpy, click and pyyaml (and pytest for the tests): it runs as copied on a box with
 torch preinstalled, with no install, no dvc, no mlflow and no network; uses data/tokens when present,
@@ -166,7 +170,8 @@ def row(name: str, metrics: dict[str, Any] | None, error: str, estimate: float |
             "peak_gb": metrics["mem"]["peak_gb"], "estimate_gb": estimate, "warmup_s": perf.get("warmup_s"),
             "sdpa": runtime.get("sdpa_backend"), "dtype": runtime.get("dtype"), "tf32": runtime.get("tf32"),
             "graph_breaks": runtime.get("graph_breaks"), "recompiles": runtime.get("recompiles"),
-            "micro_batch": train["micro_batch_size"], "accum": train.get("grad_accum_steps", 1), "note": note,
+            "micro_batch": runtime.get("micro_batch_size", train["micro_batch_size"]),
+            "accum": runtime.get("grad_accum_steps", train.get("grad_accum_steps", 1)), "note": note,
             "train": train}
 
 
@@ -222,7 +227,7 @@ def profile_best(params: dict[str, Any], tokens: str, report: Report, timeout_s:
     return {"ms_per_step": round(figures["total_ms"], 3), "by_kind": figures["by_kind"], "top": figures["top"][:10]}
 
 
-PARTS = ("tests", "ladder", "nanogpt", "peers", "long", "profile")
+PARTS = ("tests", "ladder", "nanogpt", "peers", "long", "profile", "fit")
 
 
 class Report:
@@ -322,7 +327,9 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
                 return done
             params = train_params(prof, train, steps)
             metrics, error, stderr = run_child(params, token_dir, f"{tmp}/{len(report.data['rows'])}", timeout_s)
-            result = row(name, metrics, error, estimate_gb(prof, params["train"]), params["train"], note)
+            micro = (metrics or {}).get("runtime", {}).get("micro_batch_size", params["train"]["micro_batch_size"])
+            estimate = estimate_gb(prof, {**params["train"], "micro_batch_size": micro}) if micro != "auto" else None
+            result = row(name, metrics, error, estimate, params["train"], note)
             return record(result, stderr)
 
         ladder: dict[str, Any] = {}
@@ -399,6 +406,22 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
             if "failed" not in long and long.get("tokens_per_s_steady"):
                 long["note"] = (f"steady-state wall clock {100 * long['tokens_per_s_steady'] / long['tokens_per_s']:.1f}%"
                                 " of the step median")
+            report.save()
+        if "fit" in parts:
+            batch_tokens = GPT2_BATCH_TOKENS if not smoke else 16 * prof["seq"]
+            fitted = {**best, "micro_batch_size": "auto", "batch_tokens": batch_tokens, "grad_accum_steps": 1}
+            auto = measure("best, micro-batch auto (GPT-2 batch)", fitted, prof["steps"])
+            if "failed" not in auto:
+                sequences = batch_tokens // prof["seq"]
+                up = next((d for d in range(auto["micro_batch"] + 1, sequences + 1) if sequences % d == 0), None)
+                if up is not None:
+                    over = measure("auto's next micro-batch up", {**fitted, "micro_batch_size": up}, prof["steps"])
+                    over["note"] = ("out of memory, as the model said" if "out of memory" in over.get("failed", "")
+                                    else "failed otherwise" if "failed" in over else "fits: the model is cautious here")
+            fsdp = measure("best, FSDP in 1 process", {**best, "distributed": "fsdp"}, prof["steps"])
+            plain = report.row("best, plain (for DDP)")
+            if plain is not None and "failed" not in plain and "failed" not in fsdp:
+                fsdp["note"] = f"FSDP overhead {100 * (fsdp['step_ms'] / plain['step_ms'] - 1):+.1f}% (one process)"
             report.save()
         if "profile" in parts and "profile" not in report.data:
             report.data["profile"] = profile_best(train_params(prof, best, prof["steps"]), token_dir, report, timeout_s)

@@ -49,14 +49,16 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
                                            "+ fused AdamW", "+ largest micro-batch"]  # no TF32 on a CPU, no compile in smoke
     nanogpt = fake_nanogpt(tmp_path / "nanoGPT")
     second = check(out, tokens, "--part", "ladder", "--part", "nanogpt", "--nanogpt", str(nanogpt),
-                   "--nanogpt-repeats", "1", "--part", "peers", "--part", "long", "--part", "profile")
+                   "--nanogpt-repeats", "1", "--part", "peers", "--part", "long", "--part", "profile",
+                   "--part", "fit")
     assert second.returncode == 0, second.stderr[-3000:]
     assert "fp32:" not in second.stderr  # the ladder's rows were read back, not measured again
     report = json.loads(out.read_text())
     names = [r["name"] for r in report["rows"]]
     assert names[6:] == ["nanoGPT's settings on our code (run 1)", "nanoGPT's own train.py (run 1)",
                          "best, plain (for DDP)", "best, DDP in 1 process", "best, Muon optimizer",
-                         "4 steps, GPT-2 batch, evals and checkpoints"]
+                         "4 steps, GPT-2 batch, evals and checkpoints", "best, micro-batch auto (GPT-2 batch)",
+                         "auto's next micro-batch up", "best, FSDP in 1 process"]
     assert not [r for r in report["rows"] if "failed" in r], report["rows"]
     rows = {r["name"]: r for r in report["rows"]}
     assert rows["+ bf16 autocast"]["dtype"] == "bf16" and rows["fp32"]["dtype"] == "fp32"
@@ -66,6 +68,10 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
     assert "DDP overhead" in rows["best, DDP in 1 process"]["note"]
     assert "step time vs AdamW" in rows["best, Muon optimizer"]["note"]
     assert "of the step median" in rows["4 steps, GPT-2 batch, evals and checkpoints"]["note"]
+    auto = rows["best, micro-batch auto (GPT-2 batch)"]  # on a CPU auto keeps 8: 16 sequences in 2 micro-batches
+    assert (auto["micro_batch"], auto["accum"]) == (8, 2) and auto["estimate_gb"] is None  # smoke: not a named size
+    assert rows["auto's next micro-batch up"]["micro_batch"] == 16 and "fits" in rows["auto's next micro-batch up"]["note"]
+    assert "FSDP overhead" in rows["best, FSDP in 1 process"]["note"]
     theirs = rows["nanoGPT's own train.py (run 1)"]  # iterations of 500 (warm-up, left out) and 20 ms
     assert theirs["step_ms"] == 20.0 and theirs["tokens_per_s"] == 12 * 8 / 0.02 and theirs["dtype"] == "fp32"
     ours = rows["nanoGPT's settings on our code (run 1)"]
