@@ -79,3 +79,32 @@ def test_checkpoint_keeps_the_cuda_rng_of_this_device_only():
     expected = torch.rand(3, device="cuda")
     checkpoint.restore_rng_states(states)
     assert torch.equal(torch.rand(3, device="cuda"), expected)
+
+
+GPT2_FULL = {"size": "gpt2", "n_layer": None, "n_head": None, "n_embd": None, "block_size": None}
+
+
+def test_auto_micro_batch_fits_and_the_next_size_up_does_not(tmp_path, tokens):
+    """The memory model's choice trains on this card; twice that micro-batch (the next candidate) runs out."""
+    from gpt2.core.errors import UserError
+
+    torch.cuda.empty_cache()
+    run = {"device": "cuda", "dtype": "bf16", "block_size": 1024, "batch_tokens": 512 * 1024, "max_steps": 2,
+           "final_eval": False, "save_checkpoint": False, "resume": "never"}
+    chosen = trainer.train(micro_params(GPT2_FULL, micro_batch_size="auto", **run), tokens, tmp_path / "a.pt", None)
+    micro = chosen["runtime"]["micro_batch_size"]
+    assert micro * chosen["runtime"]["grad_accum_steps"] == 512 and chosen["mem"]["peak_gb"] > 0
+    if micro == 512:
+        pytest.skip("the whole batch fits in one micro-batch here: no next size up")
+    torch.cuda.empty_cache()
+    with pytest.raises(UserError, match="out of memory on cuda"):
+        trainer.train(micro_params(GPT2_FULL, micro_batch_size=2 * micro, **run), tokens, tmp_path / "b.pt", None)
+
+
+def test_fsdp_on_one_gpu_writes_a_plain_checkpoint(tmp_path, tokens):
+    from gpt2.train import checkpoint
+
+    metrics = trainer.train(micro_params(device="cuda", distributed="fsdp", max_steps=4), tokens, tmp_path / "c.pt",
+                            tmp_path / "r")
+    assert metrics["runtime"]["distributed"] == "fsdp" and metrics["runtime"]["device"] == "cuda:0"
+    assert all(not t.is_cuda for t in checkpoint.load(tmp_path / "c.pt")["model"].values())

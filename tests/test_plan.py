@@ -126,6 +126,16 @@ def test_plan_for_gpt2_on_h100_prints_a_budget(runner, tmp_path):
         assert expected in result.output
 
 
+def test_plan_gives_the_memory_per_gpu_under_fsdp_and_with_muon(runner, tmp_path):
+    args = ["plan", "--model", "gpt2-xl", "--tokens", "1e9", "--device", "l4", "--gpus", "4", "--root", str(tmp_path)]
+    replica = runner.invoke(main, args)
+    sharded = runner.invoke(main, [*args, "--distributed", "fsdp", "--optimizer", "muon"])
+    assert replica.exit_code == sharded.exit_code == 0, sharded.output
+    assert "largest micro-batch that fits (amp flash): 0" in replica.output and "unsharded" not in replica.output
+    assert "adamw, loss in chunks" in replica.output and "muon, fsdp over 4, loss in chunks" in sharded.output
+    assert "  unsharded " in sharded.output and "largest micro-batch that fits (amp flash): 0" not in sharded.output
+
+
 def test_plan_uses_the_mfu_measured_by_the_ladder(runner, tmp_path):
     report = tmp_path / "reports/ladder"
     report.mkdir(parents=True)

@@ -93,9 +93,9 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     recipe = Recipe(model_shape(model), seq_len, amp, model_cfg.attention == "flash", cfg.loss_chunk, cfg.optimizer,
                     dist_info.world if dist_info.sharded else 1)
     batch = resolve_batch(cfg, recipe, dist_info.world, runtime.device)  # before the model takes device memory
-    model = model.to(runtime.device)
     if dist_info.sharded:
-        sharded.shard(model)
+        sharded.shard(model, runtime.device)
+    model = model.to(runtime.device)  # under FSDP: the unsharded buffer (the logit mask)
     if dist_info.world > 1:
         torch.manual_seed(cfg.seed + dist_info.rank)  # each rank its own dropout masks
     optimizers = build_optimizers(model, cfg)

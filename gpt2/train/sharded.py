@@ -22,13 +22,18 @@ from gpt2.model.gpt import GPT
 _FULL = dict(full_state_dict=True, cpu_offload=True)
 
 
-def shard(model: GPT) -> None:
-    """Split ``model`` over the process group, in place (it becomes an FSDP module)."""
+def shard(model: GPT, device: torch.device) -> None:
+    """Split ``model`` over the process group onto ``device``, in place (it becomes an FSDP module).
+
+    Called on the model still on the CPU: each rank moves only its shards to its GPU, never the
+    whole model."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
     for block in model.transformer.h:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
