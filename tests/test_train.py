@@ -331,6 +331,10 @@ def test_out_of_memory_is_an_answer_and_the_last_checkpoint_stays(tmp_path, toke
     assert "or train.micro_batch_size auto with train.batch_tokens 192 and train.grad_accum_steps 1" in message
     assert "ckpt.pt) is intact and train.resume auto continues from it (OutOfMemoryError)" in message
     assert checkpoint.load(tmp_path / "run/ckpt.pt")["step"] == 4
+    calls.clear()
+    with pytest.raises(UserError, match=r"micro-batch 8 × 16 tokens .*: auto chose 8: raise train.memory_margin "
+                                        r"\(now 0.15\) so it leaves more free, or set train.micro_batch_size 4"):
+        run(tmp_path, tokens, micro_params(micro_batch_size="auto", batch_tokens=16 * 16), "auto")
     from gpt2.train.oom import smaller_micro_batch
 
     assert smaller_micro_batch(7, 1) == (1, 7) and smaller_micro_batch(1, 4) is None
