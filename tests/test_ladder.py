@@ -58,6 +58,9 @@ def test_profile_follows_the_device_and_the_overrides():
     assert mps.profile.steps == 7 and mps.profile.repeats == 3
     assert mps.sections[-1]["train"]["grad_accum_steps"] == 2  # 2048 tokens < one micro-batch: still accumulates
     assert mps.sections[0]["model"]["size"] == "gpt2" and mps.sections[0]["train"]["device"] == "mps"
+    auto = {**PARAMS, "train": {**PARAMS.get("train", {}), "micro_batch_size": "auto", "batch_tokens": 65536}}
+    cpu = ladder.plan(spec, auto, "cpu")  # a params.yaml sized for its card: the ladder sets its own batch
+    assert cpu.sections[-1]["train"]["micro_batch_size"] == 8 and cpu.sections[-1]["train"]["batch_tokens"] is None
 
 
 def test_schedule_alternates_direction_and_skips_runs_already_measured():

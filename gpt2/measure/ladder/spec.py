@@ -133,6 +133,7 @@ def plan(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str | N
                                   target=target or profile.target)
     model_set = {**profile.model, **({"size": model} if model else {})}
     fixed = {**profile.train, "device": device, "max_steps": profile.steps, "max_tokens": None,
+             "batch_tokens": None,  # the rungs set the batch as micro-batch × accumulation (its own rung)
              "eval_interval": max(1, profile.steps // 20) if profile.target else profile.steps,
              "checkpoint_interval": profile.steps, "save_checkpoint": False, "resume": "never",
              "log_interval": max(1, profile.steps // 5), "target_val_loss": profile.target, "stop_at_target": True}
