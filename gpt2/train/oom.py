@@ -12,16 +12,7 @@ from pathlib import Path
 import torch
 
 from gpt2.core.errors import UserError
-from gpt2.train.batch import Recipe, model_shape
 from gpt2.train.setup import Setup
-
-
-def expected_gb(s: Setup) -> float:
-    """What ``gpt2 plan``'s memory model expects this run to need on one device, in GB."""
-    cfg, m = s.params.train, s.model_cfg
-    recipe = Recipe(model_shape(s.model), s.seq_len, s.runtime.dtype in ("bf16", "fp16"), m.attention == "flash",
-                    cfg.loss_chunk, cfg.optimizer, s.dist.world if s.dist.sharded else 1)
-    return recipe.bytes(s.batch.micro) / 1e9
 
 
 def smaller_micro_batch(micro_batch: int, accum: int) -> tuple[int, int] | None:
@@ -40,7 +31,7 @@ def out_of_memory_error(exc: BaseException, s: Setup, ckpt_path: Path) -> UserEr
         capacity = f" of {torch.cuda.get_device_properties(device).total_memory / 1e9:.1f} GB"
     micro, accum = s.batch.micro, s.batch.accum
     what = (f"out of memory on {device}{capacity} at micro-batch {micro} × {s.seq_len} tokens "
-            f"({s.params.model.size}, {s.runtime.dtype}); the memory model expected {expected_gb(s):.1f} GB")
+            f"({s.params.model.size}, {s.runtime.dtype}); the memory model expected {s.recipe.bytes(micro) / 1e9:.1f} GB")
     smaller = smaller_micro_batch(micro, accum)
     if cfg.micro_batch_size == "auto" and smaller:
         fix = (f"auto chose {micro}: raise train.memory_margin (now {cfg.memory_margin:g}) so it leaves more free, "

@@ -44,6 +44,7 @@ class Setup:
     optimizers: list[torch.optim.Optimizer]  # AdamW; or Muon (hidden matrices) and AdamW (the rest)
     scaler: torch.amp.GradScaler
     batch: Batch  # the micro-batch and the accumulation, as resolved for this device
+    recipe: Recipe  # what the memory model knows of this run (for auto, and an out-of-memory error)
     sampler: BatchSampler
     train_data: TokenSplit
     val_data: TokenSplit
@@ -121,7 +122,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     return Setup(
         params=params, runtime=runtime, model_cfg=model_cfg, model=model, step_model=step_model,
         eval_model=eval_model, dist=dist_info,
-        optimizers=optimizers, scaler=scaler, batch=batch, sampler=sampler, train_data=train_data, val_data=val_data,
+        optimizers=optimizers, scaler=scaler, batch=batch, recipe=recipe, sampler=sampler, train_data=train_data, val_data=val_data,
         seq_len=seq_len, tokens_per_step=tokens_per_step, total_steps=total,
         flops_per_token=sum(flops_per_token(model.num_params(exclude_position_embedding=True), model_cfg.n_layer,
                                             model_cfg.n_embd, seq_len)),
