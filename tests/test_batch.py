@@ -60,6 +60,9 @@ def test_auto_takes_the_largest_micro_batch_that_fits_and_keeps_the_batch(monkey
     assert got.micro * got.accum == 512  # the batch, and so the result, is the card's choice of neither
     assert recipe.bytes(got.micro) <= budget < recipe.bytes(2 * got.micro)  # 512's divisors are powers of two
     assert f"{2 * got.micro} would need" in got.why and "train.memory_margin 0.15" in got.why
+    cautious = resolve_batch(micro_params(batch_tokens=512 * 1024, micro_batch_size="auto", memory_margin=0.6).train,
+                             recipe, world=1, device=CUDA)
+    assert cautious.micro < got.micro and recipe.bytes(cautious.micro) <= 0.4 * gb * 1e9  # a larger margin, less used
 
 
 def test_auto_counts_muon_state_and_fsdp_shards(monkeypatch):
