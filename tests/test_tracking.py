@@ -49,7 +49,8 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     monkeypatch.delenv("STOPPED", raising=False)
     with pytest.raises(TrainingInterrupted):
         train(params, tokens, tmp_path / "ckpt.pt", tmp_path / "reports")
-    train(params, tokens, tmp_path / "ckpt.pt", tmp_path / "reports")
+    resumed = micro_params(mlflow=True, max_steps=6, eval_interval=3, log_interval=2, lr=5.0e-3)
+    train(resumed, tokens, tmp_path / "ckpt.pt", tmp_path / "reports")
 
     client = mlflow.MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
@@ -57,6 +58,7 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     run = runs[0]
     assert run.info.status == "FINISHED" and run.info.run_name == "my-exp"
     assert run.data.params["train.lr"] == "0.01" and run.data.params["model.n_layer"] == "2"
+    assert run.data.tags["resume.step_4"] == "train.lr: 0.01 → 0.005"  # params are the first session's
     assert run.data.tags["dvc_exp_name"] == "my-exp"
     assert run.data.tags["torch_version"] and run.data.tags["device"] and run.data.tags["dtype"] == "fp32"
     assert run.data.tags["sdpa_backend"]

@@ -179,6 +179,44 @@ def test_resume_with_a_changed_setting_says_so(tmp_path, tokens, monkeypatch, ca
     assert "resuming" in err and "train.max_steps changed: 12 → 14" in err
 
 
+def test_a_resumed_run_trains_with_the_hyperparameters_it_logs(tmp_path, tokens, monkeypatch, capsys):
+    interrupt_at(monkeypatch, 2)
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path, tokens, micro_params(weight_decay=0.1))
+    monkeypatch.undo()
+    seen = []
+    original = trainer.optimizer_step
+
+    def recording(model, optimizers, scaler, grad_clip):
+        seen.append([(g["lr"], g["weight_decay"], g["betas"]) for o in optimizers for g in o.param_groups])
+        return original(model, optimizers, scaler, grad_clip)
+
+    monkeypatch.setattr(trainer, "optimizer_step", recording)
+    params = micro_params(lr=5.0e-3, weight_decay=0.0, betas=[0.8, 0.9])  # the interrupted run's lr halved
+    run(tmp_path, tokens, params)
+    assert len(seen) == 9  # steps 3..11 (0-based) after the checkpoint at step 3
+    for step, groups in enumerate(seen, start=3):
+        want = trainer.lr_at(step, params.train, 12)
+        assert [g[0] for g in groups] == pytest.approx([want] * len(groups), rel=1e-12)
+        assert [g[1] for g in groups] == [0.0] * len(groups) and {g[2] for g in groups} == {(0.8, 0.9)}
+    assert seen[-1][0][0] == pytest.approx(trainer.lr_at(11, params.train, 12))  # ends at the new schedule's end
+    err = capsys.readouterr().err
+    assert "train.lr changed: 0.01 → 0.005 (applies from step 3)" in err
+
+
+def test_resuming_into_another_optimizer_is_refused_and_fp16_starts_its_scaler(tmp_path, tokens, monkeypatch, capsys):
+    interrupt_at(monkeypatch, 2)
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path, tokens, micro_params())
+    monkeypatch.undo()
+    with pytest.raises(UserError, match=r"trained with train.optimizer adamw; muon's state cannot continue it; set "
+                                        r"train.optimizer: adamw to resume it, or train.resume: never"):
+        run(tmp_path, tokens, micro_params(optimizer="muon"))
+    metrics = run(tmp_path, tokens, micro_params(dtype="fp16"))  # from an fp32 checkpoint: no scaler state
+    assert metrics["steps"] == 12
+    assert "with no fp16 loss scale; GradScaler starts at its initial scale" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "foreign"])
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tokens, damage):
     run(tmp_path, tokens, micro_params(max_steps=2))

@@ -3,9 +3,11 @@
 - No checkpoint, or ``train.resume: never``: a fresh start.
 - A finished run of exactly these params and data: nothing trains; its reports are rebuilt from it.
 - A finished run of other params or data: a fresh start (said so).
-- An unfinished run: it continues, unless the model or the data changed, which is refused (the
-  weights would not fit, or would go on learning other text). Changed train settings are
-  allowed and listed.
+- An unfinished run: it continues, unless the model, the data or the optimizer changed, which is
+  refused (the weights would not fit, would go on learning other text, or the optimizer's state
+  would belong to another algorithm). Other changed train settings are allowed, listed, and apply
+  from the resumed step: the optimizer keeps its state (moments, step counts) and takes the
+  configured hyperparameters (learning rates, weight decay, betas, Muon's momentum, fused or not).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from gpt2.core import log
 from gpt2.core.config import to_dict
@@ -53,11 +57,21 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
         raise UserError(f"{path} holds an unfinished run (step {state['step']}/{state['total_steps']}) of another "
                         f"model or data: {', '.join(diffs)}; restore those params to resume it, or set "
                         f"train.resume: never (or delete {path}) to start over")
-    now = {k: _normal(v) for k, v in to_dict(s.params.train).items()}
-    for key, was in state["params"]["train"].items():
-        if key in now and _normal(was) != now[key]:
-            logger.info(f"train: resuming with train.{key} changed: {was} → {getattr(s.params.train, key)}")
+    was = state["params"]["train"].get("optimizer", "adamw")
+    if was != s.params.train.optimizer:
+        raise UserError(f"{path} holds an unfinished run (step {state['step']}/{state['total_steps']}) trained "
+                        f"with train.optimizer {was}; {s.params.train.optimizer}'s state cannot continue it; set "
+                        f"train.optimizer: {was} to resume it, or train.resume: never (or delete {path}) to start over")
+    for key, (old, new) in changed_settings(state, s).items():
+        logger.info(f"train: resuming with train.{key} changed: {old} → {new} (applies from step {state['step']})")
     return state
+
+
+def changed_settings(state: dict[str, Any], s: Setup) -> dict[str, tuple[Any, Any]]:
+    """The train settings that differ from the checkpoint's: {key: (checkpoint's value, this run's)}."""
+    now = to_dict(s.params.train)
+    return {key: (was, now[key]) for key, was in state["params"]["train"].items()
+            if key in now and _normal(was) != _normal(now[key])}
 
 
 def same_run(state: dict[str, Any], s: Setup) -> bool:
@@ -76,13 +90,15 @@ def restore(s: Setup, state: dict[str, Any]) -> tuple[int, History, str | None]:
     (step, history, MLflow run id)."""
     if s.dist.sharded:  # each rank keeps its shard of the full state
         sharded.load_model_state(s.model, state["model"])
-        for optimizer, optimizer_state in zip(s.optimizers, state["optimizer"], strict=True):
-            sharded.load_optimizer_state(s.model, optimizer, optimizer_state)
     else:
         s.model.load_state_dict(state["model"])
-        for optimizer, optimizer_state in zip(s.optimizers, state["optimizer"], strict=True):
-            optimizer.load_state_dict(optimizer_state)
-    s.scaler.load_state_dict(state["scaler"])
+    for optimizer, optimizer_state in zip(s.optimizers, state["optimizer"], strict=True):
+        load_optimizer(s, optimizer, optimizer_state)
+    if s.scaler.is_enabled() and not state["scaler"]:
+        logger.info(f"train: the checkpoint trained in {state['params']['train'].get('dtype')}, with no fp16 loss "
+                    "scale; GradScaler starts at its initial scale")
+    else:
+        s.scaler.load_state_dict(state["scaler"])
     s.sampler.load_state(state["sampler"])  # the global-batch stream: the same on every rank
     if state["world_size"] == s.dist.world:
         checkpoint.restore_rng_states(state["rng_per_rank"][s.dist.rank])
@@ -90,3 +106,22 @@ def restore(s: Setup, state: dict[str, Any]) -> tuple[int, History, str | None]:
         logger.info(f"train: the checkpoint was written by {state['world_size']} process(es), this run has "
                     f"{s.dist.world}: weights, optimizer, step and data stream continue; dropout RNG starts afresh")
     return state["step"], History(**state["history"]), state["mlflow_run_id"]
+
+
+def load_optimizer(s: Setup, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """The checkpoint's optimizer state (moments, step counts) under this run's hyperparameters.
+
+    ``load_state_dict`` takes every param-group value from the file: the old peak learning rate, weight
+    decay and betas would go on training while the log and MLflow show the new ones."""
+    configured = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+    if s.dist.sharded:
+        sharded.load_optimizer_state(s.model, optimizer, saved)
+    else:
+        optimizer.load_state_dict(saved)
+    for group, values in zip(optimizer.param_groups, configured, strict=True):
+        group.update(values)
+        on_device = group.get("fused") or group.get("capturable")  # where torch.optim keeps the step count
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step")
+            if isinstance(step, torch.Tensor):
+                optimizer.state[p]["step"] = step.to(p.device if on_device else "cpu", torch.float32)

@@ -34,7 +34,7 @@ from gpt2.train.metrics import Diverged, Metrics, memory_gb
 from gpt2.train.oom import out_of_memory_error
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.reports import History, compared_figures, summarize, write_reports
-from gpt2.train.resume import load_for_resume, restore
+from gpt2.train.resume import changed_settings, load_for_resume, restore
 from gpt2.train.setup import Setup, build, inert_switch_warnings, run_name, what_runs
 from gpt2.train.signals import TrainingInterrupted, stop_on_signals
 from gpt2.train.step import backward_micro_batches, optimizer_step
@@ -109,7 +109,7 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
 def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> dict[str, Any]:
     """One session of a run: resume or reuse, track, fit, report."""
     params, cfg = s.params, s.params.train
-    history, step, run_id = History(), 0, None
+    history, step, run_id, changes = History(), 0, None, None
     state = load_for_resume(ckpt_path, s)
     if state is not None and state.get("metrics") is not None:
         if s.dist.main and report_dir is not None:
@@ -119,6 +119,7 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
         return state["metrics"]
     if state is not None:
         step, history, run_id = restore(s, state)
+        changes = changed_settings(state, s)
         logger.info(f"train: resuming {ckpt_path} at step {step}/{s.total_steps}")
     del state
     info = what_runs(s)
@@ -133,6 +134,9 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
     tracker.log_params(flatten({"model": to_dict(params.model), "train": to_dict(params.train)}))
     tracker.set_tags({"git_commit": git_commit(), "dvc_exp_name": os.environ.get("DVC_EXP_NAME"),
                       "device": s.runtime.device_name, "torch_version": torch.__version__, **info})
+    if changes is not None:  # MLflow keeps a run's first params: each resume records what it changed
+        tracker.set_tags({f"resume.step_{step}": "; ".join(f"train.{k}: {old} → {new}" for k, (old, new)
+                                                           in changes.items()) or "no params changed"})
     if tracker.run_id:  # no dvc.lock reading or folder walk when nothing tracks it
         tracker.log_dataset(describe_tokens(s.tokens_dir, s.meta), context="training")
     runtime = {k: v for k, v in info.items() if k != "params"}  # what really ran (the ladder reads it)
