@@ -25,6 +25,14 @@ def test_default_uri_is_an_absolute_sqlite_db_at_the_dvc_root(monkeypatch, tmp_p
     assert tracking.tracking_uri() == "http://127.0.0.1:5000"
 
 
+def test_the_printed_link_opens_the_run_where_it_is():
+    server = tracking.where_to_see("http://mlflow.lab:8080/", "3", "abc")
+    assert server == "open http://mlflow.lab:8080/#/experiments/3/runs/abc?workflowType=machine_learning"
+    local = tracking.where_to_see("sqlite:////p/mlflow.db", "1", "abc")
+    assert local.startswith("see it with `mlflow ui --backend-store-uri sqlite:////p/mlflow.db`, then open "
+                            "http://127.0.0.1:5000/#/experiments/1/runs/abc")
+
+
 def test_flatten():
     assert tracking.flatten({"train": {"lr": 1.0, "betas": (0.9, 0.95)}, "x": 1}) == {
         "train.lr": 1.0, "train.betas": (0.9, 0.95), "x": 1}
@@ -69,7 +77,7 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
         assert client.get_metric_history(run.info.run_id, name), name
     # the warm-up step (compilation) is its own figure, not a point of the speed series
     assert [m.step for m in client.get_metric_history(run.info.run_id, "perf/step_ms")] == [2, 4, 6]
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "perf/warmup_s")] == [1]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "perf/warmup_s")] == [1, 5]  # each session
     # the summary is the compared figures as final metrics: no booleans, no runtime details
     summary = sorted(k for k in run.data.metrics if k.startswith("summary/"))
     assert summary == ["summary/mem.peak_gb", "summary/perf.step_ms", "summary/perf.step_ms_iqr",

@@ -72,10 +72,17 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
                                                 "model_config"}
 
 
-def test_final_eval_off_skips_the_val_loss_after_the_last_step(tmp_path, tokens):
-    metrics = run(tmp_path, tokens, micro_params(max_steps=6, eval_interval=4, final_eval=False))
+def test_final_eval_off_skips_the_val_loss_after_the_last_step(tmp_path, tokens, capsys):
+    # the last step on the eval interval: still no eval there; Muon's own learning rate is logged
+    params = micro_params(max_steps=8, eval_interval=4, final_eval=False, optimizer="muon", lr_schedule="constant",
+                          min_lr=1.0e-3)
+    metrics = run(tmp_path, tokens, params)
     val_rows = (tmp_path / "run/reports/plots/val.tsv").read_text().splitlines()
-    assert [r.split("\t")[0] for r in val_rows[1:]] == ["4"] and metrics["steps"] == 6
+    assert [r.split("\t")[0] for r in val_rows[1:]] == ["4"] and metrics["steps"] == 8
+    rows = checkpoint.load(tmp_path / "run/ckpt.pt")["history"]["train"]
+    assert [r["train/muon_lr"] for r in rows[-2:]] == [params.train.muon_lr] * 2  # constant after the warm-up
+    assert [r["train/lr"] for r in rows[-2:]] == [params.train.lr] * 2
+    assert "train.min_lr 0.001 is inert: train.lr_schedule is constant" in capsys.readouterr().err
     assert run(tmp_path, tokens, micro_params(max_steps=6, eval_interval=100, final_eval=False),
                name="none")["val"]["loss"] is None
 
@@ -120,6 +127,7 @@ def test_interrupted_and_resumed_run_matches_an_uninterrupted_one_exactly(tmp_pa
     metrics = run(tmp_path, tokens, params, "resumed")
     assert losses(tmp_path, "resumed") == losses(tmp_path, "straight")  # every step, bit for bit
     assert metrics["steps"] == 12
+    assert metrics["perf"]["timed_steps"] == 10  # each session's warm-up step (it compiles again) is left out
 
 
 def test_sigterm_exit_code(tmp_path, tokens, monkeypatch):

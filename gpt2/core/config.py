@@ -110,8 +110,8 @@ class TrainConfig:
                                          "every step")
     threads: int = param(0, "CPU intra-op threads; the count changes the last digits of CPU results", ge=0,
                          note="0 = PyTorch's default (the physical cores)")
-    deterministic: bool = param(False, "bit-identical reruns on this machine: deterministic kernels (CUDA too), the "
-                                       "CPU thread count fixed")
+    deterministic: bool = param(False, "bit-identical reruns on every device: deterministic kernels (CUDA's ordered "
+                                       "ones); on a CPU the thread count decides (train.threads)")
     init_from: str = param("scratch", "scratch | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (OpenAI's) | a Hugging "
                                       "Face dir or file")
     # data

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 SIZES: dict[str, dict[str, int]] = {
-    "tiny": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),  # 7.3M, most of it the embedding
+    "tiny": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),  # 7.2M, most of it the embedding
     "gpt2": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),  # 124M
     "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024, block_size=1024),  # 350M
     "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280, block_size=1024),  # 774M

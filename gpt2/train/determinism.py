@@ -4,9 +4,9 @@ A CPU result depends on the intra-op thread count: each thread sums its own slic
 or a reduction, so another count adds in another order and changes the last digits. PyTorch's
 default count is the machine's physical cores, which does not move with the load, so two runs
 on one idle or busy machine already agree bit for bit (tests/test_train.py checks it).
-``train.deterministic`` makes that a promise on every device: the thread count written down,
-and on CUDA the kernels that add with atomics (some backward passes, cuBLAS's split-K with a
-shared workspace) replaced by ordered ones. Its cost is in docs/benchmarks.md.
+``train.deterministic`` makes that a promise on CUDA too: the kernels that add with atomics (some
+backward passes, cuBLAS's split-K with a shared workspace) are replaced by ordered ones. It leaves
+the thread count alone: ``train.threads`` fixes that. Its cost is in docs/benchmarks.md.
 
 Both settings are process-wide in PyTorch; ``reproducible`` restores them when the run ends,
 so a benchmark or a test that trains in-process leaves the next run as it found it.

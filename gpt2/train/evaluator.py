@@ -62,7 +62,10 @@ class Evaluator:
         self.s, self.cfg, self.history, self.tracker, self.elapsed_s = s, s.params.train, history, tracker, elapsed_s
 
     def due(self, step: int) -> bool:
-        return step % self.cfg.eval_interval == 0 or (step == self.s.total_steps and self.cfg.final_eval)
+        """Every ``eval_interval`` steps; the last step only with ``final_eval`` (even on the interval)."""
+        if step == self.s.total_steps:
+            return self.cfg.final_eval
+        return step % self.cfg.eval_interval == 0
 
     @property
     def stop(self) -> bool:

@@ -25,7 +25,7 @@ from gpt2.core.progress import clock
 from gpt2.train import distributed
 from gpt2.train.device import Runtime
 from gpt2.train.flops import mfu
-from gpt2.train.reports import History, warmup_s
+from gpt2.train.reports import History
 from gpt2.train.setup import Setup
 from gpt2.train.timing import StepTimer
 from gpt2.train.tracking import Tracker
@@ -62,8 +62,12 @@ def rss_bytes() -> int:
 class Metrics:
     """Owns the step clock, the losses not yet read, and when to log."""
 
-    def __init__(self, s: Setup, history: History, tracker: Tracker, last_checkpoint: Callable[[], str]) -> None:
+    def __init__(self, s: Setup, history: History, tracker: Tracker, last_checkpoint: Callable[[], str],
+                 first_step: int = 0) -> None:
         self.s, self.cfg, self.history, self.tracker = s, s.params.train, history, tracker
+        self.warm_until = first_step + self.cfg.timing_warmup_steps  # this session's untimed steps end here
+        self.session_start = len(history.step_s)
+        history.sessions.append(self.session_start)
         self.last_checkpoint = last_checkpoint  # named in the error when the loss diverges
         self.timer = StepTimer(s.runtime)
         self.every_step = sync_every_step(s.runtime)
@@ -86,7 +90,7 @@ class Metrics:
 
     def must_sync(self, step: int) -> bool:
         """Whether the step times and losses must be read now (the loop also syncs for evals and checkpoints)."""
-        return self.every_step or self.due(step) or step == self.cfg.timing_warmup_steps
+        return self.every_step or self.due(step) or step == self.warm_until
 
     def sync(self, step: int, stop_here: bool) -> bool:
         """Read the pending step times and losses; raise if a loss is not finite. Returns whether any
@@ -105,8 +109,9 @@ class Metrics:
         if not self.synced:
             distributed.set_step_deadline(self.cfg, self.s.dist)  # the first sync point: compilation is done
             self.synced = True
-        if step == self.cfg.timing_warmup_steps:
-            self.tracker.log_metrics({"perf/warmup_s": warmup_s(self.history, step)}, step=step)
+        if step == self.warm_until:  # this session's warm-up
+            session = self.history.step_s[self.session_start:self.session_start + self.cfg.timing_warmup_steps]
+            self.tracker.log_metrics({"perf/warmup_s": round(sum(session), 3)}, step=step)
         return stopping
 
     def count_steady(self, step: int, now: float) -> None:
@@ -115,20 +120,24 @@ class Metrics:
         if self.steady_from is not None:
             self.history.steady_steps += step - self.steady_from[0]
             self.history.steady_s += now - self.steady_from[1]
-        if self.steady_from is not None or step >= self.cfg.timing_warmup_steps:
+        if self.steady_from is not None or step >= self.warm_until:
             self.steady_from = (step, now)
 
-    def log(self, step: int, lr: float, grad_norm: torch.Tensor) -> None:
-        """One record for this step, to the history, MLflow and the console."""
+    def log(self, step: int, grad_norm: torch.Tensor) -> None:
+        """One record for this step, to the history, MLflow and the console. The learning rates are the
+        ones the optimizers held for this step: AdamW's (``train/lr``), and Muon's (``train/muon_lr``)."""
         s = self.s
+        lr = s.optimizers[-1].param_groups[0]["lr"]  # AdamW comes last (train/optim.py)
         record = {"train/loss": self.losses[-1], "train/lr": lr, "train/grad_norm": float(grad_norm)}
+        if self.cfg.optimizer == "muon":
+            record["train/muon_lr"] = s.optimizers[0].param_groups[0]["lr"]
         # warm-up steps (compilation, autotuning) stay out of the speed series: one 30 s step would flatten
         # every plot of step time; their total is its own measure, perf/warmup_s
         dt = self.history.step_s[-1]
         tokens_per_s = s.tokens_per_step / dt
         utilization = mfu(s.flops_per_token, tokens_per_s, s.peak_flops, s.dist.world)
         own = mfu(s.flops_per_token, tokens_per_s, s.dtype_peak_flops, s.dist.world)
-        if step > self.cfg.timing_warmup_steps:
+        if step > self.warm_until:
             record |= {"perf/step_ms": 1000 * dt, "perf/tokens_per_s": tokens_per_s,
                        "perf/tokens_per_s_per_device": tokens_per_s / s.dist.world, "perf/mfu": utilization}
             if own is not None:

@@ -33,6 +33,20 @@ class History:
     steady_steps: int = 0  # steps after each session's warm-up, and their wall time (evals, checkpoints included)
     steady_s: float = 0.0
     target: dict[str, float] | None = None  # when val loss first reached train.target_val_loss
+    sessions: list[int] = field(default_factory=list)  # where each session's steps begin in step_s
+
+    def warm(self, warmup_steps: int) -> list[bool]:
+        """Which of ``step_s`` are warm-up steps: the first ``warmup_steps`` of every session (a resumed
+        session compiles and autotunes again)."""
+        flags = [False] * len(self.step_s)
+        for start in {0, *self.sessions}:  # a checkpoint older than ``sessions`` names none
+            flags[start:start + warmup_steps] = [True] * len(flags[start:start + warmup_steps])
+        return flags
+
+    def timed_s(self, warmup_steps: int) -> list[float]:
+        """The step times the medians read: every step but the warm-up steps (all of them if none is left)."""
+        timed = [t for t, warm in zip(self.step_s, self.warm(warmup_steps)) if not warm]
+        return timed or self.step_s
 
 
 # Each plot file's columns, and the measure each column shows (memory: RSS on CPU, allocated on CUDA).
@@ -52,8 +66,8 @@ COMPARED = {"train": ("loss",), "val": ("loss", "loss_se", "ppl"),
 
 
 def warmup_s(history: History, steps: int) -> float:
-    """Seconds spent in the untimed first steps: compilation and autotuning, mostly."""
-    return round(sum(history.step_s[:steps]), 3)
+    """Seconds spent in the untimed first steps of every session: compilation and autotuning, mostly."""
+    return round(sum(t for t, warm in zip(history.step_s, history.warm(steps)) if warm), 3)
 
 
 def iqr(values: list[float]) -> float:
@@ -74,7 +88,7 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, to
     ``peaks``: the peak FLOP/s each MFU figure divides by (``mfu``: the bf16 yardstick; ``mfu_dtype``:
     the run's own dtype's, where it differs). ``step_ms_iqr`` and ``tokens_per_s_iqr`` are the
     interquartile ranges over the timed steps: how much single steps vary."""
-    timed = history.step_s[timing_warmup_steps:] or history.step_s
+    timed = history.timed_s(timing_warmup_steps)
     step_s = statistics.median(timed)
     tokens_per_s = tokens_per_step / step_s
     last = history.val[-1] if history.val else {}

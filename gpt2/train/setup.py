@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt2.core.config import Params, to_dict
+from gpt2.core.config import Params, TrainConfig, to_dict
 from gpt2.core.digest import sha256_file
 from gpt2.core.errors import UserError
 from gpt2.core.tokens import read_meta
@@ -185,6 +185,8 @@ def inert_switch_warnings(s: Setup) -> list[str]:
     warnings = list(s.runtime.warnings)
     if s.model_cfg.attention == "manual" and cfg.sdpa_backend != "auto":
         warnings.append(f"train.sdpa_backend {cfg.sdpa_backend} is inert: model.attention is manual (no SDPA)")
+    if cfg.lr_schedule == "constant" and cfg.min_lr != TrainConfig.min_lr:
+        warnings.append(f"train.min_lr {cfg.min_lr} is inert: train.lr_schedule is constant (no decay)")
     if not cfg.compile and cfg.compile_mode != "default":
         warnings.append(f"train.compile_mode {cfg.compile_mode} is inert: train.compile is false")
     if cfg.compile and device != "cuda" and cfg.compile_mode in ("reduce-overhead",):

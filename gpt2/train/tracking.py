@@ -41,6 +41,14 @@ def artifact_location() -> str | None:
     return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
 
 
+def where_to_see(uri: str, experiment_id: str, run_id: str) -> str:
+    """How to open a run: a tracking server serves it at its own address; a local store needs `mlflow ui`."""
+    page = f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+    if uri.startswith(("http://", "https://")):
+        return f"open {uri.rstrip('/')}/{page}"
+    return f"see it with `mlflow ui --backend-store-uri {uri}`, then open http://127.0.0.1:5000/{page}"
+
+
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"train": {"lr": 1e-3}}`` → ``{"train.lr": 1e-3}``."""
     flat: dict[str, Any] = {}
@@ -109,9 +117,8 @@ class MlflowTracker(Tracker):
             logger.info(f"mlflow: run {run_id} from the checkpoint is not in {tracking_uri()}; starting a new run")
             self.run = mlflow.start_run(run_name=run_name, log_system_metrics=True)
         self.run_id = self.run.info.run_id
-        logger.info(f"mlflow: run {self.run_id} ({self.run.info.run_name}) in {tracking_uri()}; see it with "
-                    f"`mlflow ui --backend-store-uri {tracking_uri()}`, then open "
-                    f"http://127.0.0.1:5000/#/experiments/{self.experiment_id}?workflowType=machine_learning")
+        logger.info(f"mlflow: run {self.run_id} ({self.run.info.run_name}) in {tracking_uri()}; "
+                    + where_to_see(tracking_uri(), self.experiment_id, self.run_id))
 
     def log_params(self, params: dict[str, Any]) -> None:
         existing = self.mlflow.get_run(self.run_id).data.params

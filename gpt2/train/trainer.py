@@ -49,7 +49,7 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
         finish: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
     """Train from ``step`` to the last step (or the target loss); return the run's summary, ``finish(step)``."""
     cfg = s.params.train
-    metrics = Metrics(s, history, tracker, last_checkpoint=checkpointer.last_good)
+    metrics = Metrics(s, history, tracker, last_checkpoint=checkpointer.last_good, first_step=step)
     evaluator = Evaluator(s, history, tracker, elapsed_s=checkpointer.elapsed_s)
     batches = iter(s.sampler.next, None)
     s.step_model.train()
@@ -67,7 +67,7 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
                 continue  # no host sync: the GPU keeps working while the host queues the next step
             stopping = metrics.sync(step, signals.asked)  # every rank, at the same steps
             if metrics.due(step):
-                metrics.log(step, lr, grad_norm)
+                metrics.log(step, grad_norm)
             if evaluator.due(step):
                 evaluator.evaluate(step)
             done = last or evaluator.stop
