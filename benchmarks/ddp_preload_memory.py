@@ -61,7 +61,7 @@ def main(tokens_m: int) -> None:
         size_mb = (tokens / "train.bin").stat().st_size / 1e6
         model = {"size": "tiny", "n_layer": 2, "n_embd": 64, "n_head": 2, "block_size": 64}
         train = {"data_loading": "preload", "max_steps": 5, "micro_batch_size": 4, "eval_interval": 1000,
-                 "eval_iters": 1, "mlflow": False, "save_checkpoint": False, "resume": "never"}
+                 "eval_windows": 4, "mlflow": False, "save_checkpoint": False, "resume": "never"}
         single = run({"model": model, "train": train}, tmp, tokens, 1)
         ddp = run({"model": model, "train": {**train, "distributed": "ddp"}}, tmp, tokens, 2)
     print(f"train.bin: {size_mb:,.0f} MB\n")

@@ -98,15 +98,15 @@ def profile(smoke: bool) -> dict[str, Any]:
         return {"model": {"size": "tiny", "n_layer": 2, "n_embd": 64, "n_head": 2, "block_size": 64},
                 "seq": 8, "micro_batch": 1, "max_micro_batch": 4, "steps": 2, "warmup": 1, "long_steps": 4,
                 "memory_gb": 8.0,
-                "eval_iters": 2, "compile": False}
+                "eval_windows": 2, "compile": False}
     return {"model": {"size": "gpt2"}, "seq": 1024, "micro_batch": 16, "max_micro_batch": 64, "steps": 20,
             "warmup": 3, "long_steps": 100, "memory_gb": None,
-            "eval_iters": 20, "compile": True}
+            "eval_windows": 320, "compile": True}
 
 
 def train_params(prof: dict[str, Any], train: dict[str, Any], steps: int) -> dict[str, Any]:
     base = {"max_steps": steps, "block_size": prof["seq"], "micro_batch_size": prof["micro_batch"],
-            "eval_interval": 10**9, "eval_iters": 2, "final_eval": False, "log_interval": 10, "checkpoint_interval": 10**9,
+            "eval_interval": 10**9, "eval_windows": 2, "final_eval": False, "log_interval": 10, "checkpoint_interval": 10**9,
             "save_checkpoint": False, "mlflow": False, "resume": "never", "timing_warmup_steps": prof["warmup"]}
     train = {**base, **train}
     if not prof["compile"]:
@@ -401,7 +401,7 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
             steps = prof["long_steps"]
             long = measure(f"{steps} steps, GPT-2 batch, evals and checkpoints",
                            {**best, "grad_accum_steps": accum, "eval_interval": steps // 2,
-                            "eval_iters": prof["eval_iters"], "checkpoint_interval": steps // 2,
+                            "eval_windows": prof["eval_windows"], "checkpoint_interval": steps // 2,
                             "save_checkpoint": True, "timing_warmup_steps": prof["warmup"]}, steps)
             if "failed" not in long and long.get("tokens_per_s_steady"):
                 long["note"] = (f"steady-state wall clock {100 * long['tokens_per_s_steady'] / long['tokens_per_s']:.1f}%"

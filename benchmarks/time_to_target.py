@@ -8,8 +8,8 @@ Every run is a fresh `gpt2 train` process with params.yaml's settings plus `trai
 `train.target_val_loss` and a step cap; it stops at the target (`train.stop_at_target`). The default
 target, 6.1, is the val loss the default run reaches in about half its 320 steps. Runs alternate
 optimizers (adamw, muon, adamw, ...) so that a machine slowing down does not favour one. Before the
-runs, the noise of the val figure itself: one model scored on the train loop's eval size (eval_iters ×
-micro-batch × block_size tokens) at ten different window seeds. Prints Markdown for docs/benchmarks.md.
+runs, the noise of the val figure itself: one model scored on the train loop's eval size (eval_windows ×
+block_size tokens) at ten different window seeds. Prints Markdown for docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def main(tokens: str, target: float, max_steps: int, eval_interval: int, seeds: 
          muon_lr: float | None) -> None:
     tokens_dir = Path(tokens).resolve()
     defaults = yaml.safe_load((ROOT / "params.yaml").read_text())["train"]
-    eval_tokens = defaults["eval_iters"] * defaults["micro_batch_size"] * 128
+    eval_tokens = defaults["eval_windows"] * 128
     common = {"target_val_loss": target, "stop_at_target": True, "max_steps": max_steps, "eval_interval": eval_interval,
               "checkpoint_interval": max_steps, "save_checkpoint": False}
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; target val loss {target}, "
@@ -86,7 +86,7 @@ def main(tokens: str, target: float, max_steps: int, eval_interval: int, seeds: 
         work = Path(tmp)
         train_run(work, "noise", MODELS["tiny"], {"max_steps": 160, "save_checkpoint": True}, tokens_dir)
         print("Noise of the val figure: tiny after 160 steps scored on 10 different window sets of each size "
-              "(1× = the train loop's eval_iters × micro_batch_size × block_size)\n")
+              "(1× = the train loop's eval_windows × block_size)\n")
         print("| tokens scored | mean | sd | range |\n|---|---|---|---|")
         for factor in (1, 4):
             mean, std, width = val_noise(work, tokens_dir, factor * eval_tokens)

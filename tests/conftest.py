@@ -92,7 +92,7 @@ def make_tokens(folder: Path, n_train: int = 20_000, n_val: int = 4_000, seed: i
 
 MICRO_MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}
 MICRO_TRAIN = {"micro_batch_size": 4, "block_size": 16, "max_steps": 12, "warmup_steps": 3, "eval_interval": 4,
-               "eval_iters": 2, "log_interval": 1, "checkpoint_interval": 100, "mlflow": False,
+               "eval_windows": 8, "log_interval": 1, "checkpoint_interval": 100, "mlflow": False,
                "timing_warmup_steps": 1, "lr": 1.0e-2, "min_lr": 2.0e-4}
 
 

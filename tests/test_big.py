@@ -78,7 +78,7 @@ def test_stats_stream_past_2_31_in_bounded_memory(big_train):
 @pytest.mark.slow
 def test_evaluate_scores_a_val_split_past_2_31(tmp_path):
     tokens = big_split(make_tokens(tmp_path / "tokens"), "val")
-    cfg = micro_params(max_steps=2, eval_interval=2, eval_iters=1, data_loading="memmap")
+    cfg = micro_params(max_steps=2, eval_interval=2, eval_windows=4, data_loading="memmap")
     train(cfg, tokens, tmp_path / "ckpt.pt", tmp_path / "reports")
     spans = evaluation.windows(BIG, 32, 65_536, 1337)  # 67 M windows: drawn from, never listed
     assert len(spans) == 2048 and max(start for start, _ in spans) > 0.99 * 2**31  # across the whole split

@@ -128,3 +128,9 @@ def test_a_model_switch_in_its_old_train_place_names_the_new_key(tmp_path, key):
 def test_declared_ranges_and_cross_checks_name_the_key(tmp_path, text, match):
     with pytest.raises(ParamError, match=match):
         load(tmp_path, text)
+
+
+def test_eval_iters_names_its_replacement(tmp_path):
+    with pytest.raises(ParamError, match=r"train.eval_iters was replaced by train.eval_windows.*whatever the micro-batch "
+                                         r"and the ranks.*train.eval_windows: 80"):
+        load(tmp_path, "train:\n  eval_iters: 10\n")

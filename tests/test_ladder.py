@@ -186,7 +186,7 @@ rungs:
     set: {model.attention: flash}
 profiles:
   cpu:
-    train: {micro_batch_size: 2, timing_warmup_steps: 1, eval_iters: 1}
+    train: {micro_batch_size: 2, timing_warmup_steps: 1, eval_windows: 2}
     steps: 3
     repeats: 1
 """
@@ -287,7 +287,7 @@ def test_with_a_target_every_run_trains_to_it_and_the_table_gives_time_to_target
     p = ladder.plan(spec, PARAMS, "cpu")
     train = p.sections[0]["train"]
     assert train["target_val_loss"] == 6.1 and train["stop_at_target"] and train["max_steps"] == 200
-    assert train["eval_interval"] == 10 and train["eval_iters"] == 10  # params.yaml's eval size, not the profile's
+    assert train["eval_interval"] == 10 and train["eval_windows"] == 80  # params.yaml's eval size, not the profile's
     assert ladder.plan(spec, PARAMS, "cpu", target=5.5).sections[0]["train"]["target_val_loss"] == 5.5
     runs = [[fake_run(p, 0, 100.0, CPU, target_s=20.0), fake_run(p, 0, 100.0, CPU, target_s=22.0)],
             [fake_run(p, 1, 100.0, CPU, target_s=21.0), fake_run(p, 1, 100.0, CPU, target_s=21.5)],

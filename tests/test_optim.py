@@ -195,16 +195,40 @@ def test_the_val_loss_standard_error_is_the_spread_of_the_scored_windows(tokens)
     from gpt2.train import evaluator, trainer
     from gpt2.train.loader import BatchSampler
 
-    s = trainer.build(micro_params(eval_iters=3), tokens)
+    s = trainer.build(micro_params(eval_windows=12), tokens)
     mean, se = evaluator.estimate_loss(s, s.val_data)
     cfg = s.params.train
-    sampler = BatchSampler(s.val_data, cfg.micro_batch_size, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device)
+    sampler = BatchSampler(s.val_data, 1, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device)
     s.model.loss_chunk = 0
-    windows = []
     with torch.no_grad():
-        for _ in range(cfg.eval_iters):
-            x, y = sampler.next()
-            windows += [s.model(x[i:i + 1], y[i:i + 1])[1].item() for i in range(len(x))]
-    assert len(windows) == 12
+        windows = [s.model(*sampler.at(np.array([start])))[1].item()
+                   for start in evaluator.val_windows(s.val_data, s.seq_len, 12, cfg.eval_seed)]
     assert mean == pytest.approx(np.mean(windows), rel=1e-5)
     assert se == pytest.approx(np.std(windows, ddof=1) / np.sqrt(len(windows)), rel=1e-4)
+
+
+def test_the_val_set_is_the_same_whatever_the_micro_batch_and_the_ranks(tokens, monkeypatch):
+    """One model scored with micro-batch 4, 8, 3 (an uneven last batch) and as 2 ranks of micro-batch 4."""
+    import dataclasses
+
+    from gpt2.train import distributed, evaluator, trainer
+    from gpt2.train.distributed import Dist
+
+    s = trainer.build(micro_params(eval_windows=21), tokens)
+    scores = {}
+    for micro in (4, 8, 3):
+        s.batch = dataclasses.replace(s.batch, micro=micro)
+        scores[micro] = evaluator.estimate_loss(s, s.val_data)
+    s.batch = dataclasses.replace(s.batch, micro=4)
+    partial = {}
+
+    def all_reduce(x, d):  # rank 1 runs first: rank 0's sum gets both ranks' windows
+        partial[d.rank] = x.clone()
+        return x + partial.get(1 - d.rank, 0)
+
+    monkeypatch.setattr(distributed, "total", all_reduce)
+    for rank in (1, 0):
+        s.dist = Dist(rank=rank, world=2, grouped=True)
+        scores["2 ranks"] = evaluator.estimate_loss(s, s.val_data)
+    assert (partial[0] != 0).sum() == 11 and (partial[1] != 0).sum() == 10  # each rank scored its share
+    assert len(set(scores.values())) == 1, scores

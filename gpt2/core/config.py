@@ -19,8 +19,12 @@ from gpt2.core.schema import ParamError, build, markdown_table, param, read_yaml
 __all__ = ["DownloadConfig", "TokenizeConfig", "StatsConfig", "ModelParams", "TrainConfig", "EvalConfig", "Params",
            "ParamError", "build", "load_params", "read_yaml", "to_dict"]
 
-# Keys that moved to another section: their old place gets an error naming the new one.
-MOVED = {"train.attention": "model.attention", "train.pad_vocab": "model.pad_vocab"}
+# Keys that moved or were replaced: their old place gets an error saying what to write instead.
+MOVED = {"train.attention": "is now model.attention: move it there",
+         "train.pad_vocab": "is now model.pad_vocab: move it there",
+         "train.eval_iters": "was replaced by train.eval_windows, the val set counted in windows, the same whatever "
+                             "the micro-batch and the ranks (it was eval_iters x micro_batch_size x ranks); write "
+                             "train.eval_windows: 80 for the old default's amount of text"}
 
 
 @dataclass(frozen=True)
@@ -151,8 +155,8 @@ class TrainConfig:
     # measuring
     eval_interval: int = param(40, "val loss every this many steps", ge=1)
     final_eval: bool = param(True, "and after the last step (false: speed runs, where the eval compiles again)")
-    eval_iters: int = param(10, "micro-batches per val loss (with micro_batch_size auto: batches of 8, scored in "
-                                "micro-batches of what fits)", ge=1)
+    eval_windows: int = param(80, "val windows (of the sequence length) per val loss, the same whatever the "
+                                  "micro-batch and the ranks", ge=1)
     eval_seed: int = param(1337, "which val windows: the same in every run (not train.seed), so runs compare on "
                                  "one text")
     log_interval: int = param(10, "a log line and a metrics record every this many steps", ge=1)

@@ -66,7 +66,7 @@ def read_yaml(path: str | os.PathLike, kind: str, option: str) -> Any:
 def build(cls: type, data: Any, at: str, moved: dict[str, str] | None = None) -> Any:
     """Build dataclass ``cls`` from ``data`` (a dict), checking keys, types and ranges.
 
-    ``moved`` maps keys that used to live here (``train.attention``) to where they are now."""
+    ``moved`` maps keys that used to live here (``train.attention``) to what became of them."""
     where = at or "params"
     if data is None:
         data = {}
@@ -77,7 +77,7 @@ def build(cls: type, data: Any, at: str, moved: dict[str, str] | None = None) ->
         if key in fields:
             continue
         if (moved or {}).get(_join(at, key)):
-            raise ParamError(f"params: {_join(at, key)} is now {moved[_join(at, key)]}: move it there")
+            raise ParamError(f"params: {_join(at, key)} {moved[_join(at, key)]}")
         close = difflib.get_close_matches(str(key), fields, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ParamError(f"params: unknown key {_join(at, key)!r}; {hint}allowed keys: {', '.join(sorted(fields))}")

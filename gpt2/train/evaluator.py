@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from gpt2.core import log
 from gpt2.train import distributed
-from gpt2.train.batch import DEFAULT_MICRO_BATCH
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.reports import History
 from gpt2.train.setup import Setup
@@ -18,32 +18,36 @@ from gpt2.train.tracking import Tracker
 logger = log.get("train")
 
 
+def val_windows(split: TokenSplit, seq_len: int, count: int, seed: int) -> np.ndarray:
+    """Where the val set's ``count`` windows begin: drawn with ``seed`` alone, so the same text in every
+    run, whatever its ``seed``, micro-batch or number of ranks."""
+    return np.random.default_rng(seed).integers(0, split.length - seq_len, size=count)
+
+
 @torch.no_grad()
 def estimate_loss(s: Setup, split: TokenSplit) -> tuple[float, float]:
-    """Mean loss over the windows of ``eval_iters`` batches drawn with ``eval_seed``, and its standard
-    error over those windows. The same windows at every eval and in every run whatever its ``seed``, so
-    two runs' val losses (and times to a target) differ by the models, not by the text they were
-    scored on; the standard error says how much another draw of text would move the figure (under DDP
-    or FSDP each rank scores its slice, as in training). With ``micro_batch_size: auto`` a batch here
-    is 8 windows, scored in micro-batches of what fits: the windows do not depend on the card."""
+    """Mean loss over the ``eval_windows`` val windows, and its standard error over them.
+
+    Each rank scores its share of the windows in micro-batches of the training's micro-batch; the
+    per-window losses then meet in window order and are summed exactly (``math.fsum``), so neither
+    the micro-batch nor the number of ranks moves the figure. The standard error says how much
+    another draw of text would move it."""
     cfg = s.params.train
-    sampler = BatchSampler(split, s.batch.micro, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device,
-                           s.dist.rank, s.dist.world)
+    starts = val_windows(split, s.seq_len, cfg.eval_windows, cfg.eval_seed)
+    mine = np.array_split(np.arange(len(starts)), s.dist.world)[s.dist.rank]
+    sampler = BatchSampler(split, s.batch.micro, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device)
+    losses = torch.zeros(len(starts), device=s.runtime.device, dtype=torch.float64)  # the other ranks' stay 0
     s.eval_model.eval()
-    sums = torch.zeros(3, device=s.runtime.device, dtype=torch.float64)  # windows, Σ loss, Σ loss²
-    left = cfg.eval_iters * (DEFAULT_MICRO_BATCH if cfg.micro_batch_size == "auto" else s.batch.micro)
-    while left:
-        sampler.batch_size = min(s.batch.micro, left)  # one seeded stream: the windows do not depend on the split
-        x, y = sampler.next()
-        left -= len(x)
+    for lo in range(0, len(mine), s.batch.micro):
+        rows = mine[lo:lo + s.batch.micro]
+        x, y = sampler.at(starts[rows])
         with s.runtime.autocast(), s.runtime.attention():
-            _, losses = s.eval_model(x, y, per_window=True)
-        losses = losses.double()
-        sums += torch.stack([torch.tensor(float(len(losses)), device=sums.device, dtype=sums.dtype),
-                             losses.sum(), (losses * losses).sum()])
+            _, per_window = s.eval_model(x, y, per_window=True)
+        losses[torch.as_tensor(rows, device=losses.device)] = per_window.double()
     s.eval_model.train()
-    n, total, squares = distributed.total(sums, s.dist).tolist()
-    return total / n, standard_error(n, total, squares)
+    values = distributed.total(losses, s.dist).tolist()  # x + 0 is exact: every rank gets every window's loss
+    n, total = len(values), math.fsum(values)
+    return total / n, standard_error(n, total, math.fsum(v * v for v in values))
 
 
 def standard_error(n: float, total: float, squares: float) -> float:

@@ -90,7 +90,10 @@ class BatchSampler:
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         starts = self.rng.integers(0, self.data.length - self.block_size, size=self.batch_size * self.world)
-        starts = starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        return self.at(starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size])
+
+    def at(self, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The windows that begin at ``starts``, on the device."""
         tokens = self.data.array()
         if self.batching == "vectorized":
             return self._vectorized(tokens, starts)

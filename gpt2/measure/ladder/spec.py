@@ -111,7 +111,7 @@ def _changes(data: Any, where: str) -> dict[str, Any]:
     for key in data:
         if key not in fields:
             moved = MOVED.get(f"train.{key}")
-            raise UserError(f"{where}: {key!r} is not a params.yaml train key" + (f"; it is {moved} now" if moved else ""))
+            raise UserError(f"{where}: {key!r} is not a params.yaml train key" + (f"; train.{key} {moved}" if moved else ""))
     return dict(data)
 
 
@@ -126,7 +126,7 @@ def plan(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str | N
     """Each rung's complete model and train params on ``device`` (cpu, cuda or mps), validated.
 
     With a target val loss, ``steps`` is the cap, the val loss is measured 20 times over it (over
-    params.yaml's ``eval_iters`` batches, not the profile's), and a run stops at the first
+    params.yaml's ``eval_windows``, not the profile's), and a run stops at the first
     measurement at or below the target."""
     profile = ladder.profiles.get(device) or ladder.profiles["cpu"]
     profile = dataclasses.replace(profile, steps=steps or profile.steps, repeats=repeats or profile.repeats,
@@ -138,7 +138,7 @@ def plan(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str | N
              "checkpoint_interval": profile.steps, "save_checkpoint": False, "resume": "never",
              "log_interval": max(1, profile.steps // 5), "target_val_loss": profile.target, "stop_at_target": True}
     if profile.target:  # the val figure at the size whose noise was measured (params.yaml), not the profile's glance
-        fixed["eval_iters"] = (raw_params.get("train") or {}).get("eval_iters", TrainConfig.eval_iters)
+        fixed["eval_windows"] = (raw_params.get("train") or {}).get("eval_windows", TrainConfig.eval_windows)
     if mlflow is not None:
         fixed["mlflow"] = mlflow
     sections, sets, changes = [], [], {}
