@@ -16,6 +16,7 @@ from gpt2.core.errors import UserError
 from gpt2.eval.evaluate import evaluate, windows
 from gpt2.eval.sample import SamplingConfig, filter_logits, generate_ids
 from gpt2.model.gpt import GPT, GPTConfig
+from gpt2.train import checkpoint
 from gpt2.train.trainer import train
 
 
@@ -73,8 +74,8 @@ def test_val_loss_matches_a_direct_computation(trained, tmp_path):
     losses, lengths = [], []  # each window's mean loss (the plain path: whole logits, F.cross_entropy)
     loaded.model.loss_chunk = 0
     with torch.no_grad():
-        for start in range(0, len(val) - 1, 32):
-            chunk = torch.from_numpy(val[start:start + 33])
+        for start in range(0, len(val) - 1, 16):  # the 16 positions it trained on, of the model's 32
+            chunk = torch.from_numpy(val[start:start + 17])
             logits, loss = loaded.model(chunk[None, :-1], chunk[None, 1:])
             losses.append(loss.item())
             lengths.append(len(chunk) - 1)
@@ -85,8 +86,31 @@ def test_val_loss_matches_a_direct_computation(trained, tmp_path):
     k = len(losses)
     se = np.sqrt((lengths**2 * (losses - mean) ** 2).sum() * k / (k - 1)) / lengths.sum()
     assert metrics["val"]["loss_se"] == pytest.approx(se, rel=1e-4)
-    full = lengths == 32
+    full = lengths == 16
     assert se == pytest.approx(losses[full].std(ddof=1) / np.sqrt(full.sum()), rel=0.05)  # one short window
+
+
+def test_evaluation_and_sampling_stop_at_the_trained_length(trained, tmp_path):
+    """The fixture trains 16 of the model's 32 positions: nothing past 16 may be read, and the evaluate stage
+    agrees with training's val loss."""
+    state = checkpoint.load(trained / "ckpt.pt")
+    assert state["seq_len"] == 16 and state["model_config"]["block_size"] == 32
+    state["model"]["transformer.wpe.weight"][16:] = 100.0  # the embeddings training never fed, spoiled
+    torch.save(state, tmp_path / "spoiled.pt")
+    clean = evaluate(quick(max_new_tokens=40), trained / "ckpt.pt", trained / "tokens", tmp_path / "a")  # 2.5 contexts
+    spoiled = evaluate(quick(max_new_tokens=40), tmp_path / "spoiled.pt", trained / "tokens", tmp_path / "b")
+    assert spoiled["val"] == clean["val"] and clean["val"]["windows"] == 250  # 3,999 predictions in 16s
+    assert (tmp_path / "a/samples.md").read_text() == (tmp_path / "b/samples.md").read_text()
+    # training's last val loss, and the evaluate stage's scoring of the same windows
+    from gpt2.eval.evaluate import eval_runtime, load_model, val_loss
+    from gpt2.train.evaluator import val_windows
+
+    val = np.fromfile(trained / "tokens/val.bin", dtype=np.uint16)
+    starts = val_windows(len(val), 16, state["params"]["train"]["eval_windows"], state["params"]["train"]["eval_seed"])
+    loss, se, _ = val_loss(load_model(tmp_path / "spoiled.pt", eval_runtime("cpu", "fp32")), val,
+                           [(int(s), 16) for s in starts], 16)
+    during = json.loads((trained / "reports/summary.json").read_text())["val"]
+    assert loss == pytest.approx(during["loss"], abs=1e-5) and se == pytest.approx(during["loss_se"], rel=1e-3)
 
 
 def test_subset_when_the_split_is_large(trained, tmp_path):
@@ -186,7 +210,7 @@ def test_prompt_longer_than_the_context_is_refused_before_scoring(tmp_path, trai
     from gpt2.eval import evaluate as module
 
     monkeypatch.setattr(module, "val_loss", lambda *a: pytest.fail("scored the val split before checking prompts"))
-    with pytest.raises(UserError, match="longer than the model's context of 32; shorten it"):
+    with pytest.raises(UserError, match="longer than the model's context of 16; shorten it"):
         run_eval(trained, tmp_path, prompts=("word " * 100,))
     assert not (tmp_path / "eval").exists()
 
@@ -198,7 +222,7 @@ def test_out_of_memory_names_the_batch_to_try_and_writes_nothing(tmp_path, train
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
 
     monkeypatch.setattr(module, "val_loss", full)
-    with pytest.raises(UserError, match=r"^out of memory on cpu scoring 6 windows × 32 tokens \(fp32\): set "
+    with pytest.raises(UserError, match=r"^out of memory on cpu scoring 6 windows × 16 tokens \(fp32\): set "
                                         r"eval.batch_size 3 \(the same windows are scored\); the previous results"):
         run_eval(trained, tmp_path, batch_size=6)
     assert not (tmp_path / "eval").exists()

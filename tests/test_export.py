@@ -43,7 +43,8 @@ def test_transformers_loads_the_export_and_computes_the_same_logits(tmp_path, to
         logits, _ = ours(idx, idx)
     assert expected.shape == (2, 16, 50257)
     assert torch.allclose(logits[..., :50257], expected, atol=1e-5, rtol=0)
-    assert json.loads((tmp_path / "hf/config.json").read_text())["vocab_size"] == 50257
+    config = json.loads((tmp_path / "hf/config.json").read_text())
+    assert config["vocab_size"] == 50257 and config["n_positions"] == 16  # trained on 16 of the model's 32
 
 
 def test_autotokenizer_gives_the_pipelines_ids(tmp_path, tokens):

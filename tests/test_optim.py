@@ -202,7 +202,7 @@ def test_the_val_loss_standard_error_is_the_spread_of_the_scored_windows(tokens)
     s.model.loss_chunk = 0
     with torch.no_grad():
         windows = [s.model(*sampler.at(np.array([start])))[1].item()
-                   for start in evaluator.val_windows(s.val_data, s.seq_len, 12, cfg.eval_seed)]
+                   for start in evaluator.val_windows(s.val_data.length, s.seq_len, 12, cfg.eval_seed)]
     assert mean == pytest.approx(np.mean(windows), rel=1e-5)
     assert se == pytest.approx(np.std(windows, ddof=1) / np.sqrt(len(windows)), rel=1e-4)
 

@@ -57,12 +57,16 @@ def load_model(ckpt_path: str | Path, runtime: Runtime) -> Loaded:
     """Rebuild the model from a checkpoint (compiled or not) on ``runtime.device``."""
     state = checkpoint.load(ckpt_path)
     try:
-        cfg = GPTConfig(**state["model_config"])
-        model = GPT(cfg)
-        model.load_state_dict(checkpoint.clean_state_dict(state["model"]))
+        config, weights = checkpoint.trained_model(state)
+        model = GPT(GPTConfig(**config))
+        model.load_state_dict(weights)
     except (KeyError, TypeError, RuntimeError) as exc:
         raise UserError(f"checkpoint {ckpt_path} does not hold a model this code can rebuild "
                         f"({exc.__class__.__name__}); retrain it (dvc repro train)") from None
+    if model.cfg.block_size < state["model_config"]["block_size"]:
+        logger.info(f"evaluate: {ckpt_path} trained on {model.cfg.block_size} of its model's "
+                    f"{state['model_config']['block_size']} positions (train.block_size); scoring and sampling use "
+                    f"those {model.cfg.block_size}")
     model.to(runtime.device).eval()
     return Loaded(model=model, state=state, runtime=runtime)
 

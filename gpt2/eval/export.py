@@ -4,6 +4,8 @@
 model.safetensors, padded vocabulary rows dropped) and ``AutoTokenizer.from_pretrained(OUT_DIR)``
 gives the pipeline's token ids (vocab.json + merges.txt built offline from the BPE ranks): the
 checkpoint goes on to generation, lm-evaluation-harness or serving with the Hugging Face stack.
+Its ``n_positions`` is the sequence length the checkpoint trained on (``train.block_size``), which
+may be shorter than the model's context: the position embeddings past it never learned.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
         raise UserError("gpt2 export writes model.safetensors and needs the safetensors package: "
                         "pip install -c constraints.txt -e '.[hf]'") from None
     state = checkpoint.load(ckpt_path)
-    cfg = GPTConfig(**state["model_config"])
+    config, trained = checkpoint.trained_model(state)
+    cfg = GPTConfig(**config)
     if not cfg.bias:
         raise UserError(f"{ckpt_path} was trained with model.bias: false; Hugging Face's GPT-2 always has biases, "
                         "so it cannot hold this model")
-    weights = to_hf(checkpoint.clean_state_dict(state["model"]), cfg)
+    weights = to_hf(trained, cfg)
     out = Path(out_dir)
     with atomic_dir(out) as tmp:
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -42,4 +45,7 @@ def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
         write_tokenizer(tmp)
     logger.info(f"export: {ckpt_path} (step {state['step']}, {sum(w.numel() for w in weights.values()):,} parameters) → "
                 f"{out}/ (GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained load it)")
+    if cfg.block_size < state["model_config"]["block_size"]:
+        logger.info(f"export: n_positions {cfg.block_size}, the positions it trained on (train.block_size), not the "
+                    f"model's {state['model_config']['block_size']}: the position embeddings past them never learned")
     return out

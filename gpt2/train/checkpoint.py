@@ -37,6 +37,25 @@ def clean_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k.removeprefix(COMPILED_PREFIX): v for k, v in state.items()}
 
 
+def trained_length(state: dict[str, Any]) -> int:
+    """The sequence length the checkpoint trained on. ``train.block_size`` may be shorter than the model's
+    context; the positions past it never got a gradient. Older checkpoints say it through their params."""
+    if "seq_len" in state:
+        return int(state["seq_len"])
+    return int(state["params"]["train"].get("block_size") or state["model_config"]["block_size"])
+
+
+def trained_model(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The model's config and weights cut to the trained positions: what evaluation, sampling and export use,
+    so none of them reads a position embedding that training never fed."""
+    length = trained_length(state)
+    weights = clean_state_dict(state["model"])
+    wpe = "transformer.wpe.weight"
+    if wpe in weights and length < weights[wpe].shape[0]:
+        weights = {**weights, wpe: weights[wpe][:length]}
+    return {**state["model_config"], "block_size": min(length, state["model_config"]["block_size"])}, weights
+
+
 def rng_states() -> dict[str, Any]:
     name, keys, pos, has_gauss, gauss = np.random.get_state()
     states = {"python": random.getstate(), "numpy": (name, keys.tolist(), pos, has_gauss, gauss),

@@ -81,6 +81,7 @@ def state(s: Setup, step: int, history: History, run_id: str | None, rngs: list[
         "scaler": s.scaler.state_dict(),
         "step": step,
         "total_steps": s.total_steps,
+        "seq_len": s.seq_len,  # the positions trained: evaluation, sampling and export stop there
         "rng_per_rank": rngs,  # restored rank by rank when the world size matches
         "world_size": s.dist.world,
         "sampler": s.sampler.state(),

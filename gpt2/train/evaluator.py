@@ -18,10 +18,10 @@ from gpt2.train.tracking import Tracker
 logger = log.get("train")
 
 
-def val_windows(split: TokenSplit, seq_len: int, count: int, seed: int) -> np.ndarray:
-    """Where the val set's ``count`` windows begin: drawn with ``seed`` alone, so the same text in every
-    run, whatever its ``seed``, micro-batch or number of ranks."""
-    return np.random.default_rng(seed).integers(0, split.length - seq_len, size=count)
+def val_windows(n_tokens: int, seq_len: int, count: int, seed: int) -> np.ndarray:
+    """Where the val set's ``count`` windows begin in a split of ``n_tokens``: drawn with ``seed`` alone, so
+    the same text in every run, whatever its ``seed``, micro-batch or number of ranks."""
+    return np.random.default_rng(seed).integers(0, n_tokens - seq_len, size=count)
 
 
 @torch.no_grad()
@@ -33,7 +33,7 @@ def estimate_loss(s: Setup, split: TokenSplit) -> tuple[float, float]:
     the micro-batch nor the number of ranks moves the figure. The standard error says how much
     another draw of text would move it."""
     cfg = s.params.train
-    starts = val_windows(split, s.seq_len, cfg.eval_windows, cfg.eval_seed)
+    starts = val_windows(split.length, s.seq_len, cfg.eval_windows, cfg.eval_seed)
     mine = np.array_split(np.arange(len(starts)), s.dist.world)[s.dist.rank]
     sampler = BatchSampler(split, s.batch.micro, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device)
     losses = torch.zeros(len(starts), device=s.runtime.device, dtype=torch.float64)  # the other ranks' stay 0
