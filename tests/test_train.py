@@ -225,6 +225,24 @@ def test_resuming_into_another_optimizer_is_refused_and_fp16_starts_its_scaler(t
     assert "with no fp16 loss scale; GradScaler starts at its initial scale" in capsys.readouterr().err
 
 
+def test_the_memory_peak_is_the_runs_peak_not_its_end(tmp_path, tokens, monkeypatch):
+    import mmap
+
+    original = trainer.lr_at
+
+    def lr_at(step, cfg, total):
+        if step == 3:  # 400 MB held for a moment, then returned to the system
+            block = mmap.mmap(-1, 400 * 2**20)
+            for page in range(0, len(block), mmap.PAGESIZE):
+                block[page] = 1
+            block.close()
+        return original(step, cfg, total)
+
+    monkeypatch.setattr(trainer, "lr_at", lr_at)
+    mem = run(tmp_path, tokens, micro_params(max_steps=6))["mem"]
+    assert mem["peak_gb"] == mem["peak_rss_gb"] > mem["rss_gb"] + 0.4
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "foreign"])
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tokens, damage):
     run(tmp_path, tokens, micro_params(max_steps=2))

@@ -43,10 +43,39 @@ def sync_every_step(runtime: Runtime) -> bool:
 
 
 def memory_gb(runtime: Runtime) -> dict[str, float]:
+    """Memory now and at its peak since ``reset_memory_peak``. CUDA: PyTorch's allocated and reserved
+    bytes (reserved adds the caching allocator's free blocks). CPU: the process's resident set; its peak
+    is the kernel's high-water mark, which sees a transient allocation that the end of a run no longer
+    holds."""
     if runtime.device.type == "cuda":
         return {"mem/allocated_gb": torch.cuda.memory_allocated(runtime.device) / 1e9,
-                "mem/peak_gb": torch.cuda.max_memory_allocated(runtime.device) / 1e9}
-    return {"mem/rss_gb": rss_bytes() / 1e9}
+                "mem/peak_allocated_gb": torch.cuda.max_memory_allocated(runtime.device) / 1e9,
+                "mem/peak_reserved_gb": torch.cuda.max_memory_reserved(runtime.device) / 1e9}
+    return {"mem/rss_gb": rss_bytes() / 1e9, "mem/peak_rss_gb": peak_rss_bytes() / 1e9}
+
+
+def reset_memory_peak() -> None:
+    """Start the peaks afresh: a run's peak is its own, not that of an earlier run in the same process."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:  # Linux: "5" resets the peak resident set
+            handle.write("5")
+    except OSError:  # other systems: the peak since the process began
+        pass
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set (children excluded)."""
+    try:
+        with open("/proc/self/status") as handle:
+            return next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, Linux KiB
 
 
 def rss_bytes() -> int:

@@ -114,7 +114,7 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, to
             "warmup_s": warmup_s(history, timing_warmup_steps),
             "world_size": world,
         },
-        "mem": {"peak_gb": round(memory.get("mem/peak_gb", memory.get("mem/rss_gb", 0.0)), 4)},
+        "mem": memory_figures(memory),
         **({"target": target_figures(target_val_loss, history.target)} if target_val_loss is not None else {}),
         "steps": step,
         "tokens": step * tokens_per_step,
@@ -122,6 +122,13 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, to
         "fp16_skipped_steps": history.fp16_skipped,
         "wall_s": round(wall_s, 2),
     }
+
+
+def memory_figures(memory: dict[str, float]) -> dict[str, float]:
+    """``peak_gb``, the compared figure: the peak allocated on CUDA, the peak resident set on CPU; then every
+    reading by its own name (``peak_reserved_gb``; ``rss_gb``, the resident set at the end)."""
+    peak = memory.get("mem/peak_allocated_gb", memory.get("mem/peak_rss_gb", 0.0))
+    return {"peak_gb": round(peak, 4), **{k.removeprefix("mem/"): round(v, 4) for k, v in memory.items()}}
 
 
 def target_figures(target: float, reached: dict[str, float] | None) -> dict[str, Any]:

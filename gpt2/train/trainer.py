@@ -30,7 +30,7 @@ from gpt2.train.checkpointer import Checkpointer
 from gpt2.train.compiled import compile_caches
 from gpt2.train.determinism import reproducible
 from gpt2.train.evaluator import Evaluator
-from gpt2.train.metrics import Diverged, Metrics, memory_gb
+from gpt2.train.metrics import Diverged, Metrics, memory_gb, reset_memory_peak
 from gpt2.train.oom import out_of_memory_error
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.reports import History, compared_figures, summarize, write_reports
@@ -91,6 +91,7 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
     started = time.perf_counter()  # wall-clock throughput counts building the model and loading the data too
     cfg = params.train
     with reproducible(cfg.threads, cfg.deterministic), compile_caches(cfg.compile, cfg.compile_cache):
+        reset_memory_peak()  # this run's peak, from building the model and loading the data on
         s = build(params, tokens_dir)
         log.set_rank(s.dist.rank)
         try:
