@@ -1,10 +1,11 @@
 """A DDP training process for tests, run under torchrun, that can misbehave on purpose.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/ddp_driver.py PARAMS TOKENS CKPT OUT \\
-        [--fault signal|hang|die --fault-rank R --fault-step S]
+        [--fault signal|hang|die --fault-rank R --fault-step S] [--defer-syncs]
 
 signal: SIGTERM to this rank while step S runs (the other rank must stop at the same step);
 hang: this rank sleeps --hang-s seconds at step S (the others must time out first); die: this rank exits at step S.
+--defer-syncs: sync only at log, eval and checkpoint steps, as on CUDA.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpt2.core.cli import user_errors  # noqa: E402
 from gpt2.core.config import load_params  # noqa: E402
-from gpt2.train import trainer  # noqa: E402
+from gpt2.train import metrics, trainer  # noqa: E402
 
 
 def main() -> None:
@@ -31,7 +32,10 @@ def main() -> None:
     parser.add_argument("--fault-rank", type=int, default=1)
     parser.add_argument("--fault-step", type=int, default=3)
     parser.add_argument("--hang-s", type=float, default=15.0)
+    parser.add_argument("--defer-syncs", action="store_true")
     args = parser.parse_args()
+    if args.defer_syncs:
+        metrics.sync_every_step = lambda runtime: False
     if args.fault and int(os.environ["RANK"]) == args.fault_rank:
         original = trainer.lr_at
 

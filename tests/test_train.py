@@ -130,6 +130,15 @@ def test_interrupted_and_resumed_run_matches_an_uninterrupted_one_exactly(tmp_pa
     assert metrics["perf"]["timed_steps"] == 10  # each session's warm-up step (it compiles again) is left out
 
 
+def test_a_signal_stops_after_this_step_where_syncs_are_rare(tmp_path, tokens, monkeypatch):
+    """Syncing only at log steps, as on CUDA: SIGTERM in step 6 of 12 still saves step 6, not the next log step."""
+    monkeypatch.setattr(metrics, "sync_every_step", lambda runtime: False)
+    interrupt_at(monkeypatch, 5, signal.SIGTERM)
+    with pytest.raises(TrainingInterrupted, match="SIGTERM at step 6/12"):
+        run(tmp_path, tokens, micro_params(log_interval=50, eval_interval=50))
+    assert checkpoint.load(tmp_path / "run/ckpt.pt")["step"] == 6
+
+
 def test_sigterm_exit_code(tmp_path, tokens, monkeypatch):
     interrupt_at(monkeypatch, 2, signal.SIGTERM)
     with pytest.raises(TrainingInterrupted, match="SIGTERM") as info:

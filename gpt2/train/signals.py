@@ -1,7 +1,8 @@
 """Ctrl-C and a scheduler's SIGTERM: finish the step, save a checkpoint, exit with 128 + the signal.
 
-The handler only raises a flag; the loop reads it at its next sync point, where every rank agrees
-to stop after the same step. A second Ctrl-C aborts at once, without saving.
+The handler only raises a flag. The loop looks at it after every step (``StopVote``) and, once it is
+up, syncs there, where every rank agrees to stop after the same step. A second Ctrl-C aborts at
+once, without saving.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import torch
+import torch.distributed as dist
 
 from gpt2.core import log
 from gpt2.core.errors import UserError
@@ -54,3 +58,35 @@ def stop_on_signals() -> Iterator[StopRequest]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+class StopVote:
+    """Whether the run must stop after this step, known to every rank at the same step, without a host sync.
+
+    One process reads its own flag. Ranks that sync only at log, eval and checkpoint steps (CUDA) would
+    otherwise learn of a signal up to ``log_interval`` steps late, and a scheduler's grace period can
+    run out in that time: so after each step every rank adds its flag to an all-reduce on the CPU (a
+    gloo group, apart from the GPU's stream) and reads the previous step's sum, long done. A signal is
+    then acted on one step later on every rank alike. Ranks that sync every step (CPU) need no vote."""
+
+    def __init__(self, request: StopRequest, world: int, every_step: bool, timeout_s: float) -> None:
+        self.request = request
+        self.group = None
+        if world > 1 and not every_step:
+            import datetime
+
+            self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        self.flag = torch.zeros(1)
+        self.pending: Any = None
+
+    def after_step(self) -> bool:
+        """Whether a rank was asked to stop: this process's flag, or the ranks' vote of the step before."""
+        if self.group is None:
+            return self.request.asked
+        voted = False
+        if self.pending is not None:
+            self.pending.wait()
+            voted = bool(self.flag.item())
+        self.flag = torch.tensor([float(self.request.asked)])
+        self.pending = dist.all_reduce(self.flag, group=self.group, async_op=True)
+        return voted

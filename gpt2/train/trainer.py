@@ -36,7 +36,7 @@ from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.reports import History, compared_figures, summarize, write_reports
 from gpt2.train.resume import changed_settings, load_for_resume, restore
 from gpt2.train.setup import Setup, build, inert_switch_warnings, run_name, what_runs
-from gpt2.train.signals import TrainingInterrupted, stop_on_signals
+from gpt2.train.signals import StopVote, TrainingInterrupted, stop_on_signals
 from gpt2.train.step import backward_micro_batches, optimizer_step
 from gpt2.train.tracking import MlflowTracker, Tracker, flatten, git_commit
 
@@ -54,6 +54,7 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
     batches = iter(s.sampler.next, None)
     s.step_model.train()
     with stop_on_signals() as signals, checkpointer:
+        vote = StopVote(signals, s.dist.world, metrics.every_step, cfg.dist_timeout_s)
         while step < s.total_steps:
             lr = lr_at(step, cfg, s.total_steps)
             set_lr(s.optimizers, lr / cfg.lr)
@@ -63,7 +64,8 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
             step += 1
             metrics.step_done(loss, skipped)
             last = step == s.total_steps
-            if not (last or metrics.must_sync(step) or evaluator.due(step) or checkpointer.due(step)):
+            asked = vote.after_step()  # a stop signal is acted on now, not at the next log step
+            if not (last or asked or metrics.must_sync(step) or evaluator.due(step) or checkpointer.due(step)):
                 continue  # no host sync: the GPU keeps working while the host queues the next step
             stopping = metrics.sync(step, signals.asked)  # every rank, at the same steps
             if metrics.due(step):
