@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -265,6 +266,9 @@ def test_evaluation_logs_into_the_training_run(tmp_path, monkeypatch):
     client = mlflow.MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
     assert "eval/val_loss" in run.data.metrics and "eval/unigram_loss" in run.data.metrics
-    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"samples.md", "summary.json"}
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "eval")} == {"eval/samples.md", "eval/summary.json"}
+    artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
+    assert "perf" in json.loads((artifacts / "summary.json").read_text())  # training's summary, not replaced
+    assert "baseline" in json.loads((artifacts / "eval/summary.json").read_text())
     assert run.info.run_name.startswith("tiny ")  # the training run keeps its name: evaluate does not rename it
     assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri())  # beside the DB, not in the working directory

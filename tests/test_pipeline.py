@@ -147,7 +147,7 @@ def test_stage_script_error_exit_code_and_no_traceback(tmp_path):
 
 def test_dvc_exp_run_compares_a_switch(project):
     commit_all(project)
-    dvc(project, "exp", "run", "-n", "manual-attn", "--set-param", "model.attention=manual")
+    dvc(project, "exp", "run", "-n", "manual-attn", "--set-param", "model.attention=manual", "-S", "train.lr=2.0e-2")
     rows = {row["Experiment"]: row for row in exp_rows(project)}
     assert rows["manual-attn"]["model.attention"] == "manual"
     row = rows["manual-attn"]
@@ -159,12 +159,12 @@ def test_dvc_exp_run_compares_a_switch(project):
     shown = run(project, *shlex.split(command.replace("dvc ", f"{sys.executable} -m dvc ", 1)), "--no-pager",
                 env={"COLUMNS": "120"}).stdout
     assert max(map(len, shown.splitlines())) <= 120, shown
-    header = next(line for line in shown.splitlines() if "Experiment" in line)
-    # what changed is shown, nothing it needs is cut off (flash and manual attention reach the same loss
-    # to 4 decimals, so --only-changed rightly hides the loss columns here)
-    for column in ("perf.step_ms", "perf.tokens_per_s", "model.attention"):
+    lines = shown.splitlines()
+    header = next(line for line in lines if "Experiment" in line)
+    # what changed is shown, nothing it needs is cut off
+    for column in ("val.loss", "eval.val_loss", "perf.step_ms", "perf.tokens_per_s", "model.attention", "train.lr"):
         assert column in header, shown
-    assert "params.yaml" not in header and "…" not in shown
+    assert "params.yaml" not in header and "train.loss" not in header and "…" not in shown
 
 
 def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path):

@@ -120,3 +120,29 @@ def test_the_suite_never_sees_the_users_mlflow_or_dvc_settings():
 
     assert not [name for name in USER_SETTINGS if name in os.environ]
     assert os.environ["DVC_GLOBAL_CONFIG_DIR"] == os.environ["DVC_SYSTEM_CONFIG_DIR"]
+
+
+def test_three_processes_that_open_a_fresh_store_at_once_all_log_their_runs(tmp_path):
+    """What `dvc queue start -j 3` does on a new project: the store's tables are created once, not thrice."""
+    import subprocess
+    import sys
+    import time
+
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    child = ("import sys, time\n"
+             "from gpt2.train.tracking import MlflowTracker\n"
+             "time.sleep(max(0.0, float(sys.argv[1]) - time.time()))  # imports done: start together\n"
+             "tracker = MlflowTracker('gpt2', None, 'run' + sys.argv[2])\n"
+             "tracker.log_metrics({'train/loss': 1.0}, step=1)\n"
+             "tracker.end()\n")
+    start = time.time() + 5  # after their imports (a late one starts at once: the test still holds)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    children = [subprocess.Popen([sys.executable, "-c", child, str(start), str(i)], env=env, stderr=subprocess.PIPE,
+                                 text=True) for i in range(3)]
+    errors = [c.communicate(timeout=120)[1] for c in children]
+    assert [c.returncode for c in children] == [0, 0, 0], errors
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["run0", "run1", "run2"]

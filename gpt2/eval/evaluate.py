@@ -316,8 +316,8 @@ def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Pat
                          **{f"eval/hellaswag_{k}": v for k, v in metrics.get("hellaswag", {}).items()}},
                         step=state["step"])
     tracker.log_dataset(scored, context="evaluation")
-    tracker.log_artifact(out / "samples.md")
-    tracker.log_artifact(out / "summary.json")
+    tracker.log_artifact(out / "samples.md", folder="eval")
+    tracker.log_artifact(out / "summary.json", folder="eval")  # beside training's summary.json, not over it
     tracker.end()
 
 

@@ -9,8 +9,10 @@ copy of the repo) write to the same DB as a plain ``dvc repro``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,31 @@ def where_to_see(uri: str, experiment_id: str, run_id: str) -> str:
     return f"see it with `mlflow ui --backend-store-uri {uri}`, then open http://127.0.0.1:5000/{page}"
 
 
+@contextlib.contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """One process at a time creates or upgrades a SQLite store, and creates the experiment.
+
+    Runs started together on a fresh project (``dvc queue start -j 3``) would otherwise each create
+    the tables and run the migrations at once, and all but one fail. An OS lock on a file beside the DB;
+    the OS drops it when a process dies, so it is never stale. Other stores (a server) need none."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock
+        yield
+        return
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"train": {"lr": 1e-3}}`` → ``{"train.lr": 1e-3}``."""
     flat: dict[str, Any] = {}
@@ -81,7 +108,7 @@ class Tracker:
 
     def set_tags(self, tags: dict[str, Any]) -> None: ...
 
-    def log_artifact(self, path: str | Path) -> None: ...
+    def log_artifact(self, path: str | Path, folder: str | None = None) -> None: ...
 
     def log_dataset(self, dataset: dict[str, Any], context: str) -> None: ...
 
@@ -103,9 +130,10 @@ class MlflowTracker(Tracker):
                             "(pip install -c constraints.txt -e .) or set train.mlflow: false") from None
         self.mlflow = mlflow
         mlflow.set_tracking_uri(tracking_uri())
-        if mlflow.get_experiment_by_name(experiment) is None:
-            mlflow.create_experiment(experiment, artifact_location=artifact_location(), tags=EXPERIMENT_TAGS)
-        self.experiment_id = mlflow.set_experiment(experiment).experiment_id
+        with store_lock(tracking_uri()):  # the first call creates (or upgrades) the store's tables
+            if mlflow.get_experiment_by_name(experiment) is None:
+                mlflow.create_experiment(experiment, artifact_location=artifact_location(), tags=EXPERIMENT_TAGS)
+            self.experiment_id = mlflow.set_experiment(experiment).experiment_id
         try:
             if run_id is None:
                 self.run = mlflow.start_run(run_name=run_name, log_system_metrics=True)
@@ -132,8 +160,9 @@ class MlflowTracker(Tracker):
     def set_tags(self, tags: dict[str, Any]) -> None:
         self.mlflow.set_tags({k: str(v) for k, v in tags.items() if v is not None})
 
-    def log_artifact(self, path: str | Path) -> None:
-        self.mlflow.log_artifact(str(path))
+    def log_artifact(self, path: str | Path, folder: str | None = None) -> None:
+        """``path`` among the run's artifacts, in ``folder`` (None: at the top)."""
+        self.mlflow.log_artifact(str(path), artifact_path=folder)
 
     def log_dataset(self, dataset: dict[str, Any], context: str) -> None:
         """``dataset`` (gpt2.core.provenance.describe_tokens) as the run's input, so MLflow's dataset column
