@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -215,6 +216,28 @@ def test_dvc_repro_launches_two_ranks_and_writes_once(tmp_path):
     client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
     assert len(runs) == 1 and runs[0].data.tags["world_size"] == "2"
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launching_stage_stops_its_ranks_after_a_saved_step(tmp_path, tokens):
+    """What DVC or a scheduler does to the stage: the ranks save and end before the stage does."""
+    params = params_file(tmp_path, distributed="ddp", nproc_per_node=2, max_steps=100_000, micro_batch_size=2)
+    stage = subprocess.Popen([sys.executable, "-m", "gpt2.cli", "train", "--params", str(params), "--tokens",
+                              str(tokens), "--checkpoint", str(tmp_path / "ckpt.pt"), "--out", str(tmp_path / "r")],
+                             cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = []
+    for line in stage.stderr:  # the ranks train: step lines
+        lines.append(line)
+        if "| loss " in line:
+            break
+    stage.send_signal(signal.SIGTERM)
+    rest = stage.stderr.read()
+    assert stage.wait(timeout=60) == 143, "".join(lines) + rest
+    assert "interrupted by SIGTERM at step" in rest
+    saved = checkpoint.load(tmp_path / "ckpt.pt")["step"]
+    assert 0 < saved < 100_000
+    with checkpoint.exclusive(tmp_path / "ckpt.pt"):  # no rank trains on, holding the checkpoint's folder
+        pass
 
 
 def test_preload_under_ddp_shares_one_mapped_copy(tokens):

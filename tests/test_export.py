@@ -143,9 +143,26 @@ def test_init_from_a_name_offline_says_where_to_put_the_files(tmp_path, tokens, 
     hub = pytest.importorskip("huggingface_hub.constants")
     monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hf-home" / "hub"))
-    with pytest.raises(UserError, match=r"openai-community/gpt2 is neither in the Hugging Face cache nor reachable; "
-                                        r"download it where the hub is reachable"):
+    with pytest.raises(UserError, match=r"train.init_from gpt2: openai-community/gpt2 is neither in the Hugging Face "
+                                        r"cache .* nor reachable .*`hf download openai-community/gpt2"):
         trainer.build(micro_params(init_from="gpt2"), tokens)
+
+
+def test_evaluate_pretrained_offline_fails_at_once_naming_its_option(tmp_path, monkeypatch):
+    """A machine offline without saying so (no HF_HUB_OFFLINE): one error line in seconds, not retries."""
+    import time
+
+    from gpt2.eval.evaluate import eval_runtime, load_pretrained_model
+
+    hub = pytest.importorskip("huggingface_hub.constants")
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    started = time.perf_counter()
+    with pytest.raises(UserError, match=r"^eval.pretrained \(gpt2 evaluate --pretrained\) gpt2: .* nor reachable at "
+                                        r"http://127.0.0.1:9; download it .*then point eval.pretrained"):
+        load_pretrained_model("gpt2", eval_runtime("cpu", "fp32"))
+    assert time.perf_counter() - started < 5
 
 
 def test_evaluate_scores_a_pretrained_model_like_a_checkpoint(tmp_path, tokens, runner):

@@ -77,8 +77,8 @@ def load_pretrained_model(source: str, runtime: Runtime) -> Loaded:
 
     from gpt2.model import hf
 
-    weights = hf.locate(source)
-    state, config = hf.read_pretrained(weights)
+    weights = hf.locate(source, "eval.pretrained (gpt2 evaluate --pretrained)")
+    state, config = hf.read_pretrained(weights, "eval.pretrained")
     if config is None:
         raise UserError(f"eval.pretrained {source}: no config.json beside {weights.name} (the number of heads is "
                         "not in the weights); point it at the model's directory")

@@ -103,48 +103,66 @@ HUB_NAMES = {"gpt2": "openai-community/gpt2", "gpt2-medium": "openai-community/g
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-def locate(source: str) -> Path:
-    """The weights file ``train.init_from`` names: a directory, a file, or OpenAI's GPT-2 by name
-    (the local Hugging Face cache, else the hub when reachable)."""
+def locate(source: str, key: str = "train.init_from") -> Path:
+    """The weights file that ``key`` (the param or option the user set) names: a directory, a file, or
+    OpenAI's GPT-2 by name (the local Hugging Face cache, else the hub when reachable)."""
     from gpt2.core.errors import UserError
 
     if source in HUB_NAMES:
-        return _from_hub(source)
+        return _from_hub(source, key)
     path = Path(source).expanduser()
     if path.is_dir():
         for name in WEIGHT_FILES:
             if (path / name).is_file():
                 return path / name
-        raise UserError(f"train.init_from: {path} holds neither {' nor '.join(WEIGHT_FILES)}; point it at a Hugging "
+        raise UserError(f"{key}: {path} holds neither {' nor '.join(WEIGHT_FILES)}; point it at a Hugging "
                         "Face GPT-2 directory (config.json + weights) or a .safetensors file")
     if path.is_file():
         return path
-    raise UserError(f"train.init_from: {source!r} is no such file or directory, nor one of "
+    raise UserError(f"{key}: {source!r} is no such file or directory, nor one of "
                     f"{', '.join(['scratch', *HUB_NAMES])}")
 
 
-def _from_hub(name: str) -> Path:
+def _from_hub(name: str, key: str) -> Path:
     from gpt2.core.errors import UserError
 
     repo = HUB_NAMES[name]
-    fix = (f"download it where the hub is reachable (`huggingface-cli download {repo}`) and copy the folder, or "
-           f"point train.init_from at a local directory with config.json and model.safetensors")
+    fix = (f"download it where the hub is reachable (`hf download {repo} --local-dir {name}`) and copy the folder, "
+           f"then point {key} at it")
     try:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import constants, hf_hub_download
     except ImportError:
-        raise UserError(f"train.init_from {name}: reading {repo} needs huggingface_hub (pip install -c "
+        raise UserError(f"{key} {name}: reading {repo} needs huggingface_hub (pip install -c "
                         f"constraints.txt -e '.[hf]'); or {fix}") from None
     for local_only in (True, False):
+        if not local_only and (constants.HF_HUB_OFFLINE or not reachable(constants.ENDPOINT)):
+            break  # the client would spend half a minute on retries to learn the same
         try:
             weights = Path(hf_hub_download(repo, "model.safetensors", local_files_only=local_only))
             hf_hub_download(repo, "config.json", local_files_only=local_only)
             return weights
         except Exception:  # not cached (first pass); unreachable or unknown (second pass)
             continue
-    raise UserError(f"train.init_from {name}: {repo} is neither in the Hugging Face cache nor reachable; {fix}")
+    raise UserError(f"{key} {name}: {repo} is neither in the Hugging Face cache ({constants.HF_HUB_CACHE}) nor "
+                    f"reachable at {constants.ENDPOINT}; {fix}")
 
 
-def read_pretrained(weights: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+def reachable(url: str, timeout_s: float = 3.0) -> bool:
+    """Whether a TCP connection to the URL's host opens within ``timeout_s``."""
+    import socket
+    from urllib.parse import urlparse
+
+    where = urlparse(url)
+    try:
+        with socket.create_connection((where.hostname, where.port or (443 if where.scheme == "https" else 80)),
+                                      timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def read_pretrained(weights: Path, key: str = "train.init_from"
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
     """(state dict, config.json beside it or None) of a safetensors or PyTorch weights file."""
     from gpt2.core.errors import UserError
 
@@ -156,10 +174,10 @@ def read_pretrained(weights: Path) -> tuple[dict[str, torch.Tensor], dict[str, A
         else:
             state = torch.load(weights, map_location="cpu", weights_only=True)
     except ImportError:
-        raise UserError(f"train.init_from: reading {weights.name} needs safetensors "
+        raise UserError(f"{key}: reading {weights.name} needs safetensors "
                         "(pip install -c constraints.txt -e '.[hf]')") from None
     except Exception as exc:
-        raise UserError(f"train.init_from: {weights} is not a readable weights file ({exc.__class__.__name__}); "
+        raise UserError(f"{key}: {weights} is not a readable weights file ({exc.__class__.__name__}); "
                         "check the download") from None
     config_file = weights.parent / "config.json"
     config = json.loads(config_file.read_text()) if config_file.is_file() else None

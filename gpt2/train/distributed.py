@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -58,7 +59,9 @@ def launch(cfg: TrainConfig, args: list[str]) -> int:
                "-m", "gpt2.train.cli", *args]
     logger.info(f"train: launching {cfg.nproc_per_node} processes: {' '.join(command[1:])}")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(cfg)))}
-    code = subprocess.run(command, env=env).returncode
+    code = run_forwarding_signals(command, env)
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        return code
     if code != 0:
         logger.info(f"train: {cfg.nproc_per_node} processes ended with exit status {code}. The first rank to fail says why "
                     "above (its `error:` line). On CUDA (NCCL) a rank that dies or hangs is noticed by PyTorch's watchdog, "
@@ -67,6 +70,30 @@ def launch(cfg: TrainConfig, args: list[str]) -> int:
                     "'Watchdog caught collective operation timeout' or 'ProcessGroupNCCL' lines: those are the "
                     "consequence; the cause is the first rank's own error, or a rank that stopped printing.")
     return code
+
+
+def run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
+    """Run ``command`` and pass it each SIGINT/SIGTERM this process gets; wait for it to end.
+
+    The ranks save a checkpoint when torchrun hands them the signal. Without this, a SIGTERM to the
+    stage (DVC, a scheduler) would end this process at once and leave the ranks training, holding the
+    checkpoint's lock. torchrun gets its own session, so a Ctrl-C in the terminal reaches it once,
+    through here, not twice (a second SIGINT aborts a rank without saving). Returns 128 + the signal
+    when one was forwarded, else torchrun's exit status."""
+    child = subprocess.Popen(command, env=env, start_new_session=True)
+    received: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        received.append(signum)
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 + received[0] if received else code
 
 
 def _threads_per_rank(cfg: TrainConfig) -> int:
