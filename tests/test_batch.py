@@ -144,3 +144,13 @@ def test_training_with_auto_on_a_faked_device_trains_the_same_batch(tmp_path, to
 def train_losses(folder) -> list[float]:
     rows = (folder / "reports/plots/train.tsv").read_text().splitlines()[1:]
     return [float(r.split("\t")[1]) for r in rows]
+
+
+def test_a_gpu_sized_batch_on_a_cpu_is_warned_about(tokens):
+    from gpt2.train import trainer
+    from gpt2.train.setup import inert_switch_warnings
+
+    s = trainer.build(micro_params(batch_tokens=64 * 4 * 16, micro_batch_size=4), tokens)
+    assert any("one step is 64 micro-batches of 4 × 16 tokens (4,096 tokens) on cpu" in w and "Ctrl-C waits" in w
+               for w in inert_switch_warnings(s))
+    assert not any("micro-batches of" in w for w in inert_switch_warnings(trainer.build(micro_params(), tokens)))

@@ -112,3 +112,35 @@ def test_the_checks_catch_what_they_are_for():
         check_cli(["train", "--fast"])
     with pytest.raises(AssertionError, match="no such key"):
         check_settings(["train.eval_iters=10"], grid=False)
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings: lower case, punctuation dropped, spaces to hyphens."""
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+ (.+)$", path.read_text(), re.M)}
+
+
+def test_every_relative_link_and_anchor_resolves():
+    broken = []
+    for path in [*DOCS, ROOT / "CHANGELOG.md"]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+            if re.match(r"\w+:", target):  # http:, https:, mailto:
+                continue
+            file, _, anchor = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in anchors(linked)):
+                broken.append(f"{path.name}: {target}")
+    assert not broken, broken
+
+
+def test_the_readme_sections_the_code_cites_exist():
+    cited = {name for source in (ROOT / "gpt2").rglob("*.py")
+             for name in re.findall(r'README, \\?"([^"\\]+)\\?"', source.read_text())}
+    headings = set(re.findall(r"^#+ (.+)$", (ROOT / "README.md").read_text(), re.M))
+    assert cited and cited <= headings, sorted(cited - headings)
+
+
+def test_docs_plan_lists_every_device_gpt2_plan_takes():
+    devices = next(p for p in main.commands["plan"].params if p.name == "device").type.choices
+    text = " ".join((ROOT / "docs/plan.md").read_text().split())
+    assert f"device ({', '.join(devices)})" in text

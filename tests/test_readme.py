@@ -3,6 +3,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,3 +55,34 @@ def test_the_readme_table_of_what_fits_is_the_memory_model_s():
     text = (ROOT / "README.md").read_text()
     assert fits_table() in text.split("<!-- fits-table: python -m gpt2.measure.plan -->", 1)[1], \
         "README's table of what fits is stale: paste the output of python -m gpt2.measure.plan"
+
+
+def test_the_readme_quotes_the_committed_default_run():
+    """The figures of the README's default run are those of the reports dvc.lock records."""
+    import json
+
+    train = json.loads((ROOT / "reports/train/summary.json").read_text())
+    evaluation = json.loads((ROOT / "reports/eval/metrics.json").read_text())["eval"]
+    val = [line.split("\t") for line in (ROOT / "reports/train/plots/val.tsv").read_text().splitlines()[1:]]
+    perf, (minutes, seconds) = train["perf"], divmod(round(train["wall_s"]), 60)
+    text = " ".join((ROOT / "README.md").read_text().split())
+    for quote in (f"median {perf['step_ms']:.0f} ms/step ({perf['tokens_per_s'] / 1000:.1f} K tokens/s; "
+                  f"{perf['tokens_per_s_wall'] / 1000:.1f} K tokens/s over the whole run's wall clock), training "
+                  f"{minutes} min {seconds} s",
+                  f"± {float(val[-1][2]):.2f} standard error",
+                  "| val loss | ≈10.8 (ln 50257) | " + " | ".join(f"{float(row[1]):.2f}" for row in val) + " |",
+                  f"loss {evaluation['val_loss']:.2f} ± {evaluation['val_loss_se']:.2f} (perplexity "
+                  f"{evaluation['val_ppl']:.0f})"):
+        assert quote in text, f"README.md should say: {quote}"
+
+
+def test_every_dependency_and_extra_is_pinned_in_constraints():
+    """An unpinned package resolves to whatever the index has that day: the install would not repeat."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
+    pinned = {re.split(r"==", line)[0].strip().lower().replace("_", "-")
+              for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line}
+    names = {re.split(r"[<>=!~\[ ]", d)[0].lower().replace("_", "-") for d in wanted}
+    assert names <= pinned, f"not pinned in constraints.txt: {sorted(names - pinned)}"

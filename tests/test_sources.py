@@ -57,7 +57,17 @@ def test_jsonl_without_the_field_is_a_clear_error(tmp_path):
     assert not (tmp_path / "raw").exists()
 
 
-def test_archives_and_gzip(tmp_path, corpus):
+def test_archives_and_gzip(tmp_path, corpus, monkeypatch):
+    from gpt2.data import sources
+
+    shown = []
+
+    class Progress(sources.Progress):  # the progress line counts bytes of the files on disk: it ends at 100%
+        def __exit__(self, *exc):
+            shown.append((self.done, self.total))
+            return super().__exit__(*exc)
+
+    monkeypatch.setattr(sources, "Progress", Progress)
     tar_path = tmp_path / "c.tar.gz"
     with tarfile.open(tar_path, "w:gz") as archive:
         archive.add(corpus, arcname="corpus")
@@ -71,6 +81,8 @@ def test_archives_and_gzip(tmp_path, corpus):
     assert fetch(tmp_path, zip_path)[0]["documents"] == 12
     manifest, out = fetch(tmp_path, gz_path)
     assert (out / manifest["files"][0]["path"]).read_bytes() == (corpus / "doc00.txt").read_bytes()
+    assert [done for done, _ in shown] == [total for _, total in shown] == [p.stat().st_size for p in
+                                                                             (tar_path, zip_path, gz_path)]
 
 
 def test_a_downloaded_archive_is_known_by_its_url_not_its_cache_name(tmp_path, corpus, monkeypatch):

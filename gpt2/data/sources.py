@@ -15,6 +15,7 @@ know nothing about where text came from:
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import hashlib
@@ -44,6 +45,36 @@ MANIFEST = "manifest.json"
 BLOCK = 1 << 20
 
 
+class CountingFile:
+    """A file read through a decompressor, counting the bytes read from disk (at most its size)."""
+
+    def __init__(self, handle: IO[bytes], size: int) -> None:
+        self.handle, self.size, self.read_bytes, self.reported = handle, size, 0, 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.handle.read(n)
+        self.read_bytes += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.handle.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.handle.tell()
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def take(self) -> int:
+        """Bytes read since the last call (a zip's index, read twice, never counts past the size)."""
+        done = min(self.read_bytes, self.size)
+        new, self.reported = done - self.reported, done
+        return new
+
+
 class RawWriter:
     """Adds documents to a raw folder under construction and records the manifest rows."""
 
@@ -53,6 +84,7 @@ class RawWriter:
         self.gzip_level = gzip_level  # > 0: JSON Lines written compressed (.jsonl.gz, read in place by tokenize)
         self.files: list[dict[str, Any]] = []
         self.progress: Progress | None = None  # set while a local source is read: bytes done, rate, ETA
+        self._on_disk: CountingFile | None = None  # a compressed file being read: progress counts its bytes
         (root / "docs").mkdir(parents=True, exist_ok=True)
 
     @property
@@ -129,8 +161,23 @@ class RawWriter:
         self.files[-1].update(split=shard.split, offset=shard.offset, tokens=shard.tokens)
 
     def _advance(self, nbytes: int) -> None:
-        if self.progress is not None:
-            self.progress.update(nbytes)
+        """Progress by bytes of the source files: for a compressed file, what was read of it on disk (the total
+        is the files' sizes, which decompressed bytes would overrun)."""
+        if self.progress is None:
+            return
+        if self._on_disk is not None:
+            nbytes = self._on_disk.take()
+        self.progress.update(nbytes)
+
+    @contextlib.contextmanager
+    def _compressed(self, path: Path) -> Iterator[IO[bytes]]:
+        with open(path, "rb") as handle:
+            self._on_disk = CountingFile(handle, path.stat().st_size)
+            try:
+                yield self._on_disk  # type: ignore[misc]
+                self._advance(0)  # the trailer and anything read past the last document
+            finally:
+                self._on_disk = None
 
     def add_documents(self, texts: Iterable[str], name: str) -> None:
         """Write documents as JSON Lines (gzip-compressed when ``gzip_level`` > 0), skipping empty ones."""
@@ -182,7 +229,7 @@ class RawWriter:
         elif is_shard(lower):
             self.add_shard(path, name)
         elif lower.endswith(".gz"):
-            with gzip.open(path, "rb") as stream:
+            with self._compressed(path) as raw, gzip.open(raw, "rb") as stream:
                 self._add_stream(stream, name.removesuffix(".gz"))
         elif lower.endswith(".jsonl"):
             with open(path, "rb") as stream:
@@ -198,7 +245,7 @@ class RawWriter:
 
     def _add_tar(self, path: Path, name: str) -> None:
         try:
-            with tarfile.open(path) as archive:
+            with self._compressed(path) as raw, tarfile.open(fileobj=raw) as archive:
                 for member in sorted((m for m in archive if m.isfile()), key=lambda m: m.name):
                     if not _hidden(member.name):
                         self._add_stream(archive.extractfile(member), f"{name}/{member.name}")
@@ -207,7 +254,7 @@ class RawWriter:
 
     def _add_zip(self, path: Path, name: str) -> None:
         try:
-            with zipfile.ZipFile(path) as archive:
+            with self._compressed(path) as raw, zipfile.ZipFile(raw) as archive:
                 for member in sorted(archive.namelist()):
                     if not member.endswith("/") and not _hidden(member):
                         with archive.open(member) as stream:

@@ -133,7 +133,7 @@ def table(name: str, grid: dict[str, list[Any]], rows: list[dict[str, Any]]) -> 
         lines.append(f"| {r['experiment']} | {' | '.join(cells)} |")
     lines += ["", "Val losses: mean ± standard error over the scored windows; speeds: median ± interquartile range "
                   "over the timed steps. Two losses differ beyond noise when they are more than 2 × √(se₁² + se₂²) "
-                  "apart (README, \"How to read a difference\")."]
+                  "apart (README, \"Compare optimizations\")."]
     return "\n".join(lines) + "\n"
 
 

@@ -180,6 +180,9 @@ def run_name(s: Setup) -> str:
     return f"{s.params.model.size} {s.total_steps} steps {' '.join(switches)} {time.strftime('%m-%d %H:%M')}"
 
 
+CPU_MICRO_BATCHES_WARNING = 64  # micro-batches per step that make a CPU step last minutes
+
+
 def inert_switch_warnings(s: Setup) -> list[str]:
     cfg, device = s.params.train, s.runtime.device.type
     warnings = list(s.runtime.warnings)
@@ -193,6 +196,12 @@ def inert_switch_warnings(s: Setup) -> list[str]:
         warnings.append("train.compile_mode reduce-overhead uses CUDA graphs: inert on this device")
     if device != "cuda" and cfg.batching == "vectorized":
         warnings.append("pinned memory and non_blocking copies (part of batching: vectorized) are inert off CUDA")
+    micro_batches = s.batch.accum * s.dist.world
+    if device != "cuda" and micro_batches >= CPU_MICRO_BATCHES_WARNING:
+        warnings.append(f"one step is {micro_batches} micro-batches of {s.batch.micro} × {s.seq_len} tokens "
+                        f"({s.tokens_per_step:,} tokens) on {device}: each step takes {micro_batches} times a "
+                        "micro-batch's time (minutes for GPT-2's 0.5M batch on a laptop), and Ctrl-C waits for the "
+                        "step to end; that batch is meant for GPUs: lower train.batch_tokens here")
     if s.peak_flops is None:
         warnings.append(f"no peak FLOP/s known for {s.runtime.device_name!r}: MFU is not reported; set "
                         "train.peak_tflops (its dense bf16 peak) to get it")
