@@ -40,8 +40,12 @@ def render_curves(train: list[dict[str, Any]], val: list[dict[str, Any]], title:
     step_ms.set(ylabel="ms", title="Step time (warm-up steps left out)")
     tps.plot(*series(train, "perf/tokens_per_s"), linewidth=1)
     tps.set(ylabel="tokens/s", title="Throughput")
-    mem.plot(*series(train, "mem/allocated_gb", "mem/rss_gb"), linewidth=1)
-    mem.set(ylabel="GB", title="Memory (CPU: RSS; CUDA: allocated)")
+    mem.plot(*series(train, "mem/allocated_gb", "mem/rss_gb"), linewidth=1, label="now")
+    peaks = series(train, "mem/peak_allocated_gb", "mem/peak_rss_gb")  # runs logged before peaks were: none
+    if peaks[0]:
+        mem.plot(*peaks, linewidth=1, linestyle="--", label="peak so far")
+        mem.legend()
+    mem.set(ylabel="GB", title="Memory (CPU: resident set; CUDA: allocated)")
     for ax in axes.flat:
         ax.grid(True, alpha=0.3)
     for ax in (step_ms, tps, mem):
