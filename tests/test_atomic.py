@@ -13,7 +13,7 @@ from gpt2.core.progress import Progress
 
 def test_disk_full_is_explained_and_leaves_nothing(tmp_path):
     with pytest.raises(UserError, match="disk full while writing .*out; free some space"):
-        with atomic_dir(tmp_path / "out") as tmp:
+        with atomic_dir(tmp_path / "out", owns=("*.bin",), command="test") as tmp:
             (tmp / "a.bin").write_bytes(b"partial")
             raise OSError(errno.ENOSPC, "No space left on device")
     assert list(tmp_path.iterdir()) == []
@@ -23,14 +23,36 @@ def test_atomic_dir_replaces_old_output_only_on_success(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "old.txt").write_text("old")
     with pytest.raises(RuntimeError):
-        with atomic_dir(tmp_path / "out") as tmp:
+        with atomic_dir(tmp_path / "out", owns=("*.txt",), command="test") as tmp:
             (tmp / "new.txt").write_text("new")
             raise RuntimeError("crash")
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["old.txt"]
-    with atomic_dir(tmp_path / "out") as tmp:
+    with atomic_dir(tmp_path / "out", owns=("*.txt",), command="test") as tmp:
         (tmp / "new.txt").write_text("new")
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["new.txt"]
+
+
+def test_a_folder_holding_what_the_command_does_not_write_is_refused_untouched(tmp_path, monkeypatch):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("years of work")
+    (tmp_path / "mine" / "a.txt").write_text("old output")
+    with pytest.raises(UserError, match=r"mine holds thesis.tex, which test does not write; .*new or empty folder"):
+        with atomic_dir(tmp_path / "mine", owns=("*.txt",), command="test"):
+            pytest.fail("started work in a user's folder")
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["a.txt", "thesis.tex"]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="file is a file; test writes a folder there"):
+        with atomic_dir(tmp_path / "file", owns=("*",), command="test"):
+            pass
+    monkeypatch.chdir(tmp_path / "mine")  # "." is refused the same way, not a ValueError
+    with pytest.raises(UserError, match="holds thesis.tex"):
+        with atomic_dir(".", owns=("*.txt",), command="test"):
+            pass
+    (tmp_path / "empty").mkdir()
+    with atomic_dir(tmp_path / "empty", owns=("*.txt",), command="test") as tmp:  # an empty folder is fine
+        (tmp / "b.txt").write_text("new")
+    assert [p.name for p in (tmp_path / "empty").iterdir()] == ["b.txt"]
 
 
 def test_atomic_file(tmp_path):

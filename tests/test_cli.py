@@ -21,6 +21,23 @@ def test_full_chain_through_the_cli(runner, tmp_path, corpus):
         result = runner.invoke(main, [*map(str, args), "--params", str(params)])
         assert result.exit_code == 0, result.output
     assert json.loads((report / "metrics.json").read_text())["documents"] == 12
+    # a folder that holds anything the command does not write is the user's: refused, and kept
+    from conftest import micro_params, make_tokens
+
+    from gpt2.train.trainer import train
+
+    ckpt = tmp_path / "ckpt.pt"
+    train(micro_params(max_steps=1), make_tokens(tmp_path / "micro"), ckpt, None)
+    for name, args in (("raw", ["download", "--params", str(params), "--out"]),
+                       ("tokens", ["tokenize", "--params", str(params), "--raw", str(raw), "--out"]),
+                       ("export", ["export", str(ckpt)]), ("ladder", ["ladder", "--out"])):
+        folder = tmp_path / name
+        folder.mkdir(exist_ok=True)
+        (folder / "notes.txt").write_text("mine")
+        result = runner.invoke(main, [*args, str(folder)])
+        assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+        assert result.output.startswith(f"error: {folder} holds notes.txt, which ") and "does not write" in result.output
+        assert (folder / "notes.txt").read_text() == "mine"
 
 
 def test_user_error_is_one_line_and_exit_2(runner, tmp_path):

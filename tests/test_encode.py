@@ -85,7 +85,7 @@ def test_output_is_identical_for_any_worker_count_and_chunk_size(tmp_path, corpu
 
 
 def test_split_depends_on_seed_and_fraction_only(tmp_path):
-    raw = raw_from(tmp_path, make_corpus(tmp_path / "c", n_docs=40, lines=5))
+    raw = raw_from(tmp_path, make_corpus(tmp_path / "corpus", n_docs=40, lines=5))
     m1, _ = tokenize(tmp_path, raw, "a", seed=1)
     m2, _ = tokenize(tmp_path, raw, "b", seed=1)
     m3, _ = tokenize(tmp_path, raw, "c", seed=2)

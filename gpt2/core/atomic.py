@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import json
 import os
 import shutil
@@ -24,9 +25,14 @@ def _temp_sibling(final: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty temporary directory that replaces ``final`` on success."""
-    final = Path(final)
+def atomic_dir(final: str | os.PathLike, owns: tuple[str, ...], command: str) -> Iterator[Path]:
+    """Yield an empty temporary directory that replaces ``final`` on success.
+
+    Replacing a folder deletes what was in it, which is right only for a folder this command wrote: so an
+    existing ``final`` must hold nothing but what ``command`` writes (``owns``: names or glob patterns).
+    Anything else makes it a user's folder, which is refused before any work, never emptied."""
+    final = Path(os.path.abspath(final))  # "." has no name to build a sibling from
+    check_owned(final, owns, command)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_sibling(final)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -41,6 +47,20 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_owned(folder: Path, owns: tuple[str, ...], command: str) -> None:
+    """Refuse ``folder`` unless it is absent, empty, or holds only what ``command`` writes."""
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise UserError(f"{folder} is a file; {command} writes a folder there: give it a folder's path")
+    foreign = sorted(p.name for p in folder.iterdir() if not any(fnmatch.fnmatch(p.name, pattern) for pattern in owns))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UserError(f"{folder} holds {shown}, which {command} does not write; it replaces its output folder "
+                        "whole, so it will not write into this one: give it a new or empty folder (or move those "
+                        "files away)")
 
 
 @contextlib.contextmanager

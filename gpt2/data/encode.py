@@ -36,6 +36,8 @@ from gpt2.data.shards import EOT_POSITION, import_shards
 from gpt2.data.sources import MANIFEST
 from gpt2.data.tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
 
+TOKEN_FILES = ("*.bin", META)  # what a token folder holds: the splits (or linked shards) and meta.json
+
 logger = log.get("tokenize")
 
 MAX_BLOCKS_WITHOUT_CUT = 64  # then cut anyway: a file with no newlines at all
@@ -89,7 +91,7 @@ def tokenize_corpus(cfg: TokenizeConfig, raw_dir: str | Path = "data/raw",
                     f"{cfg.val_fraction:.0%} of tokens (split inside the document)")
     is_val = np.zeros(n_docs, dtype=bool) if within else val_mask(n_docs, cfg.val_fraction, cfg.seed)
     decode = DecodeStats()
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, owns=TOKEN_FILES, command="tokenize") as tmp:
         splits = {name: SplitWriter(tmp / f"{name}.bin", open(tmp / f"{name}.bin", "wb")) for name in ("train", "val")}
         try:
             with ThreadPoolExecutor(workers) as pool, \
@@ -129,7 +131,7 @@ def tokenize_corpus(cfg: TokenizeConfig, raw_dir: str | Path = "data/raw",
 
 def import_token_shards(raw_dir: Path, manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """Pre-tokenized shards: nothing to encode; link them into the token folder and describe them."""
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, owns=TOKEN_FILES, command="tokenize") as tmp:
         splits = import_shards(raw_dir, manifest, tmp, VOCAB_SIZE, EOT_ID)
         fmt = next(e["format"] for e in manifest["files"])
         meta = {

@@ -266,7 +266,7 @@ class RawWriter:
 def download(cfg: DownloadConfig, out_dir: str | Path = "data/raw") -> dict[str, Any]:
     """Fetch ``cfg.source`` into ``out_dir`` (atomically) and return the manifest."""
     source = cfg.source.strip()
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, owns=("docs", MANIFEST), command="download") as tmp:
         writer = RawWriter(tmp, cfg.text_field, cfg.hf_gzip_level if source.startswith("hf:") else 0)
         details: dict[str, Any] = {}
         if source == "embedded":

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from gpt2.core import log
-from gpt2.core.atomic import atomic_dir
+from gpt2.core.atomic import atomic_dir, check_owned
 from gpt2.core.errors import UserError
 from gpt2.data.hf_tokenizer import write_tokenizer
 from gpt2.model.gpt import GPTConfig
@@ -23,6 +23,8 @@ from gpt2.train import checkpoint
 
 logger = log.get("export")
 
+EXPORT_FILES = ("*.json", "*.safetensors", "merges.txt")  # a Hugging Face model folder: refused if it holds more
+
 
 def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
     try:
@@ -30,6 +32,8 @@ def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
     except ImportError:
         raise UserError("gpt2 export writes model.safetensors and needs the safetensors package: "
                         "pip install -c constraints.txt -e '.[hf]'") from None
+    out = Path(out_dir)
+    check_owned(out.absolute(), EXPORT_FILES, "gpt2 export")
     state = checkpoint.load(ckpt_path)
     config, trained = checkpoint.trained_model(state)
     cfg = GPTConfig(**config)
@@ -37,8 +41,7 @@ def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
         raise UserError(f"{ckpt_path} was trained with model.bias: false; Hugging Face's GPT-2 always has biases, "
                         "so it cannot hold this model")
     weights = to_hf(trained, cfg)
-    out = Path(out_dir)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, owns=EXPORT_FILES, command="gpt2 export") as tmp:
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 50256, "eos_token_id": 50256}) + "\n")

@@ -154,7 +154,7 @@ def _round(value: Any, digits: int) -> Any:
 def write_reports(report_dir: Path, summary: dict[str, Any], history: History) -> None:
     """metrics.json (compared figures), summary.json (the whole summary), plots/*.tsv and plots/curves.png."""
     report_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_dir(report_dir / "plots") as tmp:
+    with atomic_dir(report_dir / "plots", owns=("*.tsv", "curves.png"), command="train") as tmp:
         for name, rows in (("train.tsv", history.train), ("val.tsv", history.val)):
             (tmp / name).write_text(plot_table(PLOT_COLUMNS[name], rows))
         png = render_curves(history.train, history.val, f"{summary['params']:,} parameters, {summary['steps']} steps")

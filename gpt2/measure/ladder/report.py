@@ -15,6 +15,8 @@ from gpt2.measure.ladder.spec import Plan
 from gpt2.measure.ladder.stats import CANNOT_SHOW, NO_EFFECT, Row, noise_verdict
 from gpt2.train.compiled import flag
 
+LADDER_FILES = ("ladder.*", "dvc.log")  # what the report folder holds: refused if it holds more
+
 
 def table(rows: list[Row], steps: int, target: float | None = None) -> str:
     head = ["#", "rung", "what ran", "ms/step median (min–max)", "tokens/s median (min–max)", "wall tokens/s",
@@ -93,7 +95,7 @@ def write_report(out: Path, rows: list[Row], plan_: Plan,
             + ". Inspect them with `dvc exp show`.\n")
     log = out / "dvc.log"
     kept_log = log.read_bytes() if log.exists() else None
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, owns=LADDER_FILES, command="gpt2 ladder") as tmp:
         (tmp / "ladder.md").write_text(text)
         (tmp / "ladder.json").write_text(json.dumps({"date": today, "device": plan_.device, "rows": [dataclasses.asdict(r) for r in rows]},
                                                     indent=2)

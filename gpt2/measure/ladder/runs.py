@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core import log
+from gpt2.core.atomic import check_owned
 from gpt2.core.config import ModelParams, TrainConfig, build, read_yaml, to_dict
 from gpt2.core.errors import UserError
 from gpt2.core.progress import clock
 from gpt2.measure import experiments
-from gpt2.measure.ladder.report import log_to_mlflow, write_report
+from gpt2.measure.ladder.report import LADDER_FILES, log_to_mlflow, write_report
 from gpt2.measure.ladder.spec import EXP_PREFIX, TRAIN_METRICS, TRAIN_RUN, Ladder, Plan, load_ladder, plan
 from gpt2.measure.ladder.stats import Row, analyse
 
@@ -56,6 +57,7 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
                mlflow: bool | None = None, target: float | None = None) -> list[Row]:
     """Measure every rung as DVC experiments (reusing ones already measured), then write the report."""
     root = Path.cwd()
+    check_owned(Path(out).absolute(), LADDER_FILES, "gpt2 ladder")  # before an hour of runs, not after
     ladder = load_ladder(ladder_path)
     raw = read_yaml(params_path, "params", "--params")  # raw: the rungs override it key by key
     if not isinstance(raw, dict):
