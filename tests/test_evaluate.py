@@ -272,3 +272,12 @@ def test_evaluation_logs_into_the_training_run(tmp_path, monkeypatch):
     assert "baseline" in json.loads((artifacts / "eval/summary.json").read_text())
     assert run.info.run_name.startswith("tiny ")  # the training run keeps its name: evaluate does not rename it
     assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri())  # beside the DB, not in the working directory
+
+
+def test_evaluation_with_an_unreachable_tracking_server_writes_its_reports_and_warns(trained, tmp_path, monkeypatch,
+                                                                                    capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
+    summary = run_eval(trained, tmp_path, mlflow=True)
+    assert json.loads((tmp_path / "eval/metrics.json").read_text())["eval"]["val_loss"] == round(summary["val"]["loss"], 4)
+    err = capsys.readouterr().err
+    assert "MLflow could not reach the tracking server in http://127.0.0.1:9" in err and "Traceback" not in err

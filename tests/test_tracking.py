@@ -146,3 +146,43 @@ def test_three_processes_that_open_a_fresh_store_at_once_all_log_their_runs(tmp_
     client = mlflow.MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
     assert sorted(r.info.run_name for r in runs) == ["run0", "run1", "run2"]
+
+
+@pytest.mark.parametrize("fault", ["locked", "deleted", "unreachable"])
+def test_a_failing_store_never_costs_the_run_its_checkpoint_or_reports(tmp_path, tokens, monkeypatch, capsys, fault):
+    """A store locked by another process's write, deleted mid-run, or a server that does not answer: one warning,
+    tracking stops, the run trains to its end and writes everything."""
+    import sqlite3
+
+    db = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9" if fault == "unreachable" else f"sqlite:///{db}")
+    monkeypatch.setattr(tracking, "RETRY_BUDGET_S", 1.0)
+    from mlflow.store.db import utils  # MLflow's SQLite sessions wait 20 s for a lock: 1 s here
+
+    text = utils.sql.text
+    monkeypatch.setattr(utils.sql, "text", lambda s, *a: text(s.replace("busy_timeout = 20000", "busy_timeout = 1000")))
+    original, held = trainer.lr_at, []
+
+    def lr_at(step, cfg, total):
+        if step == 3 and not held and fault == "locked":  # as a long query in the UI or a script would
+            lock = sqlite3.connect(db, isolation_level=None)
+            lock.execute("BEGIN EXCLUSIVE")
+            held.append(lock)
+        elif step == 3 and not held and fault == "deleted":
+            db.unlink()
+            held.append(None)
+        return original(step, cfg, total)
+
+    monkeypatch.setattr(trainer, "lr_at", lr_at)
+    summary = train(micro_params(mlflow=True, checkpoint_interval=4), tokens, tmp_path / "ckpt.pt", tmp_path / "r")
+    for lock in held:
+        if lock is not None:
+            lock.close()
+    err = capsys.readouterr().err
+    assert summary["steps"] == 12 and (tmp_path / "r/metrics.json").is_file() and (tmp_path / "r/plots/val.tsv").is_file()
+    from gpt2.train import checkpoint
+
+    assert checkpoint.load(tmp_path / "ckpt.pt")["step"] == 12
+    assert err.count("MLflow could not") == 1 and "tracking is off for the rest of this run, which goes on: its " \
+                                                   f"figures are in {tmp_path / 'r'} and the checkpoint's history" in err
+    assert "Traceback" not in err

@@ -307,7 +307,7 @@ def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Pat
 
     experiment = state.get("params", {}).get("train", {}).get("experiment", "gpt2")
     name = f"evaluate {state['pretrained']}" if state.get("pretrained") else f"evaluate step {state['step']}"
-    tracker = MlflowTracker(experiment, state.get("mlflow_run_id"), run_name=name)
+    tracker = MlflowTracker(experiment, state.get("mlflow_run_id"), run_name=name, kept_in=str(out))
     tracker.set_tags({"training_run_id": state.get("mlflow_run_id"), "eval.val_tokens": metrics["val"]["tokens"]})
     tracker.log_metrics({"eval/val_loss": metrics["val"]["loss"], "eval/val_loss_se": metrics["val"]["loss_se"],
                          "eval/val_ppl": metrics["val"]["ppl"],

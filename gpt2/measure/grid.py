@@ -142,7 +142,7 @@ def log_parent(name: str, grid: dict[str, list[Any]], rows: list[dict[str, Any]]
     """One MLflow run for the grid, holding its table; each experiment's training run becomes its child."""
     from gpt2.train.tracking import MlflowTracker, adopt
 
-    tracker = MlflowTracker(experiment, run_name=name)
+    tracker = MlflowTracker(experiment, run_name=name, kept_in=str(report.parent))
     try:
         tracker.set_tags({"kind": "grid"})
         tracker.log_params({f"grid.{k}": ",".join(map(str, v)) for k, v in grid.items()})

@@ -129,6 +129,8 @@ def _from_hub(name: str, key: str) -> Path:
     repo = HUB_NAMES[name]
     fix = (f"download it where the hub is reachable (`hf download {repo} --local-dir {name}`) and copy the folder, "
            f"then point {key} at it")
+    from gpt2.core.net import reachable
+
     try:
         from huggingface_hub import constants, hf_hub_download
     except ImportError:
@@ -145,20 +147,6 @@ def _from_hub(name: str, key: str) -> Path:
             continue
     raise UserError(f"{key} {name}: {repo} is neither in the Hugging Face cache ({constants.HF_HUB_CACHE}) nor "
                     f"reachable at {constants.ENDPOINT}; {fix}")
-
-
-def reachable(url: str, timeout_s: float = 3.0) -> bool:
-    """Whether a TCP connection to the URL's host opens within ``timeout_s``."""
-    import socket
-    from urllib.parse import urlparse
-
-    where = urlparse(url)
-    try:
-        with socket.create_connection((where.hostname, where.port or (443 if where.scheme == "https" else 80)),
-                                      timeout=timeout_s):
-            return True
-    except OSError:
-        return False
 
 
 def read_pretrained(weights: Path, key: str = "train.init_from"

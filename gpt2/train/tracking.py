@@ -10,14 +10,17 @@ copy of the repo) write to the same DB as a plain ``dvc repro``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from gpt2.core import log
 from gpt2.core.errors import UserError
+from gpt2.core.net import reachable
 
 logger = log.get("train")
 
@@ -115,22 +118,66 @@ class Tracker:
     def end(self, status: str = "FINISHED") -> None: ...
 
 
-class MlflowTracker(Tracker):
-    """One MLflow run; resuming a training resumes its run (same run id)."""
+# How long a tracking call may keep retrying a locked, slow or missing store before tracking stops for the
+# run (the run itself goes on). SQLite waits up to 5 s for a lock within each attempt.
+RETRY_BUDGET_S = 15.0
 
-    def __init__(self, experiment: str, run_id: str | None = None, run_name: str | None = None) -> None:
+# MLflow's HTTP client retries a request 7 times with a 120 s timeout: minutes of silence for a server that is
+# down. A run's own limits, unless the user set them.
+HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+STORE_LOGGERS = ("mlflow.store.db.utils", "mlflow.utils.rest_utils", "sqlalchemy")
+
+
+@contextlib.contextmanager
+def quiet(names: tuple[str, ...]) -> Iterator[None]:
+    """Silence these loggers for a moment: the tracker says what failed, once, in its own words."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [each.level for each in loggers]
+    for each in loggers:
+        each.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for each, level in zip(loggers, levels):
+            each.setLevel(level)
+
+
+class MlflowTracker(Tracker):
+    """One MLflow run; resuming a training resumes its run (same run id).
+
+    The tracker is a guest of the run. A store that is locked, slow, unreachable or gone delays a call
+    by at most ``RETRY_BUDGET_S``; after that one ``warning:`` line says what was not logged and where
+    the figures still are (``kept_in``), tracking stops for the rest of the run, and the run goes on:
+    a training never loses a step or a checkpoint to its tracker, an evaluation never its reports."""
+
+    def __init__(self, experiment: str, run_id: str | None = None, run_name: str | None = None,
+                 kept_in: str = "the reports") -> None:
         """Open run ``run_id`` (a resumed training, or evaluate logging into the training's run) or start
         a new one called ``run_name``. An existing run keeps its name: MLflow renames a run it reopens
         with a name, which once made every training run in the UI "evaluate"."""
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        for name, value in HTTP_LIMITS.items():
+            os.environ.setdefault(name, value)
         try:
             import mlflow
         except ImportError:
             raise UserError("train.mlflow is true but mlflow is not installed; install the project "
                             "(pip install -c constraints.txt -e .) or set train.mlflow: false") from None
-        self.mlflow = mlflow
-        mlflow.set_tracking_uri(tracking_uri())
-        with store_lock(tracking_uri()):  # the first call creates (or upgrades) the store's tables
+        self.mlflow, self.uri, self.kept_in, self.failed = mlflow, tracking_uri(), kept_in, False
+        if self.uri.startswith(("http://", "https://")) and not reachable(self.uri):
+            self._give_up("reach the tracking server", ConnectionError("no answer within 3 s"))
+            return
+        self._call("open the run", lambda: self._open(experiment, run_id, run_name))
+        if self.run_id:
+            logger.info(f"mlflow: run {self.run_id} ({self.run.info.run_name}) in {self.uri}; "
+                        + where_to_see(self.uri, self.experiment_id, self.run_id))
+
+    def _open(self, experiment: str, run_id: str | None, run_name: str | None) -> None:
+        mlflow = self.mlflow
+        mlflow.set_tracking_uri(self.uri)
+        with store_lock(self.uri):  # the first call creates (or upgrades) the store's tables
             if mlflow.get_experiment_by_name(experiment) is None:
                 mlflow.create_experiment(experiment, artifact_location=artifact_location(), tags=EXPERIMENT_TAGS)
             self.experiment_id = mlflow.set_experiment(experiment).experiment_id
@@ -142,49 +189,88 @@ class MlflowTracker(Tracker):
         except mlflow.exceptions.MlflowException:
             if run_id is None:
                 raise
-            logger.info(f"mlflow: run {run_id} from the checkpoint is not in {tracking_uri()}; starting a new run")
+            logger.info(f"mlflow: run {run_id} from the checkpoint is not in {self.uri}; starting a new run")
             self.run = mlflow.start_run(run_name=run_name, log_system_metrics=True)
         self.run_id = self.run.info.run_id
-        logger.info(f"mlflow: run {self.run_id} ({self.run.info.run_name}) in {tracking_uri()}; "
-                    + where_to_see(tracking_uri(), self.experiment_id, self.run_id))
+
+    def _call(self, what: str, call: Callable[[], Any]) -> None:
+        """Run one tracking call, retrying a failing store within the budget; past it, stop tracking."""
+        if self.failed:
+            return
+        deadline, delay = time.monotonic() + RETRY_BUDGET_S, 0.5
+        while True:
+            try:
+                with quiet(STORE_LOGGERS):  # they log each failure with a traceback before raising it
+                    call()
+                return
+            except Exception as exc:  # whatever the store raises: SQLAlchemy, HTTP, OS errors
+                if time.monotonic() + delay > deadline:
+                    self._give_up(what, exc)
+                    return
+                time.sleep(delay)
+                delay *= 2
+
+    def _give_up(self, what: str, exc: BaseException) -> None:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        logger.warning(f"MLflow could not {what} in {self.uri} ({exc.__class__.__name__}: {first}); tracking is "
+                       f"off for the rest of this run, which goes on: its figures are in {self.kept_in}")
+        self.failed = True
+        if self.run_id:  # stop MLflow's system-metrics thread, which would go on failing against the store
+            from mlflow.tracking import fluent
+
+            monitor = fluent.run_id_to_system_metrics_monitor.pop(self.run_id, None)
+            if monitor is not None:
+                monitor._shutdown_event.set()
+            with contextlib.suppress(Exception):
+                fluent._active_run_stack.get().clear()  # leave no active run that atexit would try to end
 
     def log_params(self, params: dict[str, Any]) -> None:
-        existing = self.mlflow.get_run(self.run_id).data.params
-        fresh = {k: v for k, v in params.items() if k not in existing}  # a resumed run keeps its params
-        if fresh:
-            self.mlflow.log_params(fresh)
+        def log() -> None:
+            existing = self.mlflow.get_run(self.run_id).data.params
+            fresh = {k: v for k, v in params.items() if k not in existing}  # a resumed run keeps its params
+            if fresh:
+                self.mlflow.log_params(fresh)
+
+        self._call("log the params", log)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics({k: v for k, v in metrics.items() if v is not None}, step=step)
+        self._call(f"log the metrics of step {step}",
+                   lambda: self.mlflow.log_metrics({k: v for k, v in metrics.items() if v is not None}, step=step))
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        self.mlflow.set_tags({k: str(v) for k, v in tags.items() if v is not None})
+        self._call("set tags", lambda: self.mlflow.set_tags({k: str(v) for k, v in tags.items() if v is not None}))
 
     def log_artifact(self, path: str | Path, folder: str | None = None) -> None:
         """``path`` among the run's artifacts, in ``folder`` (None: at the top)."""
-        self.mlflow.log_artifact(str(path), artifact_path=folder)
+        self._call(f"store {Path(path).name}", lambda: self.mlflow.log_artifact(str(path), artifact_path=folder))
 
     def log_dataset(self, dataset: dict[str, Any], context: str) -> None:
         """``dataset`` (gpt2.core.provenance.describe_tokens) as the run's input, so MLflow's dataset column
         tells runs on different corpora or splits apart. ``context``: training or evaluation."""
-        self.mlflow.log_input(token_dataset(dataset), context=context)
+        self._call("log the dataset", lambda: self.mlflow.log_input(token_dataset(dataset), context=context))
 
     def end(self, status: str = "FINISHED") -> None:
-        self.mlflow.end_run(status=status)
+        self._call(f"end the run as {status}", lambda: self.mlflow.end_run(status=status))
 
 
 def adopt(parent: MlflowTracker, dvc_exp_names: list[str], tags: dict[str, dict[str, str]] | None = None) -> int:
     """Make the MLflow runs of these DVC experiments children of ``parent``: the UI nests them under it.
 
-    ``tags``: more tags per experiment name. Returns how many runs were found."""
-    client = parent.mlflow.tracking.MlflowClient()
-    found = 0
-    for name in dvc_exp_names:
-        for run in client.search_runs([parent.experiment_id], f"tags.dvc_exp_name = '{name}'"):
-            for key, value in {"mlflow.parentRunId": parent.run_id, **(tags or {}).get(name, {})}.items():
-                client.set_tag(run.info.run_id, key, value)
-            found += 1
-    return found
+    ``tags``: more tags per experiment name. Returns how many runs were found (0 when tracking failed)."""
+    found: list[str] = []
+
+    def nest() -> None:
+        client = parent.mlflow.tracking.MlflowClient()
+        found.clear()
+        for name in dvc_exp_names:
+            for run in client.search_runs([parent.experiment_id], f"tags.dvc_exp_name = '{name}'"):
+                for key, value in {"mlflow.parentRunId": parent.run_id, **(tags or {}).get(name, {})}.items():
+                    client.set_tag(run.info.run_id, key, value)
+                found.append(run.info.run_id)
+
+    if parent.run_id is not None:
+        parent._call("nest the experiments' runs under it", nest)
+    return 0 if parent.failed else len(found)
 
 
 def token_dataset(dataset: dict[str, Any]) -> Any:

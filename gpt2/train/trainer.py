@@ -132,7 +132,8 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
                     f"× accumulation {s.batch.accum} × {s.dist.world} rank(s); micro-batch {s.batch.why}")
     for warning in inert_switch_warnings(s):
         logger.warning(warning)
-    tracker: Tracker = (MlflowTracker(cfg.experiment, run_id, os.environ.get("DVC_EXP_NAME") or run_name(s))
+    kept_in = f"{report_dir or 'the returned summary'} and the checkpoint's history"
+    tracker: Tracker = (MlflowTracker(cfg.experiment, run_id, os.environ.get("DVC_EXP_NAME") or run_name(s), kept_in)
                         if cfg.mlflow and s.dist.main else Tracker())
     tracker.log_params(flatten({"model": to_dict(params.model), "train": to_dict(params.train)}))
     tracker.set_tags({"git_commit": git_commit(), "dvc_exp_name": os.environ.get("DVC_EXP_NAME"),

@@ -140,7 +140,8 @@ def log_to_mlflow(rows: list[Row], plan_: Plan, runs: list[list[experiments.Expe
     A rung's run reused from an earlier ladder moves under this one: a run has one parent."""
     from gpt2.train.tracking import MlflowTracker, adopt
 
-    tracker = MlflowTracker(plan_.sections[0]["train"]["experiment"], run_name=f"ladder {plan_.device}")
+    tracker = MlflowTracker(plan_.sections[0]["train"]["experiment"], run_name=f"ladder {plan_.device}",
+                            kept_in=str(out))
     try:
         rungs = {exp.name: {"ladder.rung": row.rung, "ladder.index": str(row.index)}
                  for row, group in zip(rows, runs) for exp in group}
