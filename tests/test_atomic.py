@@ -12,7 +12,7 @@ from gpt2.core.progress import Progress
 
 
 def test_disk_full_is_explained_and_leaves_nothing(tmp_path):
-    with pytest.raises(UserError, match="disk full while writing .*out; free some space"):
+    with pytest.raises(UserError, match="writing .*out failed: disk full; free some space"):
         with atomic_dir(tmp_path / "out", owns=("*.bin",), command="test") as tmp:
             (tmp / "a.bin").write_bytes(b"partial")
             raise OSError(errno.ENOSPC, "No space left on device")
@@ -72,3 +72,36 @@ def test_progress_line_has_rate_and_eta():
         assert re.search(r"1.0MB/4.0MB \(25%\) [0-9.]+[KMG]?B/s ETA \d+:\d\d:\d\d", progress.line())
         progress.update(3e6)
     assert stream.getvalue().splitlines()[-1].startswith("tokenize: 4.0MB/4.0MB (100%)")
+
+
+def test_a_stages_files_are_written_all_or_none(tmp_path, monkeypatch):
+    """The disk fills at the third of five report files: none of them is new, no temporary is left."""
+    import os
+
+    from gpt2.core.atomic import write_files
+
+    write_files(tmp_path, {"a.tsv": "old", "plots/b.png": b"old"})
+    calls, fsync = [], os.fsync
+
+    def fills_up(fd):
+        calls.append(fd)
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fills_up)
+    new = {"a.tsv": "new", "plots/b.png": b"new", "c.json": "{}", "d.json": "{}", "e.md": "new"}
+    with pytest.raises(UserError, match=r"writing .* failed: disk full; free some space"):
+        write_files(tmp_path, new)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["a.tsv", "plots", "plots/b.png"]
+    assert (tmp_path / "a.tsv").read_text() == "old"
+    monkeypatch.undo()
+    write_files(tmp_path, new)
+    assert (tmp_path / "e.md").read_text() == "new" and (tmp_path / "plots/b.png").read_bytes() == b"new"
+
+
+def test_nan_is_written_as_null_so_the_json_stays_json(tmp_path):
+    import json
+
+    write_json(tmp_path / "m.json", {"val": {"loss": 5.0, "loss_se": float("nan")}, "x": [float("inf")]})
+    assert json.loads((tmp_path / "m.json").read_text()) == {"val": {"loss": 5.0, "loss_se": None}, "x": [None]}

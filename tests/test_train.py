@@ -348,6 +348,42 @@ def test_background_checkpoint_is_the_state_at_save_time_and_errors_surface(tmp_
     saver.wait()  # reported once
 
 
+@pytest.mark.parametrize("background", [True, False])
+def test_a_failed_save_stops_the_run_at_once_and_keeps_the_last_good_checkpoint(tmp_path, tokens, background,
+                                                                                monkeypatch):
+    """A run resumed from a good checkpoint (step 5) under a file-size limit (ulimit -f) no checkpoint fits: its
+    save at step 8 fails, the run stops at the next step with one line naming the cause and the checkpoint that
+    is still good, and leaves no temporary (nor the one a killed writer left)."""
+    import resource
+    import subprocess
+    import sys
+
+    import yaml
+    from conftest import MICRO_MODEL, MICRO_TRAIN
+
+    train = {**MICRO_TRAIN, "checkpoint_interval": 4, "async_checkpoint": background}
+    interrupt_at(monkeypatch, 4)
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path, tokens, micro_params(**train))
+    monkeypatch.undo()
+    params, ckpt = tmp_path / "params.yaml", tmp_path / "run/ckpt.pt"
+    params.write_text(yaml.safe_dump({"model": MICRO_MODEL, "train": train}))
+    (ckpt.parent / ".ckpt.pt.tmp-999999").write_bytes(b"a killed writer's partial file")  # PID 999999: dead
+    limit = 2**20
+    result = subprocess.run([sys.executable, "-m", "gpt2.cli", "train", "--params", str(params), "--tokens",
+                             str(tokens), "--checkpoint", str(ckpt), "--out", str(tmp_path / "run/reports")],
+                            capture_output=True, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert errors[0].startswith("error: the checkpoint of step 8 was not saved: writing ")
+    assert "file larger than this system or the shell's file-size limit allows (ulimit -f)" in errors[0]
+    assert errors[0].endswith(f"the last good checkpoint, {ckpt} (step 5), is kept for train.resume auto")
+    steps = [line for line in result.stderr.splitlines() if line.startswith("step ") and "| loss" in line]
+    assert steps[-1].startswith("step 8/12")  # stopped at once (the next step at most), not at step 12
+    assert checkpoint.load(ckpt)["step"] == 5 and [p.name for p in ckpt.parent.iterdir()] == ["ckpt.pt"]
+
+
 def test_deferred_syncs_log_the_same_numbers_and_still_catch_a_nan(tmp_path, tokens, monkeypatch):
     """CUDA's loop reads the device only at log, eval and checkpoint steps: same losses, every step timed."""
     params = micro_params(log_interval=4, eval_interval=6, checkpoint_interval=100)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from gpt2.core import log
-from gpt2.core.atomic import atomic_file, write_json
+from gpt2.core.atomic import json_text, write_files
 from gpt2.core.config import StatsConfig
 from gpt2.core.errors import UserError
 from gpt2.core.tokens import SPLITS, read_chunks, read_meta, split_label, split_shards
@@ -128,7 +128,7 @@ def rank_frequency(counts: np.ndarray, points: int = 200) -> tuple[np.ndarray, n
 
 def dataset_stats(cfg: StatsConfig, tokens_dir: str | Path = "data/tokens", out_dir: str | Path = "reports/stats"
                   ) -> dict[str, Any]:
-    """Compute the statistics, then write every report file (each atomically)."""
+    """Compute the statistics, then write every report file (all of them or none)."""
     metrics, lengths, counts = compute(cfg, tokens_dir)
     hist, edges = length_histogram(lengths, cfg.length_bins)
     ranks, rank_counts = rank_frequency(counts)
@@ -137,12 +137,8 @@ def dataset_stats(cfg: StatsConfig, tokens_dir: str | Path = "data/tokens", out_
         f"{r}\t{c}\t{np.log10(r):.4f}\t{np.log10(c):.4f}\n" for r, c in zip(ranks, rank_counts))
     pngs = render_pngs(edges, hist, ranks, rank_counts)
     out = Path(out_dir)
-    contents = {"doc_lengths.tsv": hist_tsv.encode(), "rank_frequency.tsv": rank_tsv.encode(), **pngs}
-    for name, data in contents.items():
-        with atomic_file(out / name) as tmp:
-            tmp.write_bytes(data)
-    write_json(out / "summary.json", metrics)
-    write_json(out / "metrics.json", compared_figures(metrics))
+    write_files(out, {"doc_lengths.tsv": hist_tsv, "rank_frequency.tsv": rank_tsv, **pngs,  # all of them or none
+                      "summary.json": json_text(metrics), "metrics.json": json_text(compared_figures(metrics))})
     logger.info(f"stats: {metrics['documents']['total']} documents, {metrics['tokens']['total']:,} tokens, "
                 f"{metrics['bytes_per_token']} bytes/token, {metrics['unique_tokens']:,} unique tokens "
                 f"({metrics['vocab_coverage']:.1%} of the vocab) → {out}/")

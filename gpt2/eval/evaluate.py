@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from gpt2.core import log
-from gpt2.core.atomic import atomic_file, write_json
+from gpt2.core.atomic import json_text, write_files
 from gpt2.core.config import EvalConfig
 from gpt2.core.errors import UserError
 from gpt2.core.provenance import describe_tokens
@@ -265,15 +265,13 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
         **({"pretrained": cfg.pretrained} if cfg.pretrained else {}),
     }
     out = Path(out_dir)
-    with atomic_file(out / "samples.md") as tmp:
-        tmp.write_text(text)
-    write_json(out / "summary.json", summary)
     # DVC's metrics: the figures compared across experiments (named apart from train's val.loss, so
     # `dvc exp show` needs no file prefix); the rest stays in summary.json
     compared = {"val_loss": round(loss, 4), "val_loss_se": round(se, 4), "val_ppl": round(math.exp(loss), 2)}
     if hellaswag:
         compared |= {"hellaswag_acc_norm": round(hellaswag["acc_norm"], 4), "hellaswag_acc": round(hellaswag["acc"], 4)}
-    write_json(out / "metrics.json", {"eval": compared})
+    write_files(out, {"samples.md": text, "summary.json": json_text(summary),  # all of them or none
+                      "metrics.json": json_text({"eval": compared})})
     if cfg.mlflow:
         scored = describe_tokens(tokens_dir, meta, splits=("val",))
         scored["name"] += " (val)"  # MLflow keeps one input per name and digest: the split gets its own name

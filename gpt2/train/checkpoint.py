@@ -132,7 +132,7 @@ class BackgroundSaver:
     def save(self, path: str | os.PathLike, state: dict[str, Any]) -> None:
         self.wait()
         if not self.enabled:
-            save(path, state)
+            self._write(path, state)  # in this thread; a failure is raised by the next wait(), as a background one
             return
         snapshot = to_cpu(state)
         self._thread = threading.Thread(target=self._write, args=(path, snapshot), name="checkpoint-writer")
@@ -143,6 +143,11 @@ class BackgroundSaver:
             save(path, state)
         except BaseException as exc:  # re-raised in the training thread by wait()
             self._error = exc
+
+    @property
+    def busy(self) -> bool:
+        """A write is still going on."""
+        return self._thread is not None and self._thread.is_alive()
 
     def wait(self) -> None:
         if self._thread is not None:

@@ -9,12 +9,14 @@ the ``with`` block waits for the last write, so "checkpoint saved" is true when 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpt2.core.config import to_dict
+from gpt2.core.errors import UserError
 from gpt2.train import checkpoint, distributed, sharded
 from gpt2.train.reports import History
 from gpt2.train.setup import Setup
@@ -27,7 +29,8 @@ class Checkpointer:
         self.s, self.cfg, self.path, self.history, self.tracker = s, s.params.train, path, history, tracker
         self.elapsed_s = elapsed_s
         self.saver = checkpoint.BackgroundSaver(self.cfg.async_checkpoint)
-        self.last_saved = step if path.exists() else None
+        self.last_saved = step if path.exists() else None  # the step of the checkpoint on disk
+        self.writing: int | None = None  # the step being written in the background
         if not self.cfg.save_checkpoint and s.dist.main:
             path.parent.mkdir(parents=True, exist_ok=True)  # the stage's DVC out exists, empty
 
@@ -43,8 +46,27 @@ class Checkpointer:
         rngs = distributed.gather(checkpoint.rng_states(), self.s.dist)
         weights, optimizers = full_state(self.s)
         if self.s.dist.main:
+            self.settle(block=True)  # the previous write first: one at a time
+            self.writing = step
             self.saver.save(self.path, state(self.s, step, self.history, self.tracker.run_id, rngs, summary,
                                              weights, optimizers))
+            if not self.saver.enabled:
+                self.settle(block=True)
+        else:
+            self.last_saved = step
+
+    def settle(self, block: bool = False) -> None:
+        """Learn how the background write ended (after every step, without waiting for it): a finished one is
+        the last good checkpoint; a failed one stops the run now, not at the next save, so no step trains
+        unsaved in the belief that it is saved."""
+        if self.writing is None or (not block and self.saver.busy):
+            return
+        step, self.writing = self.writing, None
+        try:
+            self.saver.wait()
+        except UserError as exc:
+            raise UserError(f"the checkpoint of step {step} was not saved: {exc}; the last good checkpoint, "
+                            f"{self.last_good()}, is kept for train.resume auto") from None
         self.last_saved = step
 
     def what_was_saved(self) -> str:
@@ -54,13 +76,21 @@ class Checkpointer:
         return f"checkpoint saved to {self.path}; run the stage again to resume (train.resume: auto)"
 
     def last_good(self) -> str:
+        """For messages: the checkpoint on disk, once the write in flight (if any) has ended."""
+        with contextlib.suppress(UserError):
+            self.settle(block=True)
         return f"{self.path} (step {self.last_saved})" if self.last_saved is not None else "none was saved yet"
 
     def __enter__(self) -> Checkpointer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.saver.wait()  # the last checkpoint is on disk before the run reports, returns or stops
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        """The last checkpoint is on disk before the run reports, returns or stops."""
+        if kind is None:
+            self.settle(block=True)
+        else:  # already failing: the first error is the one to report
+            with contextlib.suppress(Exception):
+                self.saver.wait()
 
 
 def full_state(s: Setup) -> tuple[dict[str, Any], list[dict[str, Any]]]:

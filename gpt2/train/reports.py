@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpt2.core.atomic import atomic_dir, write_json
+from gpt2.core.atomic import json_text, write_files
 from gpt2.train.curves import render_curves
 from gpt2.train.flops import mfu
 
@@ -153,15 +153,14 @@ def _round(value: Any, digits: int) -> Any:
 
 def write_reports(report_dir: Path, summary: dict[str, Any], history: History) -> None:
     """metrics.json (compared figures), summary.json (the whole summary), plots/*.tsv and plots/curves.png."""
-    report_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_dir(report_dir / "plots", owns=("*.tsv", "curves.png"), command="train") as tmp:
-        for name, rows in (("train.tsv", history.train), ("val.tsv", history.val)):
-            (tmp / name).write_text(plot_table(PLOT_COLUMNS[name], rows))
-        png = render_curves(history.train, history.val, f"{summary['params']:,} parameters, {summary['steps']} steps")
-        if png is not None:
-            (tmp / "curves.png").write_bytes(png)
-    write_json(report_dir / "summary.json", summary)
-    write_json(report_dir / "metrics.json", compared_figures(summary))
+    files: dict[str, str | bytes] = {f"plots/{name}": plot_table(PLOT_COLUMNS[name], rows)
+                                     for name, rows in (("train.tsv", history.train), ("val.tsv", history.val))}
+    png = render_curves(history.train, history.val, f"{summary['params']:,} parameters, {summary['steps']} steps")
+    if png is not None:
+        files["plots/curves.png"] = png
+    files["summary.json"] = json_text(summary)
+    files["metrics.json"] = json_text(compared_figures(summary))
+    write_files(report_dir, files)  # all of them or none
 
 
 def plot_table(columns: dict[str, tuple[str, ...]], rows: list[dict[str, Any]]) -> str:

@@ -63,6 +63,7 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
             grad_norm, skipped = optimizer_step(s.model, s.optimizers, s.scaler, cfg.grad_clip)
             step += 1
             metrics.step_done(loss, skipped)
+            checkpointer.settle()  # a failed background save stops the run here
             last = step == s.total_steps
             asked = vote.after_step()  # a stop signal is acted on now, not at the next log step
             if not (last or asked or metrics.must_sync(step) or evaluator.due(step) or checkpointer.due(step)):
