@@ -6,6 +6,7 @@ import json
 import math
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -137,6 +138,41 @@ def test_a_signal_stops_after_this_step_where_syncs_are_rare(tmp_path, tokens, m
     with pytest.raises(TrainingInterrupted, match="SIGTERM at step 6/12"):
         run(tmp_path, tokens, micro_params(log_interval=50, eval_interval=50))
     assert checkpoint.load(tmp_path / "run/ckpt.pt")["step"] == 6
+
+
+@pytest.mark.parametrize("through_a_shell", [False, True])
+def test_a_trainer_whose_parent_is_killed_saves_and_stops(tmp_path, tokens, through_a_shell):
+    """DVC (or a scheduler) killed: its trainer, started directly or through `sh -c` as DVC starts stages,
+    stops as on SIGTERM (saves, exits) instead of training on orphaned."""
+    import shlex
+    import subprocess
+    import sys
+
+    import psutil
+    import yaml
+    from conftest import MICRO_MODEL, MICRO_TRAIN
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"model": MICRO_MODEL, "train": {**MICRO_TRAIN, "max_steps": 100_000}}))
+    command = [sys.executable, "-m", "gpt2.cli", "train", "--params", str(params), "--tokens", str(tokens),
+               "--checkpoint", str(tmp_path / "ckpt.pt"), "--out", str(tmp_path / "r")]
+    if through_a_shell:
+        command = ["/bin/sh", "-c", shlex.join(command)]
+    log = tmp_path / "train.log"
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
+                               f"with open({str(log)!r}, 'w') as log:\n"
+                               f"    child = subprocess.Popen({command!r}, stderr=log)\n"
+                               "    print(child.pid, flush=True)\n    child.wait()\n"],
+                              stdout=subprocess.PIPE, text=True)
+    child = psutil.Process(int(parent.stdout.readline()))
+    while "| loss " not in log.read_text():  # it trains
+        time.sleep(0.2)
+    parent.kill()
+    parent.wait()
+    trainer_process = child.children()[0] if through_a_shell else child
+    trainer_process.wait(timeout=60)
+    assert "interrupted by SIGTERM at step" in log.read_text()
+    assert 0 < checkpoint.load(tmp_path / "ckpt.pt")["step"] < 100_000
 
 
 def test_sigterm_exit_code(tmp_path, tokens, monkeypatch):

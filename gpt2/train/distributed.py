@@ -80,7 +80,9 @@ def run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
     checkpoint's lock. torchrun gets its own session, so a Ctrl-C in the terminal reaches it once,
     through here, not twice (a second SIGINT aborts a rank without saving). Returns 128 + the signal
     when one was forwarded, else torchrun's exit status."""
-    child = subprocess.Popen(command, env=env, start_new_session=True)
+    from gpt2.train.signals import stop_with_parent
+
+    child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=stop_with_parent)
     received: list[int] = []
 
     def forward(signum: int, frame: object) -> None:

@@ -36,7 +36,7 @@ from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.reports import History, compared_figures, summarize, write_reports
 from gpt2.train.resume import changed_settings, load_for_resume, restore
 from gpt2.train.setup import Setup, build, inert_switch_warnings, run_name, what_runs
-from gpt2.train.signals import StopVote, TrainingInterrupted, stop_on_signals
+from gpt2.train.signals import StopVote, TrainingInterrupted, stop_on_signals, stop_with_parent
 from gpt2.train.step import backward_micro_batches, optimizer_step
 from gpt2.train.tracking import MlflowTracker, Tracker, flatten, git_commit
 
@@ -93,6 +93,7 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
     ckpt_path, report_dir = Path(ckpt_path), Path(report_dir) if report_dir is not None else None
     started = time.perf_counter()  # wall-clock throughput counts building the model and loading the data too
     cfg = params.train
+    stop_with_parent()  # DVC or a scheduler killed: save and stop, never train on orphaned
     with reproducible(cfg.threads, cfg.deterministic), compile_caches(cfg.compile, cfg.compile_cache):
         reset_memory_peak()  # this run's peak, from building the model and loading the data on
         s = build(params, tokens_dir)
