@@ -175,3 +175,28 @@ def test_jsonl_documents_are_tokenized_one_per_line(tmp_path):
     assert meta["splits"]["train"]["documents"] == 27 and meta["splits"]["val"]["documents"] == 3
     tokens = open_tokens(out, "train")
     assert int((tokens == EOT_ID).sum()) == 27
+
+
+def test_sigterm_during_tokenize_cleans_up_as_ctrl_c_does(tmp_path):
+    """A scheduler's SIGTERM mid-tokenize: exit 143, one line, no hidden temporary folder left beside the output."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(0)
+    (corpus / "big.txt").write_text("".join(document(rng, 40) for _ in range(8000)))  # ~15 MB: seconds of work
+    raw = raw_from(tmp_path, corpus)
+    params = tmp_path / "params.yaml"
+    params.write_text("tokenize:\n  workers: 1\n  chunk_kb: 64\n")
+    stage = subprocess.Popen([sys.executable, "-m", "gpt2.cli", "tokenize", "--params", str(params), "--raw", str(raw),
+                              "--out", str(tmp_path / "tokens")], stderr=subprocess.PIPE, text=True)
+    while not list(tmp_path.glob(".tokens.tmp-*")):  # it writes
+        assert stage.poll() is None, stage.stderr.read()
+        time.sleep(0.05)
+    stage.send_signal(signal.SIGTERM)
+    assert stage.wait(timeout=60) == 143
+    assert "terminated (SIGTERM); no output was written" in stage.stderr.read()
+    assert not list(tmp_path.glob(".tokens*")) and not (tmp_path / "tokens").exists()

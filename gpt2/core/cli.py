@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import click
 
 from gpt2.core import log
-from gpt2.core.errors import UserError
+from gpt2.core.errors import Terminated, UserError
 
 logger = log.get("cli")
 
@@ -18,19 +19,37 @@ PARAMS = click.option("--params", "params_path", default="params.yaml", show_def
                       type=click.Path(dir_okay=False), help="params file to read the stage's section from")
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()  # signal handlers can only be set there
+
+
 def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a :class:`UserError` into one ``error:`` line and a non-zero exit."""
+    """Turn a :class:`UserError` into one ``error:`` line and a non-zero exit; SIGTERM cleans up as Ctrl-C does
+    (temporaries removed, children stopped) and exits 143."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
         try:
             return func(*args, **kwargs)
         except UserError as exc:
-            logger.error(str(exc), extra=log.EVERY_RANK)
+            logger.error(str(exc), extra=log.EVERY_RANK if exc.every_rank else {})
             sys.exit(exc.exit_code)
+        except Terminated:
+            logger.info("terminated (SIGTERM); no output was written", extra=log.EVERY_RANK)
+            sys.exit(143)
         except KeyboardInterrupt:
             logger.info("interrupted; no output was written", extra=log.EVERY_RANK)
             sys.exit(130)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
 
     return wrapper
 

@@ -13,3 +13,11 @@ class UserError(Exception):
     """
 
     exit_code = 2
+    every_rank = True  # under torchrun each rank says it; False: rank 0 alone (every rank has the same news)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that the same clean-up runs (temporaries removed,
+    child processes stopped) instead of Python's default of dying on the spot."""
+
+    signum = 15

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gpt2.core.errors import UserError
+from gpt2.core.errors import Terminated, UserError
 
 _REPRODUCING = re.compile(r"Reproducing experiment '([^']+)'")
 
@@ -95,7 +96,9 @@ def run_now(root: Path, name: str, sets: dict[str, Any], target: str, log: Path)
                                    env=_env())
         try:
             return process.wait()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as interrupt:
+            if isinstance(interrupt, Terminated):  # only this process got it: DVC cleans up on SIGINT
+                process.send_signal(signal.SIGINT)
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -136,11 +139,11 @@ def run_queue_or_cancel(root: Path, on_start: Callable[[str], None], log: Path, 
     """:func:`run_queue`; on Ctrl-C, :func:`cancel` and a UserError (exit 130) that says what was kept."""
     try:
         return run_queue(root, on_start, log)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         cancel(root)
         error = UserError(f"{what} interrupted: the queued runs were removed and the running one killed; finished "
                           f"runs are kept (dvc exp show){kept}")
-        error.exit_code = 130
+        error.exit_code = 143 if isinstance(interrupt, Terminated) else 130
         raise error from None
 
 

@@ -55,7 +55,7 @@ def must_launch(cfg: TrainConfig) -> bool:
 
 def launch(cfg: TrainConfig, args: list[str]) -> int:
     """Run ``python -m gpt2.train.cli ARGS`` in ``nproc_per_node`` processes under torchrun; its exit status."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.nproc_per_node}",
+    command = [sys.executable, "-m", "gpt2.train.torchrun", "--standalone", f"--nproc-per-node={cfg.nproc_per_node}",
                "-m", "gpt2.train.cli", *args]
     logger.info(f"train: launching {cfg.nproc_per_node} processes: {' '.join(command[1:])}")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(cfg)))}

@@ -27,6 +27,8 @@ logger = log.get("train")
 class TrainingInterrupted(UserError):
     """SIGINT/SIGTERM: the step finished, a checkpoint was saved, the run can be resumed."""
 
+    every_rank = False  # all ranks stopped at the same step: one line says it
+
 
 class StopRequest:
     signum: int | None = None

@@ -10,7 +10,7 @@ from typing import Any
 from gpt2.core import log
 from gpt2.core.atomic import check_owned
 from gpt2.core.config import ModelParams, TrainConfig, build, read_yaml, to_dict
-from gpt2.core.errors import UserError
+from gpt2.core.errors import Terminated, UserError
 from gpt2.core.progress import clock
 from gpt2.measure import experiments
 from gpt2.measure.ladder.report import LADDER_FILES, log_to_mlflow, write_report
@@ -119,10 +119,10 @@ def _measure(root: Path, ladder: Ladder, plan_: Plan, todo: list[tuple[int, int]
         started = time.perf_counter()
         try:
             code = experiments.run_now(root, name, plan_.sets[i], "train", log_path)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as interrupt:
             error = UserError("ladder interrupted: the running experiment was stopped; finished runs are kept "
                               "(dvc exp show) and reused by the next `gpt2 ladder`")
-            error.exit_code = 130
+            error.exit_code = 143 if isinstance(interrupt, Terminated) else 130
             raise error from None
         durations.append(time.perf_counter() - started)
         if code != 0:
