@@ -111,7 +111,7 @@ def tokens(tmp_path: Path) -> Path:
 # --------------------------------------------------------------------------- DVC projects in a temp git repo
 
 ROOT = Path(__file__).resolve().parents[1]
-LITTER = ("mlruns", "mlartifacts", "mlflow.db")  # what a test that forgets its tmp_path leaves in the project
+LITTER = ("mlruns", "mlartifacts", "mlflow.db", ".dvc/tmp/gpt2-interrupted")  # what a test that forgets its tmp_path leaves in the project
 
 
 # The user's MLflow and DVC settings: a test run must neither read nor write them (a team's tracking server,

@@ -175,6 +175,29 @@ def test_a_trainer_whose_parent_is_killed_saves_and_stops(tmp_path, tokens, thro
     assert 0 < checkpoint.load(tmp_path / "ckpt.pt")["step"] < 100_000
 
 
+def test_an_interrupted_experiment_resumes_though_dvc_restored_its_baseline_checkpoint(tmp_path, tokens, monkeypatch,
+                                                                                      capsys):
+    """`dvc exp run -S ...` interrupted, then run again: DVC first puts its baseline's (finished) checkpoint back
+    in checkpoints/. The interrupted run, kept in .dvc/tmp, continues, exactly."""
+    import shutil
+
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("DVC_EXP_NAME", "my-exp")
+    run(tmp_path, tokens, micro_params(max_steps=4), "baseline")  # the committed, finished run of other params
+    run(tmp_path, tokens, micro_params(), "straight")
+    interrupt_at(monkeypatch, 5)
+    with pytest.raises(TrainingInterrupted, match="run the same `dvc exp run` command again to resume it"):
+        run(tmp_path, tokens, micro_params())
+    monkeypatch.undo()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    shutil.copy(tmp_path / "baseline/ckpt.pt", tmp_path / "run/ckpt.pt")  # what dvc exp run does before running
+    assert run(tmp_path, tokens, micro_params())["steps"] == 12
+    assert "resuming the interrupted run of these params and data kept in" in capsys.readouterr().err
+    assert losses(tmp_path) == losses(tmp_path, "straight")
+    assert not list((tmp_path / ".dvc/tmp/gpt2-interrupted").iterdir())  # finished: no longer kept
+
+
 def test_sigterm_exit_code(tmp_path, tokens, monkeypatch):
     interrupt_at(monkeypatch, 2, signal.SIGTERM)
     with pytest.raises(TrainingInterrupted, match="SIGTERM") as info:

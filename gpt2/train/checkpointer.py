@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,11 @@ class Checkpointer:
         """For the message of an interrupted run."""
         if not self.cfg.save_checkpoint:
             return "no checkpoint saved (train.save_checkpoint is false)"
-        return f"checkpoint saved to {self.path}; run the stage again to resume (train.resume: auto)"
+        if os.environ.get("DVC_EXP_NAME"):
+            how = "run the same `dvc exp run` command again to resume it (or `dvc repro` in this workspace)"
+        else:
+            how = "run the stage again to resume (train.resume: auto)"
+        return f"checkpoint saved to {self.path}; {how}"
 
     def last_good(self) -> str:
         """For messages: the checkpoint on disk, once the write in flight (if any) has ended."""

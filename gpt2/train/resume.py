@@ -2,7 +2,9 @@
 
 - No checkpoint, or ``train.resume: never``: a fresh start.
 - A finished run of exactly these params and data: nothing trains; its reports are rebuilt from it.
-- A finished run of other params or data: a fresh start (said so).
+- A finished run of other params or data, or no checkpoint: the interrupted run of these params kept
+  in ``.dvc/tmp/gpt2-interrupted/`` continues if there is one (``dvc exp run`` puts its baseline's
+  checkpoint back before it runs), else a fresh start (said so).
 - An unfinished run: it continues, unless the model, the data or the optimizer changed, which is
   refused (the weights would not fit, would go on learning other text, or the optimizer's state
   would belong to another algorithm). Other changed train settings are allowed, listed, and apply
@@ -13,12 +15,15 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from gpt2.core import log
+from gpt2.core.atomic import atomic_file
 from gpt2.core.config import to_dict
 from gpt2.core.errors import UserError
 from gpt2.train import checkpoint, sharded
@@ -37,18 +42,24 @@ REUSABLE_TRAIN_FIELDS = {"mlflow", "experiment", "resume", "dist_timeout_s", "di
 
 def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
     """The checkpoint to continue from, None for a fresh start, or a refusal (UserError)."""
-    if s.params.train.resume == "never" or not path.exists():
+    if s.params.train.resume == "never":
         return None
-    state = checkpoint.load(path)
-    if state["step"] >= state["total_steps"] or state.get("metrics") is not None:  # or it stopped at its target
-        if not same_run(state, s):
-            why = "of other params or data"
-        elif state.get("metrics") is None:
-            why = "written before checkpoints kept their summary"
-        else:
+    state = checkpoint.load(path) if path.exists() else None
+    if state is None or state["step"] >= state["total_steps"] or state.get("metrics") is not None:  # or at target
+        if state is not None and same_run(state, s) and state.get("metrics") is not None:
             return state  # finished with these params and data: its reports are rebuilt, nothing retrains
-        logger.info(f"train: {path} is a finished run ({state['step']} steps) {why}; starting a new run")
-        return None
+        kept = kept_interrupted(s)
+        if kept is not None:  # `dvc exp run` put its baseline's checkpoint back in place of the interrupted one
+            logger.info(f"train: resuming the interrupted run of these params and data kept in {kept} "
+                        f"({path} {'holds another run' if state is not None else 'is missing'})")
+            state, path = checkpoint.load(kept), kept
+        elif state is None:
+            return None
+        else:
+            why = ("of other params or data" if not same_run(state, s)
+                   else "written before checkpoints kept their summary")
+            logger.info(f"train: {path} is a finished run ({state['step']} steps) {why}; starting a new run")
+            return None
     old, new = state["model_config"], dataclasses.asdict(s.model_cfg)
     diffs = [f"{k} {old.get(k)} → {v}" for k, v in new.items() if k not in RESUMABLE_MODEL_FIELDS and old.get(k) != v]
     if state["data"] != s.data_identity:
@@ -125,3 +136,48 @@ def load_optimizer(s: Setup, optimizer: torch.optim.Optimizer, saved: dict[str, 
             step = optimizer.state.get(p, {}).get("step")
             if isinstance(step, torch.Tensor):
                 optimizer.state[p]["step"] = step.to(p.device if on_device else "cpu", torch.float32)
+
+
+def run_key(s: Setup) -> str:
+    """What identifies a run for resuming it: its model and train params (tracking switches aside) and data."""
+    import hashlib
+    import json
+
+    train = {k: v for k, v in to_dict(s.params.train).items() if k not in REUSABLE_TRAIN_FIELDS}
+    text = json.dumps({"model": to_dict(s.params.model), "train": train, "data": s.data_identity}, sort_keys=True,
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def interrupted_dir() -> Path | None:
+    """Where a stage run by DVC keeps its interrupted runs: the project's ``.dvc/tmp`` (neither git nor DVC
+    track it). None outside DVC, where the checkpoint stays in place and nothing restores another over it."""
+    root = os.environ.get("DVC_ROOT")
+    return Path(root) / ".dvc" / "tmp" / "gpt2-interrupted" if root and (Path(root) / ".dvc").is_dir() else None
+
+
+def keep_interrupted(path: Path, s: Setup) -> Path | None:
+    """Keep the interrupted run's checkpoint beside the project's DVC state: ``dvc exp run`` restores its
+    baseline's outputs before it runs, so the same command run again would otherwise find another run in
+    ``checkpoints/`` and start over. A copy, not a link: a tool that rewrites the checkpoint in place would
+    change a linked one too."""
+    folder = interrupted_dir()
+    if folder is None or not path.is_file():
+        return None
+    kept = folder / f"{run_key(s)}.pt"
+    with atomic_file(kept) as tmp:
+        shutil.copyfile(path, tmp)
+    return kept
+
+
+def kept_interrupted(s: Setup) -> Path | None:
+    folder = interrupted_dir()
+    kept = folder / f"{run_key(s)}.pt" if folder is not None else None
+    return kept if kept is not None and kept.is_file() else None
+
+
+def drop_interrupted(s: Setup) -> None:
+    """The run finished: its interrupted copy is no longer needed."""
+    kept = kept_interrupted(s)
+    if kept is not None:
+        kept.unlink(missing_ok=True)

@@ -34,7 +34,7 @@ from gpt2.train.metrics import Diverged, Metrics, memory_gb, reset_memory_peak
 from gpt2.train.oom import out_of_memory_error
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.reports import History, compared_figures, summarize, write_reports
-from gpt2.train.resume import changed_settings, load_for_resume, restore
+from gpt2.train.resume import changed_settings, drop_interrupted, keep_interrupted, load_for_resume, restore
 from gpt2.train.setup import Setup, build, inert_switch_warnings, run_name, what_runs
 from gpt2.train.signals import StopVote, TrainingInterrupted, stop_on_signals, stop_with_parent
 from gpt2.train.step import backward_micro_batches, optimizer_step
@@ -125,7 +125,7 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
     if state is not None:
         step, history, run_id = restore(s, state)
         changes = changed_settings(state, s)
-        logger.info(f"train: resuming {ckpt_path} at step {step}/{s.total_steps}")
+        logger.info(f"train: resuming at step {step}/{s.total_steps}")
     del state
     info = what_runs(s)
     logger.info("train: " + ", ".join(f"{k}={v}" for k, v in info.items()))
@@ -172,9 +172,13 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
         tracker.log_metrics({"summary/" + k: v for k, v in flatten(compared_figures(summary)).items()
                              if isinstance(v, int | float) and not isinstance(v, bool)}, step=summary["steps"])
         status = "FINISHED"
+        if s.dist.main:
+            drop_interrupted(s)
         return summary
     except TrainingInterrupted:
         status = "KILLED"
+        if s.dist.main and cfg.save_checkpoint:
+            keep_interrupted(ckpt_path, s)
         raise
     finally:
         tracker.end(status)
