@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conftest import write_params
 
 from gpt2.cli import main
@@ -47,6 +49,27 @@ def test_user_error_is_one_line_and_exit_2(runner, tmp_path):
     assert result.output.strip().splitlines() == [
         "error: params: tokenize.workers = -1 is not allowed; expected an integer >= 0 (0 = all cores)"]
     assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"model": {"n_head": 5}}, "model.n_head = 5 is not allowed; expected a divisor of the width, model.n_embd 128"),
+    ({"train": {"block_size": 256}}, "train.block_size = 256 is not allowed; expected at most the model's context"),
+    ({"train": {"batch_tokens": 1000}}, "train.batch_tokens = 1000 is not allowed; expected a multiple of the sequence"),
+    ({"train": {"batch_tokens": 2560, "micro_batch_size": 8}}, "train.micro_batch_size = 8 is not allowed; expected "
+                                                               "auto or a divisor of the 20 sequences"),
+    ({"train": {"init_from": "gpt3"}}, "train.init_from = 'gpt3' is not allowed; expected scratch, gpt2, gpt2-medium"),
+    ({"train": {"device": "cuda"}}, "train.device cuda, but CUDA is not available here"),
+])
+def test_validate_refuses_what_the_train_stage_would_refuse(runner, tmp_path, sections, message):
+    """Before DVC deletes any stage's outputs: the shapes and the device, from params alone."""
+    import torch
+
+    if "cuda" in message and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    params = write_params(tmp_path / "p.yaml", **sections)
+    result = runner.invoke(main, ["validate", "--params", str(params), "--out", str(tmp_path / "ok")])
+    assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1, result.output
+    assert not (tmp_path / "ok").exists()
 
 
 def test_missing_params_file(runner, tmp_path):

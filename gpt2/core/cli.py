@@ -57,6 +57,18 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 VALID_MARK = "params.yaml: every section valid\n"
 
 
+def check_devices(params: Any) -> None:
+    """A CUDA device asked for where there is none is refused before any stage runs (torch only then)."""
+    asked = [f"{section}.device" for section in ("train", "eval") if getattr(params, section).device == "cuda"]
+    if not asked:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError(f"{' and '.join(asked)} cuda, but CUDA is not available here (torch {torch.__version__}); "
+                        "set it to auto or cpu, or run on a machine with an NVIDIA GPU and a CUDA build of torch")
+
+
 @click.command()
 @PARAMS
 @click.option("--out", default="reports/validate/params.ok", show_default=True,
@@ -73,7 +85,11 @@ def validate(params_path: str, out: str) -> None:
     from gpt2.core.atomic import atomic_file
     from gpt2.core.config import load_params
 
-    load_params(params_path)
+    from gpt2.core.sizes import check_shapes
+
+    params = load_params(params_path)
+    check_shapes(params.model, params.train)
+    check_devices(params)
     with atomic_file(Path(out)) as tmp:
         tmp.write_text(VALID_MARK)
     logger.info(f"validate: {params_path} is valid")

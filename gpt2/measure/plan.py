@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core.errors import UserError
-from gpt2.model.sizes import SIZES
-from gpt2.model.sizes import pad_vocab as padded_size
+from gpt2.core.sizes import SIZES
+from gpt2.core.sizes import pad_vocab as padded_size
 from gpt2.train.flops import PEAK_TFLOPS, device_key, flops_per_token
 
 VOCAB = 50257

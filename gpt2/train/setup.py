@@ -18,7 +18,7 @@ from gpt2.core.digest import sha256_file
 from gpt2.core.errors import UserError
 from gpt2.core.tokens import read_meta
 from gpt2.model.gpt import GPT, GPTConfig, gpt_config
-from gpt2.model.sizes import SIZES, sequence_length
+from gpt2.core.sizes import SIZES, sequence_length
 from gpt2.train import distributed, sharded
 from gpt2.train.batch import Batch, Recipe, model_shape, resolve_batch
 from gpt2.train.compiled import CompileWatch

@@ -71,7 +71,7 @@ def describe(plan_: Plan, rows: list[Row]) -> str:
     first = next((r for r in rows if r.runs), None)
     runtime = first.runtime if first else {}
     model, train = plan_.sections[0]["model"], plan_.sections[0]["train"]
-    from gpt2.model.sizes import sequence_length
+    from gpt2.core.sizes import sequence_length
 
     seq = sequence_length(model["size"], model["block_size"], train["block_size"])
     return (f"Device: {runtime.get('device_name', plan_.device)} ({plan_.device}), torch {runtime.get('torch', '?')}. "

@@ -194,7 +194,7 @@ def _cxx_compiler() -> str | None:
 def _accumulation(raw: dict[str, Any], model_set: dict[str, Any], train_set: dict[str, Any], profile: Profile) -> int:
     """``grad_accum_steps: target``: the micro-batches nearest the profile's target_batch_tokens (at least 2,
     so the rung always accumulates, also when ``--model`` makes one micro-batch larger than the target)."""
-    from gpt2.model.sizes import sequence_length
+    from gpt2.core.sizes import sequence_length
 
     model = {**(raw.get("model") or {}), **model_set}
     train = {**(raw.get("train") or {}), **train_set}
