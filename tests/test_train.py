@@ -506,3 +506,22 @@ def test_out_of_memory_is_an_answer_and_the_last_checkpoint_stays(tmp_path, toke
     from gpt2.train.oom import smaller_micro_batch
 
     assert smaller_micro_batch(7, 1) == (1, 7) and smaller_micro_batch(1, 4) is None
+
+
+@pytest.mark.parametrize("bad_id, loading", [(60000, "preload"), (50300, "preload"), (50300, "memmap")])
+def test_token_ids_outside_the_vocab_are_refused_with_the_cause(tmp_path, tokens, bad_id, loading):
+    """Past the embedding (an IndexError deep in torch) or in its padded rows (an infinite loss blamed on lr)."""
+    ids = np.fromfile(tokens / "train.bin", dtype=np.uint16)
+    ids[1234] = bad_id
+    ids.tofile(tokens / "train.bin")
+    with pytest.raises(UserError, match=rf"train.bin holds token id {bad_id}, outside the vocab of 50257 .* run the "
+                                        "tokenize stage again"):
+        run(tmp_path, tokens, micro_params(data_loading=loading, max_steps=2000))
+
+
+@pytest.mark.parametrize("meta", [[1, 2], {"dtype": "uint16", "vocab_size": 50257, "eot_id": 50256},
+                                  {"dtype": "uint16", "vocab_size": 50257, "eot_id": 50256, "splits": {"train": {}}}])
+def test_a_malformed_meta_json_is_named_not_a_traceback(tmp_path, tokens, meta):
+    (tokens / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match=r"meta.json (holds a JSON list|lacks .*splits).*run the tokenize stage again"):
+        run(tmp_path, tokens, micro_params())

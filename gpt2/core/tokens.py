@@ -51,9 +51,24 @@ def read_meta(tokens_dir: str | Path) -> dict[str, Any]:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path} is not valid JSON ({exc}); run the tokenize stage again") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{path} holds a JSON {type(meta).__name__}, not the token folder's description; run the "
+                        "tokenize stage again")
     if meta.get("dtype") != DTYPE:
         raise UserError(f"{path} says dtype {meta.get('dtype')!r}, but token files must be {DTYPE} "
                         "(GPT-2 ids reach 50256); run the tokenize stage again")
+    missing = [key for key in ("vocab_size", "eot_id", "splits") if key not in meta]
+    splits = meta.get("splits")
+    if not missing and isinstance(splits, dict):
+        missing = [f"splits.{name}.{key}" for name in ("train", "val") for key in ("tokens",)
+                   if not isinstance(splits.get(name), dict) or not isinstance(splits[name].get(key), int)]
+        missing += [f"splits.{name}.file" for name in ("train", "val") if isinstance(splits.get(name), dict)
+                    and "file" not in splits[name] and "shards" not in splits[name]]
+    elif not missing:
+        missing = ["splits (a mapping)"]
+    if missing:
+        raise UserError(f"{path} lacks {', '.join(missing)}: it is not a token folder's meta.json this code wrote; run "
+                        "the tokenize stage again")
     return meta
 
 

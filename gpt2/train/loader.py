@@ -46,13 +46,27 @@ class TokenSplit:
         self.label = token_files.split_label(self.meta, split)
         shards = token_files.split_shards(self.meta, split)
         self._ram: Tokens | None = None
+        self.vocab_size = int(self.meta["vocab_size"])
         if mode == "preload" and shared:
             parts = [shared_pages(self.dir, s) for s in shards]
+            for part in parts:
+                self.check_ids(part)
             self._ram = parts[0] if len(parts) == 1 else ShardedTokens.of(parts)
         elif mode == "preload":  # one allocation, filled shard by shard (no transient second copy)
             self._ram = np.empty(self.length, dtype=DTYPE)
             for lo, chunk in token_files.read_chunks(self.dir, shards):
                 self._ram[lo:lo + len(chunk)] = chunk
+            self.check_ids(self._ram)  # in RAM: one pass; mapped per use (memmap): each batch is checked
+
+    def check_ids(self, tokens: np.ndarray) -> None:
+        """Refuse ids outside the vocabulary: past the embedding they fail deep in PyTorch, and in its padded
+        rows (50,257-50,303) they make the loss infinite, which would be blamed on the learning rate."""
+        tokens = tokens.reshape(-1)
+        if len(tokens) and int(tokens.max()) >= self.vocab_size:
+            at = int(np.argmax(tokens >= self.vocab_size))
+            raise UserError(f"{self.label} holds token id {int(tokens[at])}, outside the vocab of {self.vocab_size} "
+                            "(GPT-2's ids end at 50256): these are not this tokenizer's tokens, or the file is "
+                            "damaged; run the tokenize stage again")
 
     def array(self) -> Tokens:
         if self._ram is not None:
@@ -96,8 +110,12 @@ class BatchSampler:
         """The windows that begin at ``starts``, on the device."""
         tokens = self.data.array()
         if self.batching == "vectorized":
-            return self._vectorized(tokens, starts)
-        return self._loop(tokens, starts)
+            x, y = self._vectorized(tokens, starts)
+        else:
+            x, y = self._loop(tokens, starts)
+        if self.data.mode == "memmap":
+            self.data.check_ids(token_files.windows(tokens, starts, self.block_size + 1))
+        return x, y
 
     def _vectorized(self, tokens: Tokens, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         batch = torch.from_numpy(token_files.windows(tokens, starts, self.block_size + 1).astype(np.int64))
