@@ -192,7 +192,26 @@ def test_missing_and_corrupt_checkpoints(tmp_path, trained):
     bad.write_bytes((trained / "ckpt.pt").read_bytes()[:1000])
     with pytest.raises(UserError, match="corrupt or truncated"):
         evaluate(quick(), bad, trained / "tokens", tmp_path / "eval")
+    state = checkpoint.load(trained / "ckpt.pt")
+    state["model"]["transformer.h.0.mlp.c_fc.weight"][3, 7] = float("nan")  # flipped bits in the tensor data
+    torch.save(state, bad)
+    with pytest.raises(UserError, match=r"holds NaN or inf weights \(1 tensors, transformer.h.0.mlp.c_fc.weight first\)"):
+        evaluate(quick(), bad, trained / "tokens", tmp_path / "eval")
     assert not (tmp_path / "eval").exists()
+
+
+def test_one_window_has_no_standard_error_and_the_json_says_null(tmp_path, trained, capsys):
+    import shutil
+
+    tokens = tmp_path / "tokens"
+    shutil.copytree(trained / "tokens", tokens)
+    meta = json.loads((tokens / "meta.json").read_text())
+    np.fromfile(tokens / "val.bin", dtype=np.uint16)[:5].tofile(tokens / "val.bin")
+    meta["splits"]["val"]["tokens"] = 5
+    (tokens / "meta.json").write_text(json.dumps(meta))
+    evaluate(quick(), trained / "ckpt.pt", tokens, tmp_path / "eval")
+    assert json.loads((tmp_path / "eval/metrics.json").read_text())["eval"]["val_loss_se"] is None
+    assert "no standard error: it needs two windows, there is one" in capsys.readouterr().err
 
 
 def test_vocab_mismatch_with_the_token_files(tmp_path, trained):

@@ -340,6 +340,26 @@ def test_nan_loss_stops_with_step_and_last_checkpoint(tmp_path, tokens, monkeypa
         run(tmp_path, tokens, micro_params(checkpoint_interval=2))
 
 
+def test_weights_broken_by_an_update_are_never_saved_as_the_last_good_checkpoint(tmp_path, tokens, monkeypatch):
+    """The update of step 4 breaks the weights after its loss was computed (finite): the step-4 save is refused,
+    and the message names step 2, the checkpoint that really is good."""
+    original, calls = trainer.optimizer_step, {"n": 0}
+
+    def breaking(model, *args):
+        result = original(model, *args)
+        calls["n"] += 1
+        if calls["n"] == 4:
+            with torch.no_grad():
+                next(model.parameters())[0, 0] = float("nan")
+        return result
+
+    monkeypatch.setattr(trainer, "optimizer_step", breaking)
+    with pytest.raises(Diverged, match=r"the weights hold NaN or inf after step 4 \(\d+ tensors, transformer.wte.weight "
+                                       r"first\).*this step was not saved; last good checkpoint: .*ckpt.pt \(step 2\)"):
+        run(tmp_path, tokens, micro_params(checkpoint_interval=2))
+    assert checkpoint.load(tmp_path / "run/ckpt.pt")["step"] == 2
+
+
 def test_fp16_overflow_steps_are_skipped_and_counted(tmp_path, tokens, monkeypatch):
     original = trainer.build
 

@@ -57,7 +57,7 @@ def load_model(ckpt_path: str | Path, runtime: Runtime) -> Loaded:
     """Rebuild the model from a checkpoint (compiled or not) on ``runtime.device``."""
     state = checkpoint.load(ckpt_path)
     try:
-        config, weights = checkpoint.trained_model(state)
+        config, weights = checkpoint.trained_model(state, ckpt_path)
         model = GPT(GPTConfig(**config))
         model.load_state_dict(weights)
     except (KeyError, TypeError, RuntimeError) as exc:
@@ -250,7 +250,8 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
     try:
         loss, se, n = val_loss(loaded, val, spans, cfg.batch_size)
         baseline = unigram_loss(train_counts(tokens_dir, meta, cfg.unigram_max_tokens), val, spans)
-        logger.info(f"evaluate: val loss {loss:.4f} ± {se:.4f} (ppl {math.exp(loss):.1f}) over {n:,} tokens in "
+        spread = f"± {se:.4f}" if math.isfinite(se) else "(no standard error: it needs two windows, there is one)"
+        logger.info(f"evaluate: val loss {loss:.4f} {spread} (ppl {math.exp(loss):.1f}) over {n:,} tokens in "
                     f"{time.perf_counter() - started:.1f} s; unigram baseline {baseline:.4f}")
         hellaswag = score_hellaswag(loaded, cfg) if cfg.hellaswag else None
         text, tokens_per_s = samples(loaded, cfg, encoded, meta["eot_id"])

@@ -35,7 +35,7 @@ def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     check_owned(out.absolute(), EXPORT_FILES, "gpt2 export")
     state = checkpoint.load(ckpt_path)
-    config, trained = checkpoint.trained_model(state)
+    config, trained = checkpoint.trained_model(state, ckpt_path)
     cfg = GPTConfig(**config)
     if not cfg.bias:
         raise UserError(f"{ckpt_path} was trained with model.bias: false; Hugging Face's GPT-2 always has biases, "

@@ -45,11 +45,16 @@ def trained_length(state: dict[str, Any]) -> int:
     return int(state["params"]["train"].get("block_size") or state["model_config"]["block_size"])
 
 
-def trained_model(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def trained_model(state: dict[str, Any], path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The model's config and weights cut to the trained positions: what evaluation, sampling and export use,
-    so none of them reads a position embedding that training never fed."""
+    so none of them reads a position embedding that training never fed. Weights with NaN or inf (flipped bits,
+    a diverged run) are refused here, not found later as a NaN loss and a crash in sampling."""
     length = trained_length(state)
     weights = clean_state_dict(state["model"])
+    bad = [name for name, w in weights.items() if w.is_floating_point() and not bool(torch.isfinite(w).all())]
+    if bad:
+        raise UserError(f"checkpoint {path} holds NaN or inf weights ({len(bad)} tensors, {bad[0]} first): the file "
+                        "is damaged or its run diverged; restore a good copy or retrain")
     wpe = "transformer.wpe.weight"
     if wpe in weights and length < weights[wpe].shape[0]:
         weights = {**weights, wpe: weights[wpe][:length]}

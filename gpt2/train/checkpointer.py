@@ -16,9 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gpt2.core.config import to_dict
 from gpt2.core.errors import UserError
 from gpt2.train import checkpoint, distributed, sharded
+from gpt2.train.metrics import Diverged
 from gpt2.train.reports import History
 from gpt2.train.setup import Setup
 from gpt2.train.tracking import Tracker
@@ -47,6 +50,7 @@ class Checkpointer:
         rngs = distributed.gather(checkpoint.rng_states(), self.s.dist)
         weights, optimizers = full_state(self.s)
         if self.s.dist.main:
+            refuse_non_finite(weights, step, self.last_good)
             self.settle(block=True)  # the previous write first: one at a time
             self.writing = step
             self.saver.save(self.path, state(self.s, step, self.history, self.tracker.run_id, rngs, summary,
@@ -96,6 +100,16 @@ class Checkpointer:
         else:  # already failing: the first error is the one to report
             with contextlib.suppress(Exception):
                 self.saver.wait()
+
+
+def refuse_non_finite(weights: dict[str, Any], step: int, last_good: Callable[[], str]) -> None:
+    """Never keep weights with NaN or inf as the last good checkpoint: an update can break the weights while
+    the loss that step reported was still finite, and resuming from them would fail again at once."""
+    bad = [name for name, w in weights.items() if w.is_floating_point() and not bool(torch.isfinite(w).all())]
+    if bad:
+        raise Diverged(f"the weights hold NaN or inf after step {step} ({len(bad)} tensors, {bad[0]} first): training "
+                       f"diverged and this step was not saved; last good checkpoint: {last_good()}; lower "
+                       "train.lr, set train.grad_clip, or use bf16 instead of fp16")
 
 
 def full_state(s: Setup) -> tuple[dict[str, Any], list[dict[str, Any]]]:
