@@ -134,3 +134,24 @@ def test_eval_iters_names_its_replacement(tmp_path):
     with pytest.raises(ParamError, match=r"train.eval_iters was replaced by train.eval_windows.*whatever the micro-batch "
                                          r"and the ranks.*train.eval_windows: 80"):
         load(tmp_path, "train:\n  eval_iters: 10\n")
+
+
+@pytest.mark.parametrize("text, match", [
+    ("train:\n  max_steps: 99999999999999999999\n", r"train.max_steps = 99999999999999999999 .*\[1, 1e\+09\]"),
+    ("train:\n  lr: 3.0\n  min_lr: 0.0\n", None),  # high, but a value someone may mean
+    ("train:\n  lr: 60.0\n", r"train.lr = 60.0 is not allowed"),
+])
+def test_typos_that_would_run_for_ever_are_out_of_range(tmp_path, text, match):
+    if match is None:
+        load(tmp_path, text)
+        return
+    with pytest.raises(ParamError, match=match):
+        load(tmp_path, text)
+
+
+def test_plan_refuses_a_number_that_is_not_one(runner):
+    from gpt2.cli import main
+
+    for value in ("nan", "inf"):
+        result = runner.invoke(main, ["plan", "--model", "gpt2", "--tokens", value])
+        assert result.exit_code == 2 and f"'{value}' is not a finite number" in result.output

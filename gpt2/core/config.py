@@ -126,20 +126,20 @@ class TrainConfig:
         8, "sequences per forward and backward; auto: the largest that the memory model fits in the device's free "
            "memory (with train.batch_tokens; on CPU, 8)", ge=1)
     block_size: int | None = param(None, "sequence length; null = model.block_size", ge=1)
-    grad_accum_steps: int = param(1, "micro-batches per optimizer step", ge=1)
+    grad_accum_steps: int = param(1, "micro-batches per optimizer step", ge=1, le=10**6)
     batch_tokens: int | None = param(None, "tokens per optimizer step, all ranks together; the accumulation follows "
-                                           "from it (leave grad_accum_steps at 1)", ge=1,
+                                           "from it (leave grad_accum_steps at 1)", ge=1, le=10**10,
                                      note="null = micro_batch_size x grad_accum_steps x ranks x block_size")
     memory_margin: float = param(0.15, "with micro_batch_size auto: share of the device's free memory left unused "
                                        "(allocator slack, fragmentation, kernels' workspace)", ge=0, lt=1)
     # length and schedule
-    max_steps: int | None = param(320, "optimizer steps; or null, with max_tokens set", ge=1)
-    max_tokens: int | None = param(None, "tokens to train on, rounded up to whole steps; or null", ge=1)
-    lr: float = param(1.0e-3, "peak learning rate", gt=0)
+    max_steps: int | None = param(320, "optimizer steps; or null, with max_tokens set", ge=1, le=10**9)
+    max_tokens: int | None = param(None, "tokens to train on, rounded up to whole steps; or null", ge=1, le=10**14)
+    lr: float = param(1.0e-3, "peak learning rate", gt=0, le=10)
     lr_schedule: Literal["cosine", "constant"] = param(
         "cosine", "cosine (linear warmup, cosine decay to min_lr) | constant (after warmup)")
     min_lr: float = param(1.0e-4, "learning rate at the end of the cosine decay (at most lr)", ge=0)
-    warmup_steps: int = param(40, "linear warmup from lr/warmup_steps to lr", ge=0)
+    warmup_steps: int = param(40, "linear warmup from lr/warmup_steps to lr", ge=0, le=10**9)
     weight_decay: float = param(0.1, "AdamW weight decay, on matrices only", ge=0)
     betas: tuple[float, float] = param((0.9, 0.95), "AdamW's betas", ge=0, lt=1)
     grad_clip: float = param(1.0, "max global gradient norm", ge=0, note="0 = off")
@@ -153,18 +153,18 @@ class TrainConfig:
                 "else fp32) | bf16 (torch.optim.Muon) | fp32")
     seed: int = param(1337, "model init, batches, dropout")
     # measuring
-    eval_interval: int = param(40, "val loss every this many steps", ge=1)
+    eval_interval: int = param(40, "val loss every this many steps", ge=1, le=10**9)
     final_eval: bool = param(True, "and after the last step (false: speed runs, where the eval compiles again)")
     eval_windows: int = param(80, "val windows (of the sequence length) per val loss, the same whatever the "
-                                  "micro-batch and the ranks", ge=1)
+                                  "micro-batch and the ranks", ge=1, le=10**8)
     eval_seed: int = param(1337, "which val windows: the same in every run (not train.seed), so runs compare on "
                                  "one text")
-    log_interval: int = param(10, "a log line and a metrics record every this many steps", ge=1)
-    checkpoint_interval: int = param(40, "a checkpoint every this many steps (and at the end)", ge=1)
+    log_interval: int = param(10, "a log line and a metrics record every this many steps", ge=1, le=10**9)
+    checkpoint_interval: int = param(40, "a checkpoint every this many steps (and at the end)", ge=1, le=10**9)
     save_checkpoint: bool = param(True, "false: write no checkpoint (measurement runs such as `gpt2 ladder`)")
     async_checkpoint: bool = param(True, "write checkpoints on a background thread from a CPU copy (exact, "
                                          "atomic)")
-    timing_warmup_steps: int = param(5, "first steps (compile, autotune) left out of the medians", ge=0)
+    timing_warmup_steps: int = param(5, "first steps (compile, autotune) left out of the medians", ge=0, le=10**9)
     target_val_loss: float | None = param(None, "time to target: the first eval at or below it records time, "
                                                 "tokens and steps", gt=0)
     stop_at_target: bool = param(True, "... and ends the run there")

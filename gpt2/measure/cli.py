@@ -7,6 +7,21 @@ import click
 from gpt2.core.cli import PARAMS, user_errors
 
 
+class Finite(click.FloatRange):
+    """A number in a range, and a real one: ``nan`` and ``inf`` pass click's range checks (every comparison
+    with nan is false) and would reach the JSON and the arithmetic."""
+
+    name = "finite float range"
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 @click.command()
 @PARAMS
 @click.option("--ladder", "ladder_path", default="ladder.yaml", show_default=True, type=click.Path(dir_okay=False),
@@ -20,7 +35,7 @@ from gpt2.core.cli import PARAMS, user_errors
 @click.option("--repeats", default=None, type=click.IntRange(min=1), help="runs per rung instead of the profile's")
 @click.option("--fresh", is_flag=True, help="measure every rung again instead of reusing experiments with the same params")
 @click.option("--mlflow/--no-mlflow", default=None, help="log to MLflow (default: params.yaml train.mlflow)")
-@click.option("--target", default=None, type=click.FloatRange(min=0, min_open=True),
+@click.option("--target", default=None, type=Finite(min=0, min_open=True),
               help="val loss: every run trains to it (steps is the cap); the table adds time and tokens to target")
 @user_errors
 def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str | None, steps: int | None,
@@ -51,7 +66,7 @@ def grid(params_path: str, sets: tuple[str, ...], name: str | None, target: str,
 @click.command()
 @click.option("--model", default="gpt2", show_default=True,
               type=click.Choice(["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]))
-@click.option("--tokens", required=True, type=click.FloatRange(min=0, min_open=True),
+@click.option("--tokens", required=True, type=Finite(min=0, min_open=True),
               help="training tokens, e.g. 10e9")
 @click.option("--device", default="h100", show_default=True,
               type=click.Choice(["h100", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "b200", "a100", "a100-40gb", "l40s",
@@ -62,11 +77,11 @@ def grid(params_path: str, sets: tuple[str, ...], name: str | None, target: str,
 @click.option("--dtype", default=None, type=click.Choice(["fp32", "bf16", "fp16"]),
               help="default: bf16 on a GPU, fp32 on a CPU (where bf16 is emulated and slow)")
 @click.option("--attention", default="flash", show_default=True, type=click.Choice(["flash", "manual"]))
-@click.option("--mfu", default=None, type=click.FloatRange(0, 1, min_open=True),
+@click.option("--mfu", default=None, type=Finite(0, 1, min_open=True),
               help="model FLOPs utilization (default: measured here on that device, else 40%)")
-@click.option("--price-per-hour", default=None, type=click.FloatRange(min=0), help="USD per GPU-hour")
-@click.option("--memory-gb", default=None, type=click.FloatRange(min=0, min_open=True), help="memory per device")
-@click.option("--peak-tflops", default=None, type=click.FloatRange(min=0, min_open=True), help="peak per device")
+@click.option("--price-per-hour", default=None, type=Finite(min=0), help="USD per GPU-hour")
+@click.option("--memory-gb", default=None, type=Finite(min=0, min_open=True), help="memory per device")
+@click.option("--peak-tflops", default=None, type=Finite(min=0, min_open=True), help="peak per device")
 @click.option("--root", default=".", show_default=True, type=click.Path(file_okay=False),
               help="project whose reports/ladder and mlflow.db hold measured MFU")
 @click.option("--loss-chunk", default=8192, show_default=True, type=click.IntRange(min=0),
