@@ -17,6 +17,7 @@ BODY = b"".join(b"line %d of a served corpus\n" % i for i in range(5000))
 
 class Handler(BaseHTTPRequestHandler):
     truncated_once: set[str] = set()
+    server_fixed = False
     ranges: list[str | None] = []
 
     def log_message(self, *args):  # keep test output clean
@@ -46,6 +47,13 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(BODY)
         elif self.path == "/error500":
             self.send_error(500, "Boom")
+        elif self.path == "/login-page" and not self.server_fixed:  # an error page with status 200
+            page = b"<!DOCTYPE html>\n<html><body>Please sign in</body></html>\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
         else:
             self._serve_with_ranges()
 
@@ -70,6 +78,7 @@ class Handler(BaseHTTPRequestHandler):
 def server(tmp_path, monkeypatch):
     monkeypatch.setenv("GPT2_CACHE_DIR", str(tmp_path / "cache"))
     Handler.truncated_once = set()
+    Handler.server_fixed = False
     Handler.ranges = []
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.daemon_threads = True
@@ -152,3 +161,10 @@ def test_unreachable_host(tmp_path, monkeypatch):
     monkeypatch.setenv("GPT2_CACHE_DIR", str(tmp_path))
     with pytest.raises(UserError, match="cannot connect"):
         download_url("http://127.0.0.1:9/nothing", timeout_s=0.5, retries=0, backoff_s=0)
+
+
+def test_an_html_page_served_with_status_200_is_refused_and_never_cached(server, tmp_path):
+    with pytest.raises(UserError, match=r"login-page answered with an HTML page, not the corpus .*nothing was kept"):
+        download_url(f"{server}/login-page", retries=0)
+    Handler.server_fixed = True  # the next download gets the file, not a cached error page
+    assert download_url(f"{server}/login-page", retries=0).read_bytes() == BODY

@@ -49,11 +49,19 @@ def download_url(
     key = hashlib.sha256(url.encode()).hexdigest()[:16]
     part = folder / f"{key}.part"
     done = folder / f"{key}.done"
+    if done.exists() and looks_like_html(done):  # cached by a version that kept an error page
+        logger.info(f"download: the cached copy of {url} is an HTML page, not the corpus; fetching it again")
+        done.unlink()
     if not done.exists():
         last_error = ""
         for attempt in range(retries + 1):
             try:
                 _fetch_into(url, part, timeout_s)
+                if looks_like_html(part):
+                    part.unlink()
+                    raise UserError(f"{url} answered with an HTML page, not the corpus (an error or login page "
+                                    "served with status 200?); nothing was kept: check the URL, and that it serves "
+                                    "the file itself")
                 os.replace(part, done)
                 break
             except _Retryable as exc:
@@ -77,6 +85,13 @@ def download_url(
                 "the file was deleted; fix download.sha256 or the URL"
             )
     return done
+
+
+def looks_like_html(path: Path) -> bool:
+    """Whether the file starts as an HTML page does (a corpus of text, JSON Lines or an archive never does)."""
+    with open(path, "rb") as handle:
+        head = handle.read(512).removeprefix(b"\xef\xbb\xbf").lstrip().lower()
+    return head.startswith((b"<!doctype html", b"<html"))
 
 
 def _fetch_into(url: str, part: Path, timeout_s: float) -> None:
