@@ -46,6 +46,20 @@ def test_cutting_a_document_into_blocks_keeps_tokens_exact(tmp_path, seed):
     assert sum((enc.encode_ordinary(p.text) for p in parts), []) == enc.encode_ordinary(text)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_one_long_line_is_cut_before_words_into_pieces_of_about_a_chunk(tmp_path, seed):
+    """A corpus that is one 200 MB line took 1.6 GB to tokenize: its pieces were 64 chunks long."""
+    rng = random.Random(seed)
+    text = " ".join(document(rng, 300).replace("\n", " ").split(" ")) + "  x  y z"  # no newline at all
+    path = tmp_path / "line.txt"
+    path.write_text(text)
+    parts = list(text_pieces(path, "train", TokenizeConfig(chunk_kb=1), DecodeStats()))
+    assert len(parts) > 10 and max(len(p.text) for p in parts) <= 2 * 1024
+    assert "".join(p.text for p in parts) == text
+    enc = gpt2_encoding()
+    assert sum((enc.encode_ordinary(p.text) for p in parts), []) == enc.encode_ordinary(text)
+
+
 def test_safe_cut_needs_non_space_on_both_sides():
     assert _last_safe_cut("a\nb") == 2
     assert _last_safe_cut("a\n\nb") is None

@@ -232,6 +232,8 @@ def text_pieces(path: Path, split: str, cfg: TokenizeConfig, decode: DecodeStats
                 yield Piece(split, buffer, True, pending_bytes)
                 return
             cut = _last_safe_cut(buffer)
+            if cut is None:  # one long line: cut before a word, so memory stays about chunk_kb whatever the line
+                cut = _last_word_cut(buffer)
             if cut is None and blocks >= MAX_BLOCKS_WITHOUT_CUT:
                 cut = len(buffer)  # no newline for 64 blocks: exactness gives way to bounded memory
             if cut:
@@ -257,6 +259,19 @@ def _last_safe_cut(text: str) -> int | None:
     while (pos := text.rfind("\n", 0, pos)) > 0:
         if pos + 1 < len(text) and not text[pos - 1].isspace() and not text[pos + 1].isspace():
             return pos + 1
+    return None
+
+
+def _last_word_cut(text: str) -> int | None:
+    """Index of the last single space that has a non-space character on both sides.
+
+    GPT-2's pre-tokenizer never puts a space inside a token except as its first character, and a token
+    starting at such a space is found the same with or without the text before it (the pattern looks
+    ahead, never behind): cutting just before it changes no token."""
+    pos = len(text) - 1
+    while (pos := text.rfind(" ", 0, pos)) > 0:
+        if not text[pos - 1].isspace() and not text[pos + 1].isspace():
+            return pos
     return None
 
 
