@@ -216,5 +216,5 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tmp_path):
     set_params(root, train={"max_steps": stopped_at + 2})  # a longer run would pass too, just slower
     result = run(root, sys.executable, "-m", "stages.train", check=False)
     assert result.returncode == 0, result.stderr
-    assert f"resuming checkpoints/ckpt.pt at step {stopped_at}/{stopped_at + 2}" in result.stderr
+    assert f"train: resuming at step {stopped_at}/{stopped_at + 2}" in result.stderr
     assert "train.max_steps changed: 100000 → " in result.stderr
