@@ -115,6 +115,14 @@ def interrupt_at(monkeypatch, step_to_stop: int, sig=signal.SIGINT):
     monkeypatch.setattr(trainer, "lr_at", lr_at)
 
 
+def stop_at_step_3(tmp_path, tokens, monkeypatch, params):
+    """Train ``params`` until a Ctrl-C in step 3 stops it: the checkpoint holds step 3 of 12."""
+    interrupt_at(monkeypatch, 2)
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path, tokens, params)
+    monkeypatch.undo()
+
+
 def test_interrupted_and_resumed_run_matches_an_uninterrupted_one_exactly(tmp_path, tokens, monkeypatch):
     params = micro_params(grad_accum_steps=2, model={"dropout": 0.1})  # dropout: the torch RNG must resume too
     run(tmp_path, tokens, params, "straight")
@@ -234,10 +242,7 @@ def test_finished_checkpoint_of_the_same_params_rebuilds_the_reports_without_tra
 
 
 def test_unfinished_checkpoint_of_another_model_is_refused(tmp_path, tokens, monkeypatch):
-    interrupt_at(monkeypatch, 2)
-    with pytest.raises(TrainingInterrupted):
-        run(tmp_path, tokens, micro_params())
-    monkeypatch.undo()
+    stop_at_step_3(tmp_path, tokens, monkeypatch, micro_params())
     with pytest.raises(UserError, match=r"unfinished run \(step 3/12\) of another model or data: n_layer 2 → 3.*"
                                         r"train.resume: never"):
         run(tmp_path, tokens, micro_params(model={"n_layer": 3}))
@@ -246,20 +251,14 @@ def test_unfinished_checkpoint_of_another_model_is_refused(tmp_path, tokens, mon
 
 
 def test_resume_with_a_changed_setting_says_so(tmp_path, tokens, monkeypatch, capsys):
-    interrupt_at(monkeypatch, 2)
-    with pytest.raises(TrainingInterrupted):
-        run(tmp_path, tokens, micro_params())
-    monkeypatch.undo()
+    stop_at_step_3(tmp_path, tokens, monkeypatch, micro_params())
     run(tmp_path, tokens, micro_params(max_steps=14))
     err = capsys.readouterr().err
     assert "resuming" in err and "train.max_steps changed: 12 → 14" in err
 
 
 def test_a_resumed_run_trains_with_the_hyperparameters_it_logs(tmp_path, tokens, monkeypatch, capsys):
-    interrupt_at(monkeypatch, 2)
-    with pytest.raises(TrainingInterrupted):
-        run(tmp_path, tokens, micro_params(weight_decay=0.1))
-    monkeypatch.undo()
+    stop_at_step_3(tmp_path, tokens, monkeypatch, micro_params(weight_decay=0.1))
     seen = []
     original = trainer.optimizer_step
 
@@ -281,10 +280,7 @@ def test_a_resumed_run_trains_with_the_hyperparameters_it_logs(tmp_path, tokens,
 
 
 def test_resuming_into_another_optimizer_is_refused_and_fp16_starts_its_scaler(tmp_path, tokens, monkeypatch, capsys):
-    interrupt_at(monkeypatch, 2)
-    with pytest.raises(TrainingInterrupted):
-        run(tmp_path, tokens, micro_params())
-    monkeypatch.undo()
+    stop_at_step_3(tmp_path, tokens, monkeypatch, micro_params())
     with pytest.raises(UserError, match=r"trained with train.optimizer adamw; muon's state cannot continue it; set "
                                         r"train.optimizer: adamw to resume it, or train.resume: never"):
         run(tmp_path, tokens, micro_params(optimizer="muon"))
