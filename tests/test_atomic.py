@@ -105,3 +105,15 @@ def test_nan_is_written_as_null_so_the_json_stays_json(tmp_path):
 
     write_json(tmp_path / "m.json", {"val": {"loss": 5.0, "loss_se": float("nan")}, "x": [float("inf")]})
     assert json.loads((tmp_path / "m.json").read_text()) == {"val": {"loss": 5.0, "loss_se": None}, "x": [None]}
+
+
+def test_a_read_only_or_unwritable_target_is_one_line(tmp_path, monkeypatch):
+    import os
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "fsync", read_only)
+    with pytest.raises(UserError, match=r"writing .*m.json failed: read-only file system; .*run the stage again"):
+        write_json(tmp_path / "m.json", {"a": 1})
+    assert list(tmp_path.iterdir()) == []
