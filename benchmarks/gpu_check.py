@@ -53,6 +53,7 @@ else synthetic tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -167,7 +168,8 @@ def row(name: str, metrics: dict[str, Any] | None, error: str, estimate: float |
             "tokens_per_s": perf["tokens_per_s"],
             "tokens_per_s_steady": perf.get("tokens_per_s_steady"), "tokens_per_s_wall": perf.get("tokens_per_s_wall"),
             "mfu": perf["mfu"], "mfu_dtype": perf.get("mfu_dtype"),
-            "peak_gb": metrics["mem"]["peak_gb"], "estimate_gb": estimate, "warmup_s": perf.get("warmup_s"),
+            "peak_gb": metrics["mem"]["peak_gb"], "peak_reserved_gb": metrics["mem"].get("peak_reserved_gb"),
+            "estimate_gb": estimate, "warmup_s": perf.get("warmup_s"),
             "sdpa": runtime.get("sdpa_backend"), "dtype": runtime.get("dtype"), "tf32": runtime.get("tf32"),
             "graph_breaks": runtime.get("graph_breaks"), "recompiles": runtime.get("recompiles"),
             "micro_batch": runtime.get("micro_batch_size", train["micro_batch_size"]),
@@ -186,7 +188,7 @@ def mfu_cell(r: dict[str, Any]) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| run | micro-batch × accum | ms/step (IQR) | tokens/s | steady tokens/s | whole-run tokens/s "
-             "| MFU (bf16 peak) | peak GB (plan) | kernel | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| MFU (bf16 peak) | peak GB allocated / reserved (plan) | kernel | note |", "|---|---|---|---|---|---|---|---|---|---|"]
 
     def number(value: float | None) -> str:
         return f"{value:,.0f}" if value else ""
@@ -196,7 +198,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             lines.append(f"| {r['name']} | | failed | | | | | | | {r['failed']} |")
             continue
         plan_gb = f" ({r['estimate_gb']:.1f})" if r.get("estimate_gb") is not None else ""
-        peak = f"{r['peak_gb']:.1f}{plan_gb}" if r.get("peak_gb") is not None else ""
+        reserved = f" / {r['peak_reserved_gb']:.1f}" if r.get("peak_reserved_gb") is not None else ""
+        peak = f"{r['peak_gb']:.1f}{reserved}{plan_gb}" if r.get("peak_gb") is not None else ""
         note = "; ".join(filter(None, [r.get("note", ""), flag(r)]))
         spread = f" ({r['step_ms_iqr']:.1f})" if r.get("step_ms_iqr") is not None else ""
         lines.append(f"| {r['name']} | {r['micro_batch']} × {r['accum']} | {r['step_ms']:.1f}{spread} "
@@ -227,7 +230,38 @@ def profile_best(params: dict[str, Any], tokens: str, report: Report, timeout_s:
     return {"ms_per_step": round(figures["total_ms"], 3), "by_kind": figures["by_kind"], "top": figures["top"][:10]}
 
 
-PARTS = ("tests", "ladder", "nanogpt", "peers", "long", "profile", "fit")
+PARTS = ("ladder", "nanogpt", "long", "peers", "fit", "profile", "tests")  # the headline rows first
+BEST_ROW_PARTS = {"peers", "long", "fit", "profile"}  # each starts from the ladder's best row
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    """A child's time limit, and whether it is the job's budget (not the child's own limit) that set it: a child
+    stopped by the budget is measured again by the next job, not recorded as timed out."""
+
+    seconds: float | None
+    by_budget: bool
+
+    def check(self, error: str) -> None:
+        if self.by_budget and error.startswith("timed out"):
+            raise OutOfBudget
+
+
+class OutOfBudget(Exception):
+    """The job's time budget (``--budget-s``) is nearly spent: stop before a child that would not finish."""
+
+
+def bring_carried(carried: Path, json_path: Path) -> list[str]:
+    """Copy the files an earlier job returned (the JSON and its logs, carried into this job) beside ``json_path``,
+    as writable files: the lent box starts every command with an empty output folder."""
+    brought = []
+    for source in sorted(carried.glob(f"{json_path.stem}*")):
+        target = json_path.parent / source.name
+        if source.is_file() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+            brought.append(source.name)
+    return brought
 
 
 class Report:
@@ -279,13 +313,22 @@ class Report:
 @click.option("--nanogpt-repeats", default=2, show_default=True, type=click.IntRange(min=1),
               help="runs of each side in the nanogpt part")
 @click.option("--timeout-s", default=None, type=float,
-              help="a child running longer is stopped and its row says 'timed out' (default: 420 on a GPU)")
+              help="a child running longer is stopped and its row says 'timed out' (default: 240 on a GPU, which a "
+                   "cold compiled GPT-2 124M row fits)")
+@click.option("--budget-s", default=None, type=float,
+              help="this job's time: no child starts that would not end inside it; the next job continues")
+@click.option("--carried", default=None, type=click.Path(file_okay=False, path_type=Path),
+              help="a folder with the files earlier jobs returned (the JSON, its logs): copied beside --json first")
 @click.option("--skip-tests", is_flag=True, help="same as leaving out --part tests")
 def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[str, ...], nanogpt: Path | None,
-         nanogpt_repeats: int, timeout_s: float | None, skip_tests: bool) -> None:
+         nanogpt_repeats: int, timeout_s: float | None, budget_s: float | None, carried: Path | None,
+         skip_tests: bool) -> None:
     import torch
 
     started = time.perf_counter()
+    if carried is not None and json_path is not None and carried.is_dir():
+        brought = bring_carried(carried, Path(json_path))
+        print(f"gpu_check: carried from {carried}: {', '.join(brought) or 'nothing new'}", file=sys.stderr)
     gpu = torch.cuda.is_available()
     if not gpu and not smoke:
         raise click.UsageError("no CUDA device here; run with --smoke to check the script on this machine")
@@ -297,17 +340,57 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
             raise click.BadParameter(str(exc), param_hint="--nanogpt") from None
     if skip_tests or smoke or not gpu:
         parts = tuple(p for p in parts if p != "tests")
-    timeout_s = timeout_s if timeout_s is not None else (420.0 if gpu and not smoke else None)
+    timeout_s = timeout_s if timeout_s is not None else (240.0 if gpu and not smoke else None)
+
+    def time_for(kind: str) -> Limit:
+        """The next child's time: its own limit, cut to what is left of the job's budget. Raises
+        ``OutOfBudget`` when too little is left for it to finish (a cold compiled row: about 2 minutes)."""
+        if budget_s is None:
+            return Limit(timeout_s, False)
+        left = budget_s - (time.perf_counter() - started)
+        if left < (120.0 if kind == "compiled" and gpu else 20.0):
+            raise OutOfBudget
+        return Limit(left, True) if timeout_s is None or left < timeout_s else Limit(timeout_s, False)
+
     prof = profile(smoke)
     report = Report(Path(json_path) if json_path else None,
                     {"device": torch.cuda.get_device_name() if gpu else platform.machine(),
                      "torch": str(torch.__version__), "smoke": smoke, "date": time.strftime("%Y-%m-%d")})
-    if "tests" in parts and "tests" not in report.data:
-        tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
-                                "tests/test_gpu.py"], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
-        report.data["tests"] = (tests.stdout.strip().splitlines() or ["no output"])[-1]
-        report.save()
-        print(f"gpu_check: tests/test_gpu.py: {report.data['tests']}", file=sys.stderr)
+    try:
+        measure_parts(report, parts, prof, gpu, smoke, tokens, nanogpt, nanogpt_repeats, time_for, started)
+    except OutOfBudget:
+        print(f"gpu_check: --budget-s {budget_s:g} nearly spent after {len(report.data['rows'])} rows; run the same "
+              "command again, carrying what this job returned, to continue", file=sys.stderr)
+    report.data["seconds"] = round(report.data.get("seconds", 0.0) + time.perf_counter() - started, 1)
+    report.save()
+    print(f"\nDevice: {report.data['device']}, torch {report.data['torch']}, {report.data['date']}; "
+          f"{'smoke mode (tiny)' if smoke else 'GPT-2 124M, T=1024'}; {prof['steps']} steps per run "
+          f"(the first {prof['warmup']} untimed); {report.data['seconds']:.0f} s in all.\n")
+    print(table(report.data["rows"]))
+
+
+
+def run_tests(report: Report, timeout_s: float | None) -> None:
+    """``pytest tests/test_gpu.py``: its summary line in the JSON, its whole output beside it
+    (``<json>.tests.log``). A run past its time keeps what it printed and does not end the job."""
+    command = [sys.executable, "-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider", "tests/test_gpu.py"]
+    try:
+        tests = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+        output, summary = tests.stdout + tests.stderr, (tests.stdout.strip().splitlines() or ["no output"])[-1]
+    except subprocess.TimeoutExpired as exc:
+        output = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        summary = f"timed out after {timeout_s:g} s; what ran is in the tests log"
+    report.data["tests"] = summary
+    if report.path is not None:
+        report.path.with_suffix(".tests.log").write_text(output)
+    report.save()
+    print(f"gpu_check: tests/test_gpu.py: {summary}", file=sys.stderr)
+
+
+def measure_parts(report: Report, parts: tuple[str, ...], prof: dict[str, Any], gpu: bool, smoke: bool,
+                  tokens: str | None, nanogpt: Path | None, nanogpt_repeats: int, time_for: Any,
+                  started: float) -> None:
+    """Every part asked for, in ``PARTS``' order, each row saved the moment it is measured."""
     with tempfile.TemporaryDirectory() as tmp:
         token_dir = tokens or (str(ROOT / "data/tokens") if (ROOT / "data/tokens/meta.json").exists()
                                else str(synthetic_tokens(Path(tmp) / "tokens", 5_000_000 if not smoke else 200_000)))
@@ -326,7 +409,9 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
             if done is not None or not run:
                 return done
             params = train_params(prof, train, steps)
-            metrics, error, stderr = run_child(params, token_dir, f"{tmp}/{len(report.data['rows'])}", timeout_s)
+            limit = time_for("compiled" if params["train"].get("compile") else "plain")
+            metrics, error, stderr = run_child(params, token_dir, f"{tmp}/{len(report.data['rows'])}", limit.seconds)
+            limit.check(error)
             micro = (metrics or {}).get("runtime", {}).get("micro_batch_size", params["train"]["micro_batch_size"])
             estimate = estimate_gb(prof, {**params["train"], "micro_batch_size": micro}) if micro != "auto" else None
             result = row(name, metrics, error, estimate, params["train"], note)
@@ -344,9 +429,10 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
             if result is not None and "failed" not in result:
                 ladder = candidate  # a rung that failed (out of memory, a kernel missing here) is not carried on
                 measured.append((result, candidate))
-        if not measured and {"peers", "long", "profile"} & set(parts):
-            raise click.UsageError("the peers and long parts start from the ladder's best row: run --part ladder "
-                                   "first (with the same --json)")
+        if not measured and BEST_ROW_PARTS & set(parts):
+            asked = ", ".join(p for p in PARTS if p in BEST_ROW_PARTS & set(parts))
+            raise click.UsageError(f"{asked} start(s) from the ladder's best row, and no ladder row is measured: run "
+                                   "--part ladder first (with the same --json, or --carried with its JSON)")
         best = max(measured, key=lambda m: m[0]["tokens_per_s"])[1] if measured else {}  # the fastest, not the last
         def measure_nanogpt(name: str, ours: dict[str, Any] | None) -> dict[str, Any]:
             """nanoGPT's own train.py at the same settings; MFU scaled from our row (the same model FLOPs)."""
@@ -356,7 +442,9 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
             micro = NANOGPT["micro_batch_size"]
             args = nanogpt_peer.overrides(prof, token_dir, f"{tmp}/nanogpt-{len(report.data['rows'])}", micro,
                                           prof["steps"], gpu)
-            times, wrapper, error, stderr = nanogpt_peer.run(nanogpt, args, timeout_s)
+            limit = time_for("compiled" if prof["compile"] else "plain")
+            times, wrapper, error, stderr = nanogpt_peer.run(nanogpt, args, limit.seconds)
+            limit.check(error or "")
             if error:
                 result = {"name": name, "failed": error, "train": {"nanogpt": args}}
             else:
@@ -424,14 +512,13 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
                 fsdp["note"] = f"FSDP overhead {100 * (fsdp['step_ms'] / plain['step_ms'] - 1):+.1f}% (one process)"
             report.save()
         if "profile" in parts and "profile" not in report.data:
-            report.data["profile"] = profile_best(train_params(prof, best, prof["steps"]), token_dir, report, timeout_s)
+            limit = time_for("compiled" if prof["compile"] else "plain")
+            profiled = profile_best(train_params(prof, best, prof["steps"]), token_dir, report, limit.seconds)
+            limit.check(profiled.get("failed", ""))
+            report.data["profile"] = profiled
             report.save()
-    report.data["seconds"] = round(report.data.get("seconds", 0.0) + time.perf_counter() - started, 1)
-    report.save()
-    print(f"\nDevice: {report.data['device']}, torch {report.data['torch']}, {report.data['date']}; "
-          f"{'smoke mode (tiny)' if smoke else 'GPT-2 124M, T=1024'}; {prof['steps']} steps per run "
-          f"(the first {prof['warmup']} untimed); {report.data['seconds']:.0f} s in all.\n")
-    print(table(report.data["rows"]))
+        if "tests" in parts and "tests" not in report.data:
+            run_tests(report, time_for("plain").seconds)
 
 
 if __name__ == "__main__":

@@ -89,16 +89,27 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
 
 def test_a_child_past_its_time_limit_is_a_timed_out_row_and_peers_need_the_ladder(tmp_path, tokens):
     out = tmp_path / "check.json"
-    refused = check(out, tokens, "--part", "long")
-    assert refused.returncode != 0 and "run --part ladder first" in refused.stderr
+    refused = check(out, tokens, "--part", "fit", "--part", "long")
+    assert refused.returncode != 0 and "long, fit start(s) from the ladder's best row" in refused.stderr
+    assert "run --part ladder first" in refused.stderr
     not_nanogpt = check(out, tokens, "--part", "nanogpt", "--nanogpt", str(tmp_path))
     assert not_nanogpt.returncode != 0 and "no train.py, model.py, configurator.py there" in not_nanogpt.stderr
     fp32 = {"name": "fp32", "step_ms": 9.0, "tokens_per_s": 1.0, "tokens_per_s_wall": None, "mfu": None, "peak_gb": 0.1,
             "estimate_gb": None, "warmup_s": 0.0, "sdpa": "manual (no SDPA)", "dtype": "fp32", "micro_batch": 1,
             "accum": 1, "note": "", "train": {}}
-    out.write_text(json.dumps({"device": platform.machine(), "smoke": True, "rows": [fp32]}))  # a job cut after one row
+    carried = tmp_path / "carried"  # what the last job returned, read-only, carried into this one
+    carried.mkdir()
+    (carried / "check.json").write_text(json.dumps({"device": platform.machine(), "smoke": True, "rows": [fp32]}))
+    (carried / "check.stderr.log").write_text("===== fp32\n")
+    for path in carried.iterdir():
+        path.chmod(0o444)
+    out = tmp_path / "out/check.json"  # an empty output folder, as every job on the lent box starts with
+    out_of_budget = check(out, tokens, "--part", "long", "--carried", str(carried), "--budget-s", "1")
+    assert out_of_budget.returncode == 0 and "--budget-s 1 nearly spent after 1 rows" in out_of_budget.stderr
+    assert [r["name"] for r in json.loads(out.read_text())["rows"]] == ["fp32"]  # carried; nothing started
     result = check(out, tokens, "--part", "long", "--timeout-s", "0.5")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert rows[0]["name"] == "fp32" and rows[-1]["failed"] == "timed out after 0.5 s"
+    assert out.with_suffix(".stderr.log").read_text().startswith("===== fp32")  # the carried log, appended to
     assert "timed out" in result.stdout
