@@ -34,17 +34,12 @@ run's graph breaks and recompilations (a row with any says so). The parts:
 
 Built for jobs with a wall-time limit (a SLURM job, a Colab session, the 10-minute commands of a lent
 GPU box): every row reaches the JSON the moment it is measured, a second run with the same ``--json``
-skips the rows already there, and a child that runs past ``--timeout-s`` (420 s on a GPU) is stopped
-with a row that says so. Each child's stderr tail is kept in ``<json>.stderr.log``.
-
-Planning about 30 minutes on one H100 (a cold ``torch.compile`` of GPT-2 124M takes about a minute per
-process), in the order that brings the headline rows first, each job with the same ``--json``:
-
-1. ``--part ladder`` (9 rows, 6 of them compiled: about 7 minutes; if cut, the next job finishes it);
-2. ``--part ladder --part nanogpt --nanogpt DIR`` (4 compiled runs, 2 each, alternating: about 5 minutes);
-3. ``--part peers`` (3 compiled rows: about 4 minutes);
-4. ``--part long --part tests --part profile`` (about 6 minutes);
-5. ``--part fit`` (3 compiled rows: about 4 minutes).
+skips the rows already there, and a child that runs past ``--timeout-s`` (240 s on a GPU) is stopped
+with a row that says so. Each child's stderr tail is kept in ``<json>.stderr.log``, pytest's whole
+output in ``<json>.tests.log``. Where the output folder starts empty every job (the lent box),
+``--carried DIR`` first copies the files the last job returned, and ``--budget-s`` ends a job before
+a child it could not finish: the same command, fired again, continues. The exact calls and their
+estimates are in docs/benchmarks.md ("GPU check").
 
 Needs only torch, numpy, click and pyyaml (and pytest for the tests): it runs as copied on a box with
 torch preinstalled, with no install, no dvc, no mlflow and no network; uses data/tokens when present,
