@@ -222,7 +222,8 @@ def profile_best(params: dict[str, Any], tokens: str, report: Report, timeout_s:
     if report.path is not None:
         report.path.with_suffix(".profile.md").write_text(result.stdout)
     print(result.stdout, file=sys.stderr)
-    return {"ms_per_step": round(figures["total_ms"], 3), "by_kind": figures["by_kind"], "top": figures["top"][:10]}
+    return {"ms_per_step": round(figures["total_ms"], 3), "step_ms": round(figures["step_ms"], 3),
+            "coverage": figures["coverage"], "by_kind": figures["by_kind"], "top": figures["top"][:10]}
 
 
 PARTS = ("ladder", "nanogpt", "long", "peers", "fit", "profile", "tests")  # the headline rows first

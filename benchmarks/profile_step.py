@@ -8,8 +8,12 @@ Builds the run as the trainer does (``trainer.build``), runs ``timing_warmup_ste
 (compilation, autotuning), then profiles ``--steps`` steps, the device synchronized at both ends.
 Prints the operations and kernels that take the most time on the device (self time: a kernel's
 own, not its callers'), and that time by kind (matmuls, attention, Inductor's fused kernels, the
-optimizer, copies, the rest): the table that says which cost is left to cut. Needs only torch,
-numpy, click and pyyaml; uses data/tokens when present, else synthetic tokens.
+optimizer, copies, the rest): the table that says which cost is left to cut. On CUDA only the
+kernels' own rows count: the CPU-side operators and Inductor's launch records that started them
+carry the same time again. The profile's total is held against the measured step time (the
+steps' wall clock, synchronized): a total far from it means the table misses or repeats time, and
+the report says so. Needs only torch, numpy, click and pyyaml; uses data/tokens when present,
+else synthetic tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -60,7 +65,7 @@ def profile_steps(params: Any, tokens: str | Path, steps: int) -> dict[str, Any]
 
     def step(i: int) -> None:
         set_lr(s.optimizers, lr_at(i, cfg, s.total_steps) / cfg.lr)
-        backward_micro_batches(s.step_model, batches, cfg.grad_accum_steps, s.runtime, s.scaler)
+        backward_micro_batches(s.step_model, batches, s.batch.accum, s.runtime, s.scaler)
         optimizer_step(s.model, s.optimizers, s.scaler, cfg.grad_clip)
 
     for i in range(max(cfg.timing_warmup_steps, 1)):
@@ -69,11 +74,17 @@ def profile_steps(params: Any, tokens: str | Path, steps: int) -> dict[str, Any]
     if cuda:
         torch.cuda.synchronize()
     with profile(activities=activities) as prof:
+        started = time.perf_counter()
         for i in range(steps):
             step(cfg.timing_warmup_steps + i)
         if cuda:
             torch.cuda.synchronize()
+        step_ms = 1000 * (time.perf_counter() - started) / steps
     events = [e for e in prof.key_averages() if not e.key.startswith("ProfilerStep")]
+    if cuda:  # the kernels' own rows: an operator's row repeats the time of the kernels it launched
+        from torch.autograd import DeviceType
+
+        events = [e for e in events if e.device_type == DeviceType.CUDA]
 
     def self_us(e: Any) -> float:
         if cuda:
@@ -87,15 +98,22 @@ def profile_steps(params: Any, tokens: str | Path, steps: int) -> dict[str, Any]
     for name, ms, _ in timed:
         by_kind[kind_of(name)] = by_kind.get(kind_of(name), 0.0) + ms
     return {"device": s.runtime.device_name, "torch": str(torch.__version__), "steps": steps,
-            "tokens_per_step": s.tokens_per_step, "total_ms": total,
+            "tokens_per_step": s.tokens_per_step, "total_ms": total, "step_ms": step_ms,
+            "coverage": total / step_ms if step_ms else None,
             "by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
             "top": [{"name": name, "ms": ms, "calls": calls} for name, ms, calls in timed[:25]]}
 
 
 def report(result: dict[str, Any]) -> str:
     total = result["total_ms"] or 1.0
+    coverage = result.get("coverage") or 0.0
+    check = ("" if 0.85 <= coverage <= 1.15 else
+             f" **The profile's total is {100 * coverage:.0f}% of the step: the table "
+             + ("misses time (idle device: launch-bound, or host work)" if coverage < 0.85 else "counts time twice")
+             + "; read its shares with care.**")
     lines = [f"Device: {result['device']}, torch {result['torch']}; {result['steps']} profiled steps of "
-             f"{result['tokens_per_step']:,} tokens; {result['total_ms']:.1f} ms of device time per step.", "",
+             f"{result['tokens_per_step']:,} tokens; {result['total_ms']:.1f} ms of device time per step, against "
+             f"{result['step_ms']:.1f} ms measured ({100 * coverage:.0f}%).{check}", "",
              "| kind | ms/step | share |", "|---|---|---|"]
     lines += [f"| {kind} | {ms:.2f} | {100 * ms / total:.1f}% |" for kind, ms in result["by_kind"].items()]
     lines += ["", "| operation or kernel (self time) | kind | ms/step | calls/step |", "|---|---|---|---|"]

@@ -81,6 +81,7 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
     assert all(r["tokens_per_s_steady"] > 0 for r in report["rows"])
     profiled = report["profile"]  # the best row's step under torch.profiler: time by kind, the table beside
     assert profiled["ms_per_step"] > 0 and "matmul" in profiled["by_kind"], profiled
+    assert 0.7 < profiled["coverage"] < 1.3, profiled  # the table's total is the measured step, not twice it
     assert "| kind | ms/step | share |" in out.with_suffix(".profile.md").read_text()
     assert "===== best, Muon optimizer" in out.with_suffix(".stderr.log").read_text()  # each child's stderr tail
     table = second.stdout

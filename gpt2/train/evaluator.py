@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -64,6 +65,7 @@ class Evaluator:
 
     def __init__(self, s: Setup, history: History, tracker: Tracker, elapsed_s: Callable[[], float]) -> None:
         self.s, self.cfg, self.history, self.tracker, self.elapsed_s = s, s.params.train, history, tracker, elapsed_s
+        self.compiles = self.cfg.compile  # this session's first eval compiles the eval graph
 
     def due(self, step: int) -> bool:
         """Every ``eval_interval`` steps; the last step only with ``final_eval`` (even on the interval)."""
@@ -76,15 +78,24 @@ class Evaluator:
         """The target was reached and the run should end there (``train.stop_at_target``)."""
         return self.history.target is not None and self.cfg.stop_at_target
 
-    def evaluate(self, step: int) -> None:
+    def evaluate(self, step: int) -> float:
+        """Score the val set at ``step``; return the seconds to leave out of the steady state: the whole eval when
+        it is the session's first under compile (the eval graph compiles, 30-60 s for GPT-2 on a GPU), else 0."""
+        started = time.perf_counter()
         with self.s.compile_watch.phase("eval"):
             val, se = estimate_loss(self.s, self.s.val_data)
+        compiling, self.compiles = self.compiles, False
         self.history.val.append({"step": step, "val/loss": val, "val/loss_se": se})
         best = min(self.history.val, key=lambda r: r["val/loss"])
         # MLflow's runs table shows each metric's last value: the best so far is a metric of its own
         self.tracker.log_metrics({"val/loss": val, "val/loss_se": se, "val/ppl": math.exp(min(val, 50)),
                                   "val/best_loss": best["val/loss"], "val/best_step": best["step"]}, step=step)
         logger.info(f"step {step}/{self.s.total_steps} | val loss {val:.4f} ± {se:.4f}")
+        self.check_target(step, val)
+        return time.perf_counter() - started if compiling else 0.0
+
+    def check_target(self, step: int, val: float) -> None:
+        """Note when the val loss first reaches ``target_val_loss``: time, tokens and steps."""
         target = self.cfg.target_val_loss
         if target is None or self.history.target is not None or val > target:
             return

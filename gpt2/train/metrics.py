@@ -152,6 +152,12 @@ class Metrics:
         if self.steady_from is not None or step >= self.warm_until:
             self.steady_from = (step, now)
 
+    def set_aside(self, seconds: float) -> None:
+        """Leave ``seconds`` (the first eval's compilation) out of the steady state: a warm-up, counted apart."""
+        if seconds and self.steady_from is not None:
+            self.history.steady_s -= seconds
+            self.history.eval_warmup_s += seconds
+
     def log(self, step: int, grad_norm: torch.Tensor) -> None:
         """One record for this step, to the history, MLflow and the console. The learning rates are the
         ones the optimizers held for this step: AdamW's (``train/lr``), and Muon's (``train/muon_lr``)."""

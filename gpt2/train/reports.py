@@ -34,6 +34,7 @@ class History:
     steady_s: float = 0.0
     target: dict[str, float] | None = None  # when val loss first reached train.target_val_loss
     sessions: list[int] = field(default_factory=list)  # where each session's steps begin in step_s
+    eval_warmup_s: float = 0.0  # the first eval of each compiled session (it compiles), left out of steady_s
 
     def warm(self, warmup_steps: int) -> list[bool]:
         """Which of ``step_s`` are warm-up steps: the first ``warmup_steps`` of every session (a resumed
@@ -112,6 +113,7 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, to
             **utilization,
             "timed_steps": len(timed),
             "warmup_s": warmup_s(history, timing_warmup_steps),
+            "eval_warmup_s": round(history.eval_warmup_s, 3),
             "world_size": world,
         },
         "mem": memory_figures(memory),

@@ -72,7 +72,7 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
             if metrics.due(step):
                 metrics.log(step, grad_norm)
             if evaluator.due(step):
-                evaluator.evaluate(step)
+                metrics.set_aside(evaluator.evaluate(step))  # a compiled run's first eval compiles: not steady
             done = last or evaluator.stop
             summary = finish(step) if done else None
             if done or stopping or checkpointer.due(step):
