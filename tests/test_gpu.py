@@ -37,9 +37,12 @@ def test_cuda_training_reports_gpu_memory_and_pins_batches(tmp_path, tokens):
 
 
 def test_compiled_bf16_training_on_cuda(tmp_path, tokens):
-    metrics = trainer.train(micro_params(device="cuda", dtype="bf16", compile=True, max_steps=6), tokens,
-                            tmp_path / "c.pt", tmp_path / "r")
-    assert metrics["steps"] == 6
+    """bf16 autocast, compiled, the chunked loss in two uneven chunks: one graph, no break, no recompilation
+    in later steps or in the second eval (the CPU test checks fp32)."""
+    params = micro_params(device="cuda", dtype="bf16", compile=True, max_steps=6, eval_interval=3, loss_chunk=40)
+    metrics = trainer.train(params, tokens, tmp_path / "c.pt", tmp_path / "r")
+    assert metrics["steps"] == 6 and metrics["runtime"]["dtype"] == "bf16"
+    assert metrics["runtime"]["graph_breaks"] == 0 and metrics["runtime"]["recompiles"] == 0
 
 
 @pytest.mark.parametrize("loss_chunk", [0, 1024])

@@ -161,21 +161,25 @@ def sdpa_backend(runtime: Runtime, n_head: int, head_dim: int, seq_len: int) -> 
 
     One of flash_attention, efficient_attention, cudnn_attention, overrideable or math
     (math means no fused kernel: slow, and a sign that shapes or dtype rule the others out).
-    With ``train.sdpa_backend`` set, that kernel, after checking it can run here at all.
+    With ``train.sdpa_backend`` set, that kernel, after checking it can run here at all, forward and
+    backward. The probe is laid out as the model's attention is (q, k and v strided views of one
+    projection, needing gradients): the dispatcher's choice depends on strides and on autograd.
     """
     from torch.nn.attention import SDPBackend
 
-    q = torch.zeros(1, n_head, seq_len, head_dim, device=runtime.device, dtype=runtime.autocast_dtype)
+    width = n_head * head_dim
+    qkv = torch.zeros(1, seq_len, 3 * width, device=runtime.device, dtype=runtime.autocast_dtype, requires_grad=True)
+    q, k, v = (t.view(1, seq_len, n_head, head_dim).transpose(1, 2) for t in qkv.split(width, dim=2))
     if runtime.sdpa != "auto":
         try:
             with runtime.attention():
-                torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+                torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
         except RuntimeError as exc:
             raise UserError(f"train.sdpa_backend {runtime.sdpa} cannot run on {runtime.device_name} in "
                             f"{runtime.dtype} with head size {head_dim} ({str(exc).splitlines()[0][:200]}); "
                             "set train.sdpa_backend: auto") from None
         return SDPA_BACKENDS[runtime.sdpa].lower()
     try:
-        return SDPBackend(torch._fused_sdp_choice(q, q, q, None, 0.0, True)).name.lower()
+        return SDPBackend(torch._fused_sdp_choice(q, k, v, None, 0.0, True)).name.lower()
     except (AttributeError, RuntimeError, ValueError):  # private API: absent in some builds
         return "unknown"
