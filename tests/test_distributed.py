@@ -77,6 +77,28 @@ def test_fsdp_checkpoints_are_plain_ones_and_resume_across_modes_exactly(tmp_pat
         assert train_losses(folder) == train_losses(tmp_path / "plain") and resumed["val"] == straight["val"]
 
 
+def test_fsdp_under_bf16_gathers_bf16_weights_and_trains_as_plain_bf16(tmp_path, tokens, monkeypatch):
+    """FSDP2's mixed precision: the all-gathered weights the blocks compute with are bf16 (half the bytes moved),
+    the shards stay fp32; the losses are plain bf16 training's within bf16's rounding."""
+    from gpt2.train import sharded
+
+    seen, shard = set(), sharded.shard
+
+    def watched(model, device, param_dtype=None):
+        shard(model, device, param_dtype)
+        attn = model.transformer.h[0].attn.c_attn
+        attn.register_forward_pre_hook(lambda module, args: seen.add(module.weight.dtype))
+
+    monkeypatch.setattr(sharded, "shard", watched)
+    params = dict(dtype="bf16", max_steps=4, eval_interval=4)
+    plain = train(micro_params(**params), tokens, tmp_path / "a/ckpt.pt", tmp_path / "a/reports")
+    fsdp = train(micro_params(distributed="fsdp", **params), tokens, tmp_path / "b/ckpt.pt", tmp_path / "b/reports")
+    assert seen == {torch.bfloat16}
+    assert checkpoint.load(tmp_path / "b/ckpt.pt")["model"]["transformer.h.0.attn.c_attn.weight"].dtype == torch.float32
+    assert train_losses(tmp_path / "b") == pytest.approx(train_losses(tmp_path / "a"), abs=2e-2)
+    assert fsdp["val"]["loss"] == pytest.approx(plain["val"]["loss"], abs=2e-2)
+
+
 @pytest.mark.slow
 def test_fsdp_on_two_ranks_matches_one_process_and_resumes_in_any_world_size(tmp_path, tokens):
     """Sharded over 2 gloo ranks: the single-process losses; cut at step 6 (SIGTERM on rank 0, the writer),

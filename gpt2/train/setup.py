@@ -95,7 +95,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
                     dist_info.world if dist_info.sharded else 1)
     batch = resolve_batch(cfg, recipe, dist_info.world, runtime.device)  # before the model takes device memory
     if dist_info.sharded:
-        sharded.shard(model, runtime.device)
+        sharded.shard(model, runtime.device, torch.bfloat16 if runtime.dtype == "bf16" else None)
     model = model.to(runtime.device)  # under FSDP: the unsharded buffer (the logit mask)
     if dist_info.world > 1:
         torch.manual_seed(cfg.seed + dist_info.rank)  # each rank its own dropout masks

@@ -22,18 +22,21 @@ from gpt2.model.gpt import GPT
 _FULL = dict(full_state_dict=True, cpu_offload=True)
 
 
-def shard(model: GPT, device: torch.device) -> None:
+def shard(model: GPT, device: torch.device, param_dtype: torch.dtype | None = None) -> None:
     """Split ``model`` over the process group onto ``device``, in place (it becomes an FSDP module).
 
     Called on the model still on the CPU: each rank moves only its shards to its GPU, never the
-    whole model."""
+    whole model. With ``param_dtype`` (bf16 runs) the all-gathers move and the forward uses bf16
+    weights, half the bytes of fp32 and no recast of every gathered weight by autocast; gradients
+    are still reduced, and the shards and AdamW's state kept, in fp32."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     for block in model.transformer.h:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
