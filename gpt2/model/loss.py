@@ -26,12 +26,21 @@ from __future__ import annotations
 import torch
 
 
+AUTOCAST_DEVICES = ("cuda", "cpu", "mps", "xpu")  # torch.is_autocast_enabled raises for others (meta)
+
+
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The dtype autocast computes in on this device type, or None where it is off."""
+    if device_type not in AUTOCAST_DEVICES or not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
 class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                 mask: torch.Tensor | None, chunk: int) -> torch.Tensor:
-        device = hidden.device.type
-        compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        compute = autocast_dtype(hidden.device.type) or hidden.dtype
         acc = torch.promote_types(compute, torch.float32)  # softmax and sums: fp32 at least
         x, w = hidden.to(compute), weight.to(compute)
         n = x.shape[0]
