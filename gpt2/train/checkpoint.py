@@ -37,6 +37,11 @@ def clean_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k.removeprefix(COMPILED_PREFIX): v for k, v in state.items()}
 
 
+def non_finite(weights: dict[str, torch.Tensor]) -> list[str]:
+    """The names of the tensors that hold NaN or inf."""
+    return [name for name, w in weights.items() if w.is_floating_point() and not bool(torch.isfinite(w).all())]
+
+
 def trained_length(state: dict[str, Any]) -> int:
     """The sequence length the checkpoint trained on. ``train.block_size`` may be shorter than the model's
     context; the positions past it never got a gradient. Older checkpoints say it through their params."""
@@ -51,7 +56,7 @@ def trained_model(state: dict[str, Any], path: str | os.PathLike) -> tuple[dict[
     a diverged run) are refused here, not found later as a NaN loss and a crash in sampling."""
     length = trained_length(state)
     weights = clean_state_dict(state["model"])
-    bad = [name for name, w in weights.items() if w.is_floating_point() and not bool(torch.isfinite(w).all())]
+    bad = non_finite(weights)
     if bad:
         raise UserError(f"checkpoint {path} holds NaN or inf weights ({len(bad)} tensors, {bad[0]} first): the file "
                         "is damaged or its run diverged; restore a good copy or retrain")

@@ -16,8 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from gpt2.core.config import to_dict
 from gpt2.core.errors import UserError
 from gpt2.train import checkpoint, distributed, sharded
@@ -105,7 +103,7 @@ class Checkpointer:
 def refuse_non_finite(weights: dict[str, Any], step: int, last_good: Callable[[], str]) -> None:
     """Never keep weights with NaN or inf as the last good checkpoint: an update can break the weights while
     the loss that step reported was still finite, and resuming from them would fail again at once."""
-    bad = [name for name, w in weights.items() if w.is_floating_point() and not bool(torch.isfinite(w).all())]
+    bad = checkpoint.non_finite(weights)
     if bad:
         raise Diverged(f"the weights hold NaN or inf after step {step} ({len(bad)} tensors, {bad[0]} first): training "
                        f"diverged and this step was not saved; last good checkpoint: {last_good()}; lower "

@@ -110,15 +110,17 @@ class BatchSampler:
         """The windows that begin at ``starts``, on the device."""
         tokens = self.data.array()
         if self.batching == "vectorized":
-            x, y = self._vectorized(tokens, starts)
-        else:
-            x, y = self._loop(tokens, starts)
+            return self._vectorized(tokens, starts)
+        return self._loop(tokens, starts)
+
+    def _read(self, tokens: np.ndarray) -> np.ndarray:
+        """Tokens read from a map (memmap) are checked as they are read; preloaded ones were checked at load."""
         if self.data.mode == "memmap":
-            self.data.check_ids(token_files.windows(tokens, starts, self.block_size + 1))
-        return x, y
+            self.data.check_ids(tokens)
+        return tokens
 
     def _vectorized(self, tokens: Tokens, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = torch.from_numpy(token_files.windows(tokens, starts, self.block_size + 1).astype(np.int64))
+        batch = torch.from_numpy(self._read(token_files.windows(tokens, starts, self.block_size + 1)).astype(np.int64))
         if self.device.type == "cuda":
             batch = batch.pin_memory().to(self.device, non_blocking=True)
         else:
@@ -127,6 +129,6 @@ class BatchSampler:
 
     def _loop(self, tokens: Tokens, starts: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         T = self.block_size
-        x = torch.stack([torch.from_numpy(tokens[i:i + T].astype(np.int64)) for i in starts])
-        y = torch.stack([torch.from_numpy(tokens[i + 1:i + 1 + T].astype(np.int64)) for i in starts])
+        x = torch.stack([torch.from_numpy(self._read(tokens[i:i + T]).astype(np.int64)) for i in starts])
+        y = torch.stack([torch.from_numpy(self._read(tokens[i + 1:i + 1 + T]).astype(np.int64)) for i in starts])
         return x.to(self.device), y.to(self.device)

@@ -161,18 +161,22 @@ def keep_interrupted(path: Path, s: Setup) -> Path | None:
     baseline's outputs before it runs, so the same command run again would otherwise find another run in
     ``checkpoints/`` and start over. A copy, not a link: a tool that rewrites the checkpoint in place would
     change a linked one too."""
-    folder = interrupted_dir()
-    if folder is None or not path.is_file():
+    kept = kept_path(s)
+    if kept is None or not path.is_file():
         return None
-    kept = folder / f"{run_key(s)}.pt"
     with atomic_file(kept) as tmp:
         shutil.copyfile(path, tmp)
     return kept
 
 
-def kept_interrupted(s: Setup) -> Path | None:
+def kept_path(s: Setup) -> Path | None:
+    """Where this run's interrupted copy is kept (None outside DVC)."""
     folder = interrupted_dir()
-    kept = folder / f"{run_key(s)}.pt" if folder is not None else None
+    return folder / f"{run_key(s)}.pt" if folder is not None else None
+
+
+def kept_interrupted(s: Setup) -> Path | None:
+    kept = kept_path(s)
     return kept if kept is not None and kept.is_file() else None
 
 
