@@ -26,7 +26,7 @@ def test_loss_and_gradients_equal_the_plain_path(chunk, masked):
     weight = torch.randn(v, c, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 64, (n,))
     mask = torch.cat([torch.zeros(64), torch.full((6,), float("-inf"))]).double() if masked else None
-    ours = linear_cross_entropy(hidden, weight, targets, mask, chunk)
+    ours = linear_cross_entropy(hidden, weight, targets, 64 if masked else None, chunk)
     (ours * 3.0).backward()  # a scaled loss (accumulation, GradScaler) scales both gradients
     got = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
@@ -109,3 +109,11 @@ def test_compiled_under_bf16_it_writes_no_fp32_logits():
     loss, codes = run_and_get_code(torch.compile(step))
     assert vocab_wide_buffers("\n".join(codes), 64 * 256) == ["(64, 256) torch.bfloat16"] * 2
     assert loss.item() == pytest.approx(F.cross_entropy(hidden @ weight.t(), targets).item(), rel=2e-2)
+
+
+def test_auto_chunks_fit_a_cpu_cache_and_stay_large_on_a_gpu():
+    from gpt2.model.loss import chunk_rows
+
+    assert chunk_rows("auto", "cpu", 50304) == 128  # 128 x 50,304 fp32 logits: 25.8 MB, within 32 MB
+    assert chunk_rows("auto", "cpu", 1000) == 8192 and chunk_rows("auto", "cpu", 10**9) == 1
+    assert chunk_rows("auto", "cuda", 50304) == 8192 and chunk_rows(0, "cpu", 50304) == 0

@@ -110,8 +110,8 @@ def activation_bytes(s: Shape, batch: int, seq: int, amp: bool, flash: bool,
     """(saved by the layers, the loss's peak) in bytes for one micro-batch.
 
     The plain loss holds about four vocabulary-wide tensors per token at its backward peak. The
-    chunked one (``train.loss_chunk``, gpt2/model/loss.py) holds one chunk's fp32 logits and its
-    softmax gradient (fp32, or 16-bit under AMP), the fp32 gradient of the hidden states (4·h per
+    chunked one (``train.loss_chunk``, gpt2/model/loss.py) holds one chunk's fp32 logits, turned in
+    place into the softmax gradient (and its 16-bit copy under AMP), the fp32 gradient of the hidden states (4·h per
     token) and the head's weight gradient three times over (its buffer, its scaled copy, and the sum
     with the embedding's gradient: 12·V·h, once)."""
     h, a, n, V = s.n_embd, s.n_head, batch * seq, s.padded_vocab
@@ -125,7 +125,7 @@ def activation_bytes(s: Shape, batch: int, seq: int, amp: bool, flash: bool,
     if not loss_chunk:
         return saved, float(n * logits)
     rows = min(loss_chunk, n)
-    return saved, float(rows * V * (6 if amp else 8) + n * 4 * h + (12 * V * h if n else 0))
+    return saved, float(rows * V * (6 if amp else 4) + n * 4 * h + (12 * V * h if n else 0))
 
 
 def hidden_matrices(s: Shape) -> int:

@@ -185,7 +185,7 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if targets is not None and self.loss_chunk:  # training: the loss without the logits (model/loss.py)
             loss = linear_cross_entropy(x.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1),
-                                        self.logit_mask, self.loss_chunk, per_row=per_window)
+                                        self.cfg.vocab_size, self.loss_chunk, per_row=per_window)
             return None, loss.view(B, T).mean(1) if per_window else loss
         if targets is None:
             logits = self.lm_head(x[:, [-1], :])  # generation needs only the last position

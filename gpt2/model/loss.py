@@ -11,21 +11,27 @@ work is the same three matmuls (forward, and the two of backward, done in forwar
 Precision follows autocast as the plain path does: matmuls in the autocast dtype, the softmax in
 fp32. The gradient's 1/N is applied in fp32 after the matmuls, so fp16 does not underflow it.
 
-Written so that Inductor fuses each chunk's softmax into one pass. Bytes moved per logit element,
-bf16 on a GPU: the logits matmul writes 2, logsumexp reads 2 (4 in two passes), one kernel reads
-the logits and writes the bf16 gradient (2 + 2), the two gradient matmuls read it (2 + 2): 12 to 14.
-Scattering the label column's -1 into fp32 probabilities and casting after (the obvious eager code)
-makes Inductor write and read those probabilities in fp32 first: about 20. The in-place ``sub_`` and
-``exp_`` act on a fresh buffer, which Inductor turns into one fused expression; without compile they
-keep one fp32 chunk alive instead of three. ``benchmarks/loss_kernels.py`` shows the buffers the
-compiled chunk allocates and times it.
+Each chunk's logits become their log-softmax in place (one row-wise pass), then the softmax
+gradient in place (``exp_``): without compile a chunk needs one fp32 buffer. On a CPU that buffer
+is sized to stay in cache between the matmul that writes it and the two that read it
+(``chunk_rows``); the matmuls then run near the CPU's peak and the softmax passes cost a third of
+what they cost on logits that spill to memory. Under torch.compile Inductor fuses the softmax, the
+exp and the cast into one pass: bf16 on a GPU moves about 12 to 14 bytes per logit (the matmul
+writes 2, the log-sum-exp reads 2 or 4, the gradient kernel reads 2 and writes 2, the two gradient
+matmuls read 2 + 2). Scattering the label column's -1 into fp32 probabilities and casting after
+would make Inductor write and read them in fp32 first: about 20. ``benchmarks/loss_kernels.py``
+shows the buffers the compiled chunk allocates and times it.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
+GPU_CHUNK_ROWS = 8192
+CPU_CHUNK_BYTES = 32 * 2**20  # fp32 logits of one chunk: small enough for a server CPU's caches
 AUTOCAST_DEVICES = ("cuda", "cpu", "mps", "xpu")  # torch.is_autocast_enabled raises for others (meta)
 
 
@@ -36,63 +42,80 @@ def autocast_dtype(device_type: str) -> torch.dtype | None:
     return torch.get_autocast_dtype(device_type)
 
 
+def chunk_rows(setting: int | str, device_type: str, vocab_size: int) -> int:
+    """``train.loss_chunk`` on this device: ``auto`` is 8192 positions on a GPU, where big matmuls run
+    best. On a CPU a chunk is sized so that its fp32 logits stay in cache from the matmul that writes
+    them through the softmax and the two matmuls that read them: a power of two whose logits fit in
+    32 MB (128 positions at GPT-2's vocabulary). docs/benchmarks.md has the measurements behind both."""
+    if setting != "auto":
+        return int(setting)
+    if device_type != "cpu":
+        return GPU_CHUNK_ROWS
+    return 2 ** max(0, math.floor(math.log2(CPU_CHUNK_BYTES / (4 * vocab_size))))
+
+
 class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                mask: torch.Tensor | None, chunk: int) -> torch.Tensor:
+                vocab_size: int | None, chunk: int) -> torch.Tensor:
         compute = autocast_dtype(hidden.device.type) or hidden.dtype
         acc = torch.promote_types(compute, torch.float32)  # softmax and sums: fp32 at least
         x, w = hidden.to(compute), weight.to(compute)
         n = x.shape[0]
         total = torch.zeros((), device=hidden.device, dtype=acc)
         grad_hidden = torch.empty(x.shape, device=hidden.device, dtype=acc)
-        grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=acc)
+        grad_weight = None
         for lo in range(0, n, chunk):
             rows, labels = x[lo:lo + chunk], targets[lo:lo + chunk]
-            logits = (rows @ w.t()).to(acc)
-            if mask is not None:
-                logits += mask  # -inf on padded vocabulary rows: no probability mass there
-            lse = torch.logsumexp(logits, dim=-1)
-            picked = logits.gather(1, labels[:, None]).squeeze(1)
-            total += (lse - picked).sum()
+            logp = log_probs(rows, w, vocab_size, acc)
+            picked = logp.gather(1, labels[:, None]).squeeze(1)
+            total -= picked.sum()
             # d(loss sum)/d(logits) = softmax - one-hot: the softmax cast once to the matmul dtype, then the
-            # label column from the picked logits (fp32, so 1 - p near 0 keeps its precision)
-            g = logits.sub_(lse[:, None]).exp_().to(compute)
-            g[torch.arange(len(labels), device=g.device), labels] = ((picked - lse).exp() - 1.0).to(compute)
-            del logits
+            # label column from its fp32 log-probability (so 1 - p near 0 keeps its precision)
+            g = logp.exp_().to(compute)
+            g[torch.arange(len(labels), device=g.device), labels] = (picked.exp() - 1.0).to(compute)
+            del logp
             grad_hidden[lo:lo + chunk] = g @ w
-            grad_weight += g.t() @ rows
-        ctx.save_for_backward(grad_hidden.div_(n), grad_weight.div_(n))
-        ctx.dtypes = (hidden.dtype, weight.dtype)
+            if grad_weight is None:
+                grad_weight = (g.t() @ rows).to(acc)
+            elif compute == acc:
+                grad_weight.addmm_(g.t(), rows)  # the sum inside the matmul: no second pass over the V x C buffer
+            else:
+                grad_weight += g.t() @ rows
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.meta = (hidden.dtype, weight.dtype, n)
         return total / n
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         grad_hidden, grad_weight = ctx.saved_tensors
-        hidden_dtype, weight_dtype = ctx.dtypes
-        return ((grad_hidden * grad_loss).to(hidden_dtype), (grad_weight * grad_loss).to(weight_dtype),
-                None, None, None)
+        hidden_dtype, weight_dtype, n = ctx.meta
+        scale = grad_loss / n  # the mean's 1/N in fp32 after the matmuls, so fp16 does not underflow it
+        return (grad_hidden * scale).to(hidden_dtype), (grad_weight * scale).to(weight_dtype), None, None, None
+
+
+def log_probs(rows: torch.Tensor, weight: torch.Tensor, vocab_size: int | None, acc: torch.dtype) -> torch.Tensor:
+    """Log-softmax of ``rows @ weight.T`` in ``acc``, with the padded columns (from ``vocab_size`` on) at -inf."""
+    logits = (rows @ weight.t()).to(acc)
+    if vocab_size is not None and vocab_size < logits.shape[1]:
+        logits[:, vocab_size:] = float("-inf")  # padding takes no probability mass
+    return torch.log_softmax(logits, dim=-1, out=logits)  # in place: one chunk-sized buffer, not two
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         mask: torch.Tensor | None = None, chunk: int = 8192, per_row: bool = False) -> torch.Tensor:
+                         vocab_size: int | None = None, chunk: int = 8192, per_row: bool = False) -> torch.Tensor:
     """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``, never holding all the logits.
 
-    ``hidden``: (N, C), ``weight``: (V, C), ``targets``: (N,) ids, ``mask``: (V,) added to the logits.
-    Without gradients (evaluation) only the loss is computed, chunk by chunk; ``per_row`` returns
-    each row's loss, shape (N,), instead of their mean (evaluation only).
+    ``hidden``: (N, C), ``weight``: (V, C), ``targets``: (N,) ids. Columns from ``vocab_size`` on are
+    padding (GPT-2's 50,257 tokens padded to 50,304 rows): they get no probability. Without gradients
+    (evaluation) only the loss is computed, chunk by chunk; ``per_row`` returns each row's loss,
+    shape (N,), instead of their mean (evaluation only).
     """
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         if per_row:
             raise ValueError("per_row losses are for evaluation: call under torch.no_grad()")
-        return LinearCrossEntropy.apply(hidden, weight, targets, mask, chunk)
+        return LinearCrossEntropy.apply(hidden, weight, targets, vocab_size, chunk)
     acc = torch.promote_types(hidden.dtype, torch.float32)
-    rows = []
-    for lo in range(0, hidden.shape[0], chunk):
-        logits = (hidden[lo:lo + chunk] @ weight.t()).to(acc)
-        if mask is not None:
-            logits += mask
-        labels = targets[lo:lo + chunk]
-        rows.append(torch.logsumexp(logits, dim=-1) - logits.gather(1, labels[:, None]).squeeze(1))
-    losses = torch.cat(rows)
+    losses = torch.cat([-log_probs(hidden[lo:lo + chunk], weight, vocab_size, acc)
+                        .gather(1, targets[lo:lo + chunk, None]).squeeze(1) for lo in range(0, hidden.shape[0], chunk)])
     return losses if per_row else losses.mean()
