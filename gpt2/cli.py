@@ -12,7 +12,7 @@ import click
 from gpt2.core.cli import validate
 from gpt2.data.cli import download, stats, tokenize
 from gpt2.eval.cli import evaluate, export, sample
-from gpt2.measure.cli import grid, ladder, plan
+from gpt2.measure.cli import grid, ladder, peak, plan
 from gpt2.train.cli import train
 
 
@@ -22,7 +22,7 @@ def main() -> None:
     """Pre-train GPT-2 reproducibly: download → tokenize → stats → train → evaluate."""
 
 
-for command in (validate, download, tokenize, stats, train, evaluate, export, grid, ladder, plan, sample):
+for command in (validate, download, tokenize, stats, train, evaluate, export, grid, ladder, plan, peak, sample):
     main.add_command(command)
 
 

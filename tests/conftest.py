@@ -137,8 +137,22 @@ def hermetic_environment(tmp_path_factory: pytest.TempPathFactory):
         patch.setenv("OMP_NUM_THREADS", "1")
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
+        patch.setenv("GPT2_PEAK_CACHE", str(stand_in_peaks(tmp_path_factory.mktemp("peaks"))))
         yield
         torch.set_num_threads(threads)
+
+
+def stand_in_peaks(folder: Path) -> Path:
+    """A CPU peak for every thread count, so that CPU runs do not each spend seconds measuring it and
+    nothing is written under the user's home (tests/test_peak.py measures it)."""
+    import json
+
+    from gpt2.train.peak import machine_key
+
+    path = folder / "matmul_peaks.json"
+    path.write_text(json.dumps({machine_key(n): {"fp32": 2.0e11, "bf16": None, "measured": "tests/conftest.py"}
+                                for n in range(1, (os.cpu_count() or 1) + 1)}))
+    return path
 
 
 @pytest.fixture(autouse=True)

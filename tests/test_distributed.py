@@ -57,6 +57,25 @@ def test_ddp_in_one_process_equals_plain_training(tmp_path, tokens):
     assert ddp["val"] == plain["val"] and ddp["perf"]["world_size"] == 1
 
 
+def test_compiled_ddp_is_split_at_its_gradient_buckets_and_trains_as_compiled_plain(tmp_path, tokens, monkeypatch):
+    """DDP wraps the compiled model; Dynamo compiles the model's forward while DDP's is running, so its DDPOptimizer
+    cuts the graph at DDP's gradient buckets: each bucket's all-reduce can start while the backward goes on.
+    Accumulation (``no_sync``) works, nothing breaks the graph, and the losses are compiled plain training's."""
+    from torch._dynamo.backends import distributed as ddp_optimizer
+
+    buckets: list[int] = []
+    shown = ddp_optimizer.pretty_print_buckets
+    monkeypatch.setattr(ddp_optimizer, "pretty_print_buckets", lambda b, cap: buckets.append(len(b)) or shown(b, cap))
+    settings = dict(max_steps=3, eval_interval=3, compile=True, grad_accum_steps=2, model={"n_layer": 1})
+    train(micro_params(**settings), tokens, tmp_path / "a/ckpt.pt", tmp_path / "a/reports")
+    assert not buckets  # no DDP, no split
+    torch._dynamo.reset()  # else the DDP run would reuse plain training's graph: its guards hold for the same code
+    ddp = train(micro_params(**settings, distributed="ddp"), tokens, tmp_path / "b/ckpt.pt", tmp_path / "b/reports")
+    assert buckets == [2]  # DDP's 1 MB first bucket (the tied embedding and LM head), then the rest
+    assert train_losses(tmp_path / "b") == pytest.approx(train_losses(tmp_path / "a"), rel=1e-5)
+    assert ddp["runtime"]["graph_breaks"] == 0 and ddp["runtime"]["recompiles"] == 0
+
+
 def test_fsdp_checkpoints_are_plain_ones_and_resume_across_modes_exactly(tmp_path, tokens, monkeypatch):
     """FSDP in one process trains bit for bit as plain training; a run cut under one mode ends under the other."""
     from test_train import interrupt_at

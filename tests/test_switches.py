@@ -243,7 +243,8 @@ def test_requested_inert_switches_are_warned(tokens):
         pytest.skip("CPU-only check")
     warnings = trainer.inert_switch_warnings(setup(tokens, compile_mode="max-autotune"))
     text = " ".join(warnings)
-    assert "tf32 is inert" in text and "compile_mode max-autotune is inert" in text and "MFU is not reported" in text
+    assert "tf32 is inert" in text and "compile_mode max-autotune is inert" in text
+    assert "MFU is not reported" not in text  # a CPU's peak is measured (gpt2/train/peak.py)
 
 
 def test_keep_host_memory_switch_sets_the_allocator_only_when_on(monkeypatch):

@@ -108,8 +108,10 @@ class TrainConfig:
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math"] = param(
         "auto", "the kernel behind model.attention flash: auto (PyTorch's choice) | flash | cudnn | efficient | math")
     fused_adamw: bool = param(True, "one fused AdamW kernel instead of PyTorch's default (foreach)")
-    loss_chunk: int = param(8192, "training loss in chunks of this many positions, never all logits at once", ge=0,
-                            note="0 = plain loss")
+    loss_chunk: int | Literal["auto"] = param(
+        "auto", "training loss in chunks of this many positions, never all logits at once; auto: 8192 on a GPU, on "
+                "a CPU 32 MB of logits (128 positions)", ge=0,
+        note="0 = plain loss")
     keep_host_memory: bool = param(True, "CPU/Linux: glibc reuses freed big blocks instead of page-faulting them in "
                                          "every step")
     threads: int = param(0, "CPU intra-op threads; the count changes the last digits of CPU results", ge=0,
@@ -168,7 +170,7 @@ class TrainConfig:
     target_val_loss: float | None = param(None, "time to target: the first eval at or below it records time, "
                                                 "tokens and steps", gt=0)
     stop_at_target: bool = param(True, "... and ends the run there")
-    peak_tflops: float | None = param(None, "this device's dense bf16 peak for MFU; null = look it up by GPU name",
+    peak_tflops: float | None = param(None, "this device's dense bf16 peak for MFU; null = a GPU's data sheet, a CPU's measured matmul peak (gpt2 peak)",
                                       gt=0)
     resume: Literal["auto", "never"] = param(
         "auto", "auto (continue an unfinished run of this model and data) | never")

@@ -1,4 +1,4 @@
-"""`gpt2 ladder` and `gpt2 plan`: measuring what optimizations buy and what a run will cost."""
+"""`gpt2 ladder`, `gpt2 plan` and `gpt2 peak`: measuring what optimizations buy, what a run will cost, and the CPU's peak."""
 
 from __future__ import annotations
 
@@ -106,3 +106,26 @@ def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int, se
     result = make(model, tokens, device, micro_batch, seq_len, gpus, dtype, attention, mfu, price_per_hour,
                   memory_gb, peak_tflops, Path(root), loss_chunk, optimizer, distributed)
     click.echo(json.dumps(result, indent=2) if as_json else render(result), nl=as_json)
+
+
+@click.command()
+@click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
+              help="intra-op threads, as train.threads (0: PyTorch's default)")
+@user_errors
+def peak(threads: int) -> None:
+    """Measure this CPU's matmul peak (fp32, and bf16 where native) and keep it: MFU on a CPU divides by it.
+
+    Training measures it once by itself; run this again when that first measurement ran beside other work."""
+    import torch
+
+    from gpt2.train.peak import cache_path, cpu_peaks, machine_key
+
+    if threads:
+        torch.set_num_threads(threads)
+    peaks, _ = cpu_peaks(remeasure=True)
+    click.echo(f"{machine_key(torch.get_num_threads())}")
+    for kind in ("fp32", "bf16"):
+        value = peaks.get(kind)
+        shown = f"{value / 1e12:.3f} TFLOP/s" if value else "not native here (emulated: not measured)"
+        click.echo(f"  {kind}: {shown}")
+    click.echo(f"kept in {cache_path()}")

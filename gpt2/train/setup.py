@@ -13,12 +13,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpt2.core import log
 from gpt2.core.config import Params, TrainConfig, to_dict
 from gpt2.core.digest import sha256_file
 from gpt2.core.errors import UserError
+from gpt2.core.sizes import SIZES, sequence_length
 from gpt2.core.tokens import read_meta
 from gpt2.model.gpt import GPT, GPTConfig, gpt_config
-from gpt2.core.sizes import SIZES, sequence_length
+from gpt2.model.loss import chunk_rows
 from gpt2.train import distributed, sharded
 from gpt2.train.batch import Batch, Recipe, model_shape, resolve_batch
 from gpt2.train.compiled import CompileWatch
@@ -28,6 +30,9 @@ from gpt2.train.flops import dtype_peak_flops, flops_per_token, yardstick_flops
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.muon import FP32Muon
 from gpt2.train.optim import build_optimizers
+from gpt2.train.peak import cache_path, cpu_peaks
+
+logger = log.get("train")
 
 
 @dataclass
@@ -52,8 +57,9 @@ class Setup:
     tokens_per_step: int  # of the whole job: micro-batch × seq_len × accumulation × world size
     total_steps: int
     flops_per_token: float
-    peak_flops: float | None  # the card's dense bf16 peak: MFU's yardstick whatever the dtype
+    peak_flops: float | None  # the dense bf16 peak (fp32 on a CPU without bf16): MFU's yardstick whatever the dtype
     dtype_peak_flops: float | None  # the run's own dtype's peak where it differs (fp32, tf32)
+    mfu_against: str  # where those peaks come from
     meta: dict[str, Any]
     tokens_dir: Path
     compile_watch: CompileWatch  # graph breaks and recompilations of this run
@@ -85,13 +91,14 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     if seq_len > model_cfg.block_size:
         raise UserError(f"train.block_size {seq_len} exceeds the model's block_size {model_cfg.block_size}; "
                         "lower train.block_size or raise model.block_size")
-    model = GPT(model_cfg, loss_chunk=cfg.loss_chunk)  # the same seed on every rank: the same initial weights
+    loss_chunk = chunk_rows(cfg.loss_chunk, runtime.device.type, model_cfg.padded_vocab_size)
+    model = GPT(model_cfg, loss_chunk=loss_chunk)  # the same seed on every rank: the same initial weights
     init = load_pretrained(model, cfg.init_from, params) if cfg.init_from != "scratch" else {}
     amp = runtime.dtype in ("bf16", "fp16")
     if dist_info.sharded and runtime.dtype == "fp16":
         raise UserError("train.distributed fsdp with fp16: GradScaler's overflow check would differ per shard; "
                         "set train.dtype bf16 (Ampere or newer) or fp32, or use ddp")
-    recipe = Recipe(model_shape(model), seq_len, amp, model_cfg.attention == "flash", cfg.loss_chunk, cfg.optimizer,
+    recipe = Recipe(model_shape(model), seq_len, amp, model_cfg.attention == "flash", loss_chunk, cfg.optimizer,
                     dist_info.world if dist_info.sharded else 1)
     batch = resolve_batch(cfg, recipe, dist_info.world, runtime.device)  # before the model takes device memory
     if dist_info.sharded:
@@ -116,6 +123,10 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     if dist_info.grouped and not dist_info.sharded:
         from torch.nn.parallel import DistributedDataParallel
 
+        # DDP around the compiled model: Dynamo compiles the model's forward inside DDP's, sees DDP active and
+        # splits the graph at the gradient buckets (DDPOptimizer), so each bucket's all-reduce starts while the
+        # backward goes on (tests/test_distributed.py); compiling around DDP would split the same way but also
+        # break the graph at DDP's own Python code
         step_model = DistributedDataParallel(eval_model, device_ids=[device.index] if device.type == "cuda" else None,
                                              gradient_as_bucket_view=True,  # grads live in the buckets: no copy
                                              broadcast_buffers=False)  # the only buffer, the logit mask, is constant
@@ -126,11 +137,30 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         seq_len=seq_len, tokens_per_step=tokens_per_step, total_steps=total,
         flops_per_token=sum(flops_per_token(model.num_params(exclude_position_embedding=True), model_cfg.n_layer,
                                             model_cfg.n_embd, seq_len)),
-        peak_flops=yardstick_flops(runtime.device_name, cfg.peak_tflops),
-        dtype_peak_flops=dtype_peak_flops(runtime.device_name, runtime.dtype, runtime.tf32, cfg.peak_tflops), meta=meta,
+        **mfu_peaks(runtime, cfg.peak_tflops), meta=meta,
         tokens_dir=Path(tokens_dir),
         compile_watch=CompileWatch(cfg.compile), init=init,
     )
+
+
+def mfu_peaks(runtime: Runtime, peak_tflops: float | None) -> dict[str, Any]:
+    """What MFU divides by: ``train.peak_tflops`` if set, a GPU's data sheet, or a CPU's measured matmul
+    peak (gpt2/train/peak.py). The yardstick is the bf16 peak where bf16 is native, whatever the run's
+    dtype, so fp32 and bf16 runs compare on one scale; ``dtype_peak_flops`` is the run's own dtype's."""
+    if peak_tflops is not None or runtime.device.type != "cpu":
+        return {"peak_flops": yardstick_flops(runtime.device_name, peak_tflops),
+                "dtype_peak_flops": dtype_peak_flops(runtime.device_name, runtime.dtype, runtime.tf32, peak_tflops),
+                "mfu_against": "train.peak_tflops" if peak_tflops is not None else "the data sheet's dense peak"}
+    started = time.perf_counter()
+    peaks, fresh = cpu_peaks()
+    shown = ", ".join(f"{kind} {peaks[kind] / 1e12:.2f} TFLOP/s" for kind in ("bf16", "fp32") if peaks.get(kind))
+    if fresh:
+        logger.info(f"train: measured this CPU's matmul peak in {time.perf_counter() - started:.1f} s: {shown} "
+                    f"(kept in {cache_path()}; `gpt2 peak` measures it again)")
+    yardstick = peaks.get("bf16") or peaks["fp32"]
+    own = peaks.get(runtime.dtype)
+    return {"peak_flops": yardstick, "dtype_peak_flops": own if own and own != yardstick else None,
+            "mfu_against": f"this CPU's measured matmul peak ({shown})"}
 
 
 def load_pretrained(model: GPT, source: str, params: Params) -> dict[str, str]:
@@ -161,9 +191,9 @@ def what_runs(s: Setup) -> dict[str, Any]:
         "device": str(s.runtime.device), "device_name": s.runtime.device_name, "dtype": s.runtime.dtype,
         "tf32": s.runtime.tf32, "compile": cfg.compile, "attention": s.model_cfg.attention,
         "sdpa_backend": backend if s.model_cfg.attention == "flash" else "manual (no SDPA)",
-        "keep_host_memory": s.runtime.keep_host_memory, "threads": torch.get_num_threads(),
+        "keep_host_memory": s.runtime.keep_host_memory, "mfu_against": s.mfu_against, "threads": torch.get_num_threads(),
         "deterministic": cfg.deterministic, "world_size": s.dist.world,
-        "micro_batch_size": s.batch.micro, "grad_accum_steps": s.batch.accum,
+        "micro_batch_size": s.batch.micro, "grad_accum_steps": s.batch.accum, "loss_chunk": s.model.loss_chunk,
         **({"distributed": s.params.train.distributed} if s.dist.grouped else {}),
         "params": s.model.num_params(), "torch": str(torch.__version__), **s.init,
         **({"muon_ns_dtype": "fp32" if isinstance(s.optimizers[0], FP32Muon) else "bf16"}

@@ -1,0 +1,103 @@
+"""A CPU's matmul peak, measured: what MFU divides by where no data sheet gives one.
+
+A GPU's dense peak comes from its vendor (gpt2/train/flops.py). A CPU has no such figure that a
+step could reach: its clock, cores, vector units and memory vary too much. So the peak is measured:
+the best sustained throughput of a few large matmuls in fp32, and in bf16 where the CPU does bf16
+in hardware (AVX512-BF16 or AMX), with the thread count the run uses. It is measured once per CPU
+model, core count, thread count and torch version, and kept in a small JSON file
+(``~/.cache/gpt2-pipeline/matmul_peaks.json``, or ``$GPT2_PEAK_CACHE``). ``gpt2 peak`` measures it
+again, for instance after the first measurement ran beside other work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from gpt2.core.atomic import json_text
+
+# (M, K, N): a big square and two shapes of GPT-2's step (the MLP, the LM head on a 1024-row chunk)
+SHAPES = ((2048, 2048, 2048), (4096, 768, 3072), (1024, 768, 50304))
+SECONDS_PER_SHAPE = 0.3
+CACHE_ENV = "GPT2_PEAK_CACHE"
+
+
+def cache_path() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "gpt2-pipeline" / "matmul_peaks.json"
+
+
+def cpu_name() -> str:
+    """The CPU's model name as the kernel reports it (platform.processor() is often just the architecture)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key(threads: int) -> str:
+    return f"{cpu_name()} | {os.cpu_count()} logical cores | {threads} threads | torch {torch.__version__}"
+
+
+def bf16_is_native() -> bool:
+    """Whether this CPU does bf16 matmuls in hardware; elsewhere they are emulated, far below fp32."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+
+
+def matmul_flops(dtype: torch.dtype, shapes: tuple[tuple[int, int, int], ...] = SHAPES,
+                 seconds_per_shape: float = SECONDS_PER_SHAPE) -> float:
+    """The best FLOP/s over ``shapes``: each shape's median over repeats that fill ``seconds_per_shape``."""
+    best = 0.0
+    for m, k, n in shapes:
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        out = torch.empty(m, n, dtype=dtype)
+        torch.mm(a, b, out=out)  # warm-up: thread pool, packing buffers
+        times: list[float] = []
+        started = time.perf_counter()
+        while len(times) < 3 or time.perf_counter() - started < seconds_per_shape:
+            tick = time.perf_counter()
+            torch.mm(a, b, out=out)
+            times.append(time.perf_counter() - tick)
+        best = max(best, 2 * m * k * n / statistics.median(times))
+    return best
+
+
+def measure() -> dict[str, float | str | None]:
+    """This CPU's fp32 peak, and bf16's where it is native (None elsewhere), in FLOP/s."""
+    return {"fp32": matmul_flops(torch.float32), "bf16": matmul_flops(torch.bfloat16) if bf16_is_native() else None,
+            "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def cpu_peaks(remeasure: bool = False) -> tuple[dict[str, float | str | None], bool]:
+    """(this CPU's peaks at the current thread count, whether they were measured now): from the cache,
+    else measured and cached. A cache that cannot be read or written is measured around, not an error."""
+    path, key = cache_path(), machine_key(torch.get_num_threads())
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if not isinstance(cached, dict):
+        cached = {}
+    if not remeasure and isinstance(cached.get(key), dict) and cached[key].get("fp32"):
+        return cached[key], False
+    peaks = measure()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temp.write_text(json_text({**cached, key: peaks}))
+        os.replace(temp, path)
+    except OSError:
+        pass
+    return peaks, True

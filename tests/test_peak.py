@@ -1,0 +1,70 @@
+"""MFU on a CPU: the matmul peak measured once per machine, kept, and what the run divides by."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gpt2.train import peak
+from gpt2.train.trainer import train
+from tests.conftest import micro_params
+
+SMALL = ((64, 64, 64), (32, 16, 48))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    path = tmp_path / "cache" / "peaks.json"
+    monkeypatch.setenv(peak.CACHE_ENV, str(path))
+    monkeypatch.setattr(peak, "SHAPES", SMALL)
+    monkeypatch.setattr(peak, "SECONDS_PER_SHAPE", 0.01)
+    return path
+
+
+def test_measured_once_then_read_from_the_cache(cache, monkeypatch):
+    first, fresh = peak.cpu_peaks()
+    assert fresh and first["fp32"] > 0 and (first["bf16"] is None) == (not peak.bf16_is_native())
+    assert json.loads(cache.read_text())[peak.machine_key(torch.get_num_threads())]["fp32"] == first["fp32"]
+    monkeypatch.setattr(peak, "measure", lambda: pytest.fail("measured again"))
+    assert peak.cpu_peaks() == (first, False)
+
+
+def test_a_corrupt_or_foreign_cache_is_measured_around(cache):
+    cache.parent.mkdir(parents=True)
+    cache.write_text("{not json")
+    assert peak.cpu_peaks()[1]
+    other = {"another CPU | 64 logical cores | 64 threads | torch 9": {"fp32": 1.0}}
+    cache.write_text(json.dumps(other))
+    values, fresh = peak.cpu_peaks()
+    assert fresh and json.loads(cache.read_text()).keys() == {*other, peak.machine_key(torch.get_num_threads())}
+
+
+def test_the_best_shape_is_the_peak():
+    one = peak.matmul_flops(torch.float32, ((256, 256, 256),), 0.01)
+    both = peak.matmul_flops(torch.float32, ((256, 256, 256), (8, 8, 8)), 0.01)
+    assert both >= 0.5 * one  # the tiny shape cannot pull the best one down (timing noise aside)
+
+
+def test_a_cpu_run_reports_mfu_against_the_measured_peak(tokens, tmp_path, cache):
+    cache.parent.mkdir(parents=True)
+    key = peak.machine_key(torch.get_num_threads())
+    cache.write_text(json.dumps({key: {"fp32": 1.0e11, "bf16": 4.0e11}}))
+    metrics = train(micro_params(max_steps=3, timing_warmup_steps=1, mlflow=False), str(tokens), tmp_path / "c.pt",
+                    report_dir=None)
+    perf = metrics["perf"]  # the yardstick is bf16's peak where the CPU has one; the fp32 run's own is 4x smaller
+    assert perf["mfu"] > 0 and perf["mfu_dtype"] == pytest.approx(4 * perf["mfu"], rel=2e-2)
+    assert "measured matmul peak" in metrics["runtime"]["mfu_against"]
+
+
+def test_gpt2_peak_measures_again_and_says_where_it_keeps_it(cache, runner):
+    from gpt2.cli import main
+
+    cache.parent.mkdir(parents=True)
+    key = peak.machine_key(torch.get_num_threads())
+    cache.write_text(json.dumps({key: {"fp32": 1.0, "bf16": None}}))  # a first measurement spoiled by other work
+    result = runner.invoke(main, ["peak"])
+    assert result.exit_code == 0, result.output
+    assert "fp32:" in result.output and str(cache) in result.output
+    assert json.loads(cache.read_text())[key]["fp32"] > 1.0
