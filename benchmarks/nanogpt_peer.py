@@ -7,6 +7,11 @@ from the working directory), with ``dataset`` set to the absolute path of our to
 reads ``<dataset>/train.bin`` as uint16 tokens, our format, and with no ``meta.pkl`` there it pads
 the vocabulary to 50304, as our padded-vocab rung does. ``bias=True`` makes its model GPT-2's, ours.
 
+Run as a script it compares the two on this CPU (the tiny model, fp32, compile off, the same tokens,
+alternating runs, as a ratio of medians)::
+
+    python benchmarks/nanogpt_peer.py --nanogpt peers/nanoGPT --pairs 5
+
 Its step time is the one it prints, ``iter N: loss …, time …ms`` (wall clock between iterations; with
 ``log_interval=1``, its default, each one ends in a ``loss.item()`` sync). A wrapper around its script
 adds what it does not print: the process's peak CUDA memory and wall time.
@@ -22,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import click
 
 from gpt2.train.reports import iqr
 
@@ -97,3 +104,80 @@ def figures(times_ms: list[float], wrapper: dict[str, Any], tokens_per_step: int
             "tokens_per_s_steady": tokens_per_step * len(timed) / (sum(timed) / 1000),
             "tokens_per_s_wall": tokens_per_step * len(times_ms) / wrapper["wall_s"] if wrapper.get("wall_s") else None,
             "peak_gb": wrapper.get("peak_gb"), "warmup_s": sum(times_ms[:warmup]) / 1000}
+
+
+
+TINY = {"model": {"size": "tiny", "n_layer": 4, "n_head": 4, "n_embd": 128}, "seq": 128, "compile": False}
+
+
+def ours(tokens: str, out: str, micro_batch: int, steps: int, warmup: int, train: dict[str, Any]
+         ) -> tuple[dict[str, Any] | None, str]:
+    """(our trainer's summary or None, why it failed) for the tiny model in a fresh process, MLflow off."""
+    params = {"model": {"size": "tiny"},
+              "train": {"max_steps": steps, "micro_batch_size": micro_batch, "block_size": TINY["seq"],
+                        "eval_interval": 10**9, "final_eval": False, "log_interval": 1, "checkpoint_interval": 10**9,
+                        "save_checkpoint": False, "mlflow": False, "resume": "never", "timing_warmup_steps": warmup,
+                        "compile": False, "dtype": "fp32", **train}}
+    spec = json.dumps({"params": params, "tokens": tokens, "out": out})
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, str(root / "benchmarks/train_switches.py"), "--child-spec", spec],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    if result.returncode != 0 or not lines:
+        return None, (result.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    return json.loads(lines[-1][len("RESULT "):]), ""
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):,.0f} tok/s (median; {min(values):,.0f}–{max(values):,.0f})"
+
+
+@click.command()
+@click.option("--nanogpt", "folder", type=click.Path(path_type=Path), required=True,
+              help="a checkout of karpathy/nanoGPT (e.g. the git-ignored peers/nanoGPT)")
+@click.option("--pairs", default=5, show_default=True, help="alternating runs of each")
+@click.option("--steps", default=40, show_default=True, help="iterations per run")
+@click.option("--warmup", default=5, show_default=True, help="first iterations left out of the medians")
+@click.option("--micro-batch", default=8, show_default=True)
+@click.option("--tokens", default=None, help="token folder (default: data/tokens)")
+@click.option("--set", "sets", multiple=True, help="our train.* override, e.g. loss_chunk=8192 (repeatable)")
+def main(folder: Path, pairs: int, steps: int, warmup: int, micro_batch: int, tokens: str | None,
+         sets: tuple[str, ...]) -> None:
+    """The tiny model on this CPU, fp32, compile off: nanoGPT's own train.py and ours, alternating, as a ratio."""
+    import platform
+    import tempfile
+
+    import torch
+    import yaml
+
+    check_checkout(folder)
+    token_dir = tokens or str(Path(__file__).resolve().parents[1] / "data/tokens")
+    train = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in sets)}
+    peer_rates: list[float] = []
+    our_rates: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(pairs):
+            args = overrides(TINY, token_dir, f"{tmp}/nanogpt", micro_batch, steps, gpu=False)
+            times, wrapper, error, _ = run(folder, args, None)
+            if error:
+                raise SystemExit(f"nanoGPT failed: {error}")
+            peer = figures(times, wrapper, micro_batch * TINY["seq"], warmup)
+            summary, error = ours(token_dir, f"{tmp}/ours{k}", micro_batch, steps, warmup, train)
+            if summary is None:
+                raise SystemExit(f"our trainer failed: {error}")
+            peer_rates.append(peer["tokens_per_s"])
+            our_rates.append(summary["perf"]["tokens_per_s"])
+            print(f"pair {k + 1}: nanoGPT {peer['step_ms']:.1f} ms, ours {summary['perf']['step_ms']:.1f} ms: "
+                  f"{our_rates[-1] / peer_rates[-1]:.2f}×", file=sys.stderr, flush=True)
+    each = [o / p for o, p in zip(our_rates, peer_rates)]
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; tiny, "
+          f"micro-batch {micro_batch} × {TINY['seq']}, fp32, compile off, {steps} iterations ({warmup} warm-up) per "
+          f"run, {pairs} alternating pairs; ours: {' '.join(sets) or 'params defaults'}")
+    print(f"nanoGPT train.py: {spread(peer_rates)}")
+    print(f"ours:             {spread(our_rates)}")
+    print(f"ours ÷ nanoGPT:   {statistics.median(our_rates) / statistics.median(peer_rates):.2f}× "
+          f"(pairs {min(each):.2f}–{max(each):.2f}×)")
+
+
+if __name__ == "__main__":
+    main()
