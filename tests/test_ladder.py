@@ -207,6 +207,7 @@ def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path):
     table = (report / "ladder.md").read_text()
     assert "| 0 | baseline |" in table and "| 2 | flash attention | model.attention=flash → " in table
     assert "| 1 | tf32 |  | not run |" in table
+    assert "MFU against this CPU's measured matmul peak (" in table and "n/a" not in table.split("| 1 | tf32")[0]
     assert (report / "ladder.png").read_bytes().startswith(b"\x89PNG")
     rows = json.loads((report / "ladder.json").read_text())["rows"]
     assert [r["runs"] for r in rows] == [1, 0, 1] and rows[2]["cumulative"] > 0

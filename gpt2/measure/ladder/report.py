@@ -78,6 +78,7 @@ def describe(plan_: Plan, rows: list[Row]) -> str:
             f"Model {model['size']}, micro-batch {train['micro_batch_size']} × {seq} tokens, "
             f"{plan_.profile.steps} steps per run (the first {train['timing_warmup_steps']} untimed), "
             f"{plan_.profile.repeats} run(s) per rung in alternating order; speedups compare tokens/s"
+            + (f"; MFU against {runtime['mfu_against']}" if runtime.get("mfu_against") else "")
             + (f"; with a target val loss of {plan_.profile.target}, every run trains until its val loss (measured "
                f"every {train['eval_interval']} steps) reaches it, or {plan_.profile.steps} steps: time to target is "
                "wall clock from the start of the run, compile and evals included." if plan_.profile.target else "."))
