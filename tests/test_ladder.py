@@ -26,7 +26,8 @@ def test_the_projects_ladder_is_the_documented_one():
     spec = ladder.load_ladder(ROOT / "ladder.yaml")
     names = [r.name for r in spec.rungs]
     assert names == ["baseline", "ram preload", "vectorized batching", "keep host memory", "tf32", "amp", "compile",
-                     "flash attention", "padded vocab", "fused adamw", "grad accumulation", "muon"]
+                     "flash attention", "padded vocab", "fused adamw", "cudnn attention", "bf16 residual",
+                     "max-autotune", "cuda graphs", "grad accumulation", "muon"]
     assert all(len(r.changes) == 1 for r in spec.rungs[1:])  # one switch per rung
     assert set(spec.profiles) == {"cpu", "cuda"} and spec.profiles["cuda"].model == {"size": "gpt2"}
 
@@ -141,7 +142,10 @@ def test_rungs_a_device_cannot_show_are_known_before_running_and_not_run(tmp_pat
     names = [r.name for r in spec.rungs]
     cpu = dict(zip(names, ladder.plan(spec, PARAMS, "cpu").cannot_show))
     assert cpu["tf32"] == "TF32 is a CUDA (Ampere+) matmul mode" and cpu["amp"].startswith("AMP's dtype auto is fp32")
-    assert {n for n, why in cpu.items() if why} == {"tf32", "amp"} or not ladder.spec._cxx_compiler()
+    assert cpu["cudnn attention"] == "cudnn attention is a CUDA kernel" and cpu["cuda graphs"] == (
+        "CUDA graphs exist on CUDA only") and cpu["bf16 residual"].startswith("the residual stream is bf16 only")
+    unshown = {"tf32", "amp", "cudnn attention", "bf16 residual", "cuda graphs"}
+    assert {n for n, why in cpu.items() if why} == unshown or not ladder.spec._cxx_compiler()
     assert not any(ladder.plan(spec, PARAMS, "cuda").cannot_show)
     p = ladder.plan(spec, PARAMS, "cpu")
     runs = [[] if p.cannot_show[i] else [fake_run(p, i, 100.0 - i, CPU), fake_run(p, i, 101.0 - i, CPU)]
@@ -171,7 +175,7 @@ def test_only_ladder_experiments_with_the_same_params_are_reused(tmp_path):
     other_name = fake_run(p, 3, 10.0, cpu, "my-experiment")
     other_steps = fake_run(ladder.plan(spec, PARAMS, "cpu", steps=5), 3, 10.0, cpu, "ladder-03-keep-host-memory-2")
     found = ladder.measured(p, [same, other_name, other_steps])
-    assert [[e.name for e in runs] for runs in found] == [[], [], [], ["ladder-03-keep-host-memory-1"]] + [[]] * 8
+    assert [[e.name for e in runs] for runs in found] == [[], [], [], ["ladder-03-keep-host-memory-1"]] + [[]] * 12
 
 
 # --------------------------------------------------------------------------- end to end

@@ -52,6 +52,27 @@ def test_dtype_switch_changes_the_compute_dtype(tokens, dtype, expected):
     assert s.scaler.is_enabled() == (dtype == "fp16")
 
 
+def test_bf16_residual_stream_carries_bf16_between_blocks_and_trains_as_fp32_to_bf16_precision(tokens, tmp_path):
+    def block_inputs(s) -> set[torch.dtype]:
+        seen: set[torch.dtype] = set()
+        for block in s.model.transformer.h:
+            block.register_forward_pre_hook(lambda module, args: seen.add(args[0].dtype))
+        x, y = s.sampler.next()
+        with s.runtime.autocast():
+            s.model(x, y)
+        return seen
+
+    assert block_inputs(setup(tokens, dtype="bf16")) == {torch.float32}
+    assert block_inputs(setup(tokens, dtype="bf16", residual_stream="bf16")) == {torch.bfloat16}
+    inert = setup(tokens, dtype="fp32", residual_stream="bf16")
+    assert block_inputs(inert) == {torch.float32}
+    assert any("residual_stream bf16 is inert" in w for w in trainer.inert_switch_warnings(inert))
+    fp32, bf16 = (trainer.train(micro_params(max_steps=6, dtype="bf16", residual_stream=stream), tokens,
+                                tmp_path / stream / "ckpt.pt", report_dir=None) for stream in ("fp32", "bf16"))
+    assert bf16["train"]["loss"] == pytest.approx(fp32["train"]["loss"], rel=1e-2)
+    assert bf16["runtime"]["residual_stream"] == "bf16" and fp32["runtime"]["residual_stream"] == "fp32"
+
+
 def test_auto_dtype_is_fp32_on_cpu():
     if torch.cuda.is_available():
         pytest.skip("CPU-only check")

@@ -108,6 +108,9 @@ class TrainConfig:
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math"] = param(
         "auto", "the kernel behind model.attention flash: auto (PyTorch's choice) | flash | cudnn | efficient | math")
     fused_adamw: bool = param(True, "one fused AdamW kernel instead of PyTorch's default (foreach)")
+    residual_stream: Literal["fp32", "bf16"] = param(
+        "fp32", "the residual stream's dtype under bf16 autocast: fp32 | bf16 (half the bytes of every residual add "
+                "and saved block input; the sum rounds to bf16 at every block)")
     loss_chunk: int | Literal["auto"] = param(
         "auto", "training loss in chunks of this many positions, never all logits at once; auto: 8192 on a GPU, on "
                 "a CPU 32 MB of logits (128 positions)", ge=0,

@@ -122,12 +122,15 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig, loss_chunk: int = 0) -> None:
+    def __init__(self, cfg: GPTConfig, loss_chunk: int = 0, residual_dtype: torch.dtype | None = None) -> None:
         """``loss_chunk`` > 0: a forward with targets computes the loss in chunks of this many positions
-        and returns no logits (train.loss_chunk: the training loss never holds all logits at once)."""
+        and returns no logits (train.loss_chunk: the training loss never holds all logits at once).
+        ``residual_dtype``: under autocast, the residual stream between blocks in this dtype instead of
+        the weights' (train.residual_stream)."""
         super().__init__()
         self.cfg = cfg
         self.loss_chunk = loss_chunk
+        self.residual_dtype = residual_dtype
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),
             wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
@@ -178,6 +181,8 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {past + T} exceeds the model's block_size {self.cfg.block_size}")
         pos = torch.arange(past, past + T, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        if self.residual_dtype is not None and torch.is_autocast_enabled(x.device.type):
+            x = x.to(self.residual_dtype)  # each block adds its bf16 output to it: the sum stays bf16
         for block in self.transformer.h:
             x = block(x, cache)
         if cache is not None:

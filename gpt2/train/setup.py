@@ -92,7 +92,8 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         raise UserError(f"train.block_size {seq_len} exceeds the model's block_size {model_cfg.block_size}; "
                         "lower train.block_size or raise model.block_size")
     loss_chunk = chunk_rows(cfg.loss_chunk, runtime.device.type, model_cfg.padded_vocab_size)
-    model = GPT(model_cfg, loss_chunk=loss_chunk)  # the same seed on every rank: the same initial weights
+    residual = torch.bfloat16 if cfg.residual_stream == "bf16" and runtime.dtype == "bf16" else None
+    model = GPT(model_cfg, loss_chunk=loss_chunk, residual_dtype=residual)  # one seed on every rank: the same weights
     init = load_pretrained(model, cfg.init_from, params) if cfg.init_from != "scratch" else {}
     amp = runtime.dtype in ("bf16", "fp16")
     if dist_info.sharded and runtime.dtype == "fp16":
@@ -190,6 +191,7 @@ def what_runs(s: Setup) -> dict[str, Any]:
     return {
         "device": str(s.runtime.device), "device_name": s.runtime.device_name, "dtype": s.runtime.dtype,
         "tf32": s.runtime.tf32, "compile": cfg.compile, "attention": s.model_cfg.attention,
+        "residual_stream": "bf16" if s.model.residual_dtype == torch.bfloat16 else "fp32",
         "sdpa_backend": backend if s.model_cfg.attention == "flash" else "manual (no SDPA)",
         "keep_host_memory": s.runtime.keep_host_memory, "mfu_against": s.mfu_against, "threads": torch.get_num_threads(),
         "deterministic": cfg.deterministic, "world_size": s.dist.world,
@@ -220,6 +222,8 @@ def inert_switch_warnings(s: Setup) -> list[str]:
         warnings.append(f"train.sdpa_backend {cfg.sdpa_backend} is inert: model.attention is manual (no SDPA)")
     if cfg.lr_schedule == "constant" and cfg.min_lr != TrainConfig.min_lr:
         warnings.append(f"train.min_lr {cfg.min_lr} is inert: train.lr_schedule is constant (no decay)")
+    if cfg.residual_stream == "bf16" and s.runtime.dtype != "bf16":
+        warnings.append(f"train.residual_stream bf16 is inert: the run computes in {s.runtime.dtype}, not bf16")
     if not cfg.compile and cfg.compile_mode != "default":
         warnings.append(f"train.compile_mode {cfg.compile_mode} is inert: train.compile is false")
     if cfg.compile and device != "cuda" and cfg.compile_mode in ("reduce-overhead",):

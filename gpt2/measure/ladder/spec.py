@@ -175,6 +175,16 @@ def cannot_show(rung: Rung, before: dict[str, Any], after: dict[str, Any], devic
             reasons.append("AMP's dtype auto is fp32 off CUDA (bf16 is emulated on most CPUs)")
         elif key == "compile" and device == "cpu" and after[key] and not _cxx_compiler():
             reasons.append("torch.compile needs a C++ compiler on a CPU and none is installed")
+        elif key == "sdpa_backend" and device != "cuda" and after[key] in ("cudnn", "efficient"):
+            reasons.append(f"{after[key]} attention is a CUDA kernel")
+        elif key == "residual_stream" and (device != "cuda" and _dtype_on_cpu(after["dtype"]) != "bf16"
+                                           or after["dtype"] == "fp32"):
+            reasons.append("the residual stream is bf16 only under bf16 autocast, and this run computes in fp32")
+        elif key == "compile_mode" and not after["compile"]:
+            reasons.append("train.compile is off")
+        elif (key == "compile_mode" and device != "cuda"
+              and {before[key], after[key]} == {"max-autotune-no-cudagraphs", "max-autotune"}):
+            reasons.append("CUDA graphs exist on CUDA only")
         else:
             return None
     return "; ".join(reasons) or "it changes nothing from the rung above"
