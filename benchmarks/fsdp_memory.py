@@ -6,7 +6,7 @@
 Trains GPT-2 for a few steps at a tiny micro-batch (1 × 64 tokens: activations are negligible, the
 weights, gradients and AdamW state are what is left) once in one process, once under DDP and once
 under FSDP, and prints each rank's peak RSS above its RSS after importing torch, next to what
-`gpt2 plan`'s memory model expects of the same (gpt2/measure/plan.py, eager, fp32). glibc keeps
+`gpt2 plan`'s memory model expects of the same (gpt2/core/memory_model.py, eager, fp32). glibc keeps
 freed blocks of under 32 MB for reuse, which FSDP's gathers and reduce-scatters leave behind in
 numbers: the children run with ``MALLOC_MMAP_THRESHOLD_=65536`` (every block above 64 KB mapped
 and unmapped on its own), so RSS counts what is live. Needs psutil.
@@ -60,9 +60,9 @@ def run(params: dict, tmp: Path, tokens: Path, nproc: int, name: str) -> list[di
 
 
 def expected_gb(size: str, shards: int, seq: int) -> float:
-    from gpt2.measure import plan
+    from gpt2.core import memory_model
 
-    return plan.memory(plan.shape(size), 1, seq, amp=False, flash=True, loss_chunk=8192, shards=shards).total / 1e9
+    return memory_model.memory(memory_model.shape(size), 1, seq, amp=False, flash=True, loss_chunk=8192, shards=shards).total / 1e9
 
 
 @click.command()

@@ -82,6 +82,7 @@ RUNGS: list[tuple[str, dict[str, Any]]] = [
     ("+ fused AdamW", {"fused_adamw": True}),
     ("+ largest micro-batch", {}),  # micro_batch_size filled in from gpt2 plan
     ("+ cuDNN attention", {"sdpa_backend": "cudnn"}),
+    ("+ bf16 residual stream", {"residual_stream": "bf16"}),
 ]
 NANOGPT = {"micro_batch_size": 12, "dtype": "bf16", "compile": True, "attention": "flash", "pad_vocab": True,
            "fused_adamw": True}
@@ -129,28 +130,30 @@ def run_child(params: dict[str, Any], tokens: str, out: str, timeout_s: float | 
 
 
 def estimate_gb(prof: dict[str, Any], train: dict[str, Any]) -> float | None:
-    from gpt2.measure import plan
+    from gpt2.core import memory_model
+    from gpt2.core.sizes import SIZES
 
     size = prof["model"]["size"]
-    if size not in plan.SIZES or len(prof["model"]) > 1:
+    if size not in SIZES or len(prof["model"]) > 1:
         return None  # the plan knows the named sizes only
-    s = plan.shape(size, train.get("pad_vocab", True))
-    return plan.memory(s, train["micro_batch_size"], prof["seq"], train.get("dtype") != "fp32",
+    s = memory_model.shape(size, train.get("pad_vocab", True))
+    return memory_model.memory(s, train["micro_batch_size"], prof["seq"], train.get("dtype") != "fp32",
                        train.get("attention") == "flash", train.get("loss_chunk", 8192)).total / 1e9
 
 
 def largest_micro_batch(prof: dict[str, Any]) -> int:
     import torch
 
-    from gpt2.measure import plan
+    from gpt2.core import memory_model
+    from gpt2.core.sizes import SIZES
 
     if prof["memory_gb"] is not None:
         memory_gb = prof["memory_gb"]
     else:
         memory_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
     size = prof["model"]["size"]
-    s = plan.shape(size if size in plan.SIZES and len(prof["model"]) == 1 else "tiny")
-    fits = plan.largest_micro_batch(s, prof["seq"], amp=True, flash=True, memory_gb=memory_gb, loss_chunk=8192)
+    s = memory_model.shape(size if size in SIZES and len(prof["model"]) == 1 else "tiny")
+    fits = memory_model.largest_micro_batch(s, prof["seq"], amp=True, flash=True, memory_gb=memory_gb, loss_chunk=8192)
     return max(prof["micro_batch"], min(fits, prof["max_micro_batch"]))
 
 
@@ -418,7 +421,7 @@ def measure_parts(report: Report, parts: tuple[str, ...], prof: dict[str, Any], 
         for name, change in RUNGS:
             if name == "+ largest micro-batch":
                 change = {"micro_batch_size": largest_micro_batch(prof)}
-            if (not gpu and name in ("+ tf32", "+ cuDNN attention")) or (name == "+ torch.compile" and not prof["compile"]):
+            if (not gpu and name in ("+ tf32", "+ cuDNN attention", "+ bf16 residual stream")) or (name == "+ torch.compile" and not prof["compile"]):
                 continue  # CUDA-only switches on a CPU, and compile where the profile turns it off (smoke): no row
             candidate = {**ladder, **change}
             result = measure(name, candidate, prof["steps"], run="ladder" in parts)

@@ -73,8 +73,10 @@ def spread(values: list[float], digits: int = 1) -> str:
 @click.option("--models", default="tiny,tiny-12-layers", show_default=True,
               help=f"of {', '.join(MODELS)}; empty: the noise table only")
 @click.option("--muon-lr", type=float, default=None, help="override train.muon_lr")
+@click.option("--optimizers", default="adamw,muon", show_default=True, help="adamw alone: the default recipe's time")
+@click.option("--noise/--no-noise", default=True, show_default=True, help="the val figure's noise table first")
 def main(tokens: str, target: float, max_steps: int, eval_interval: int, seeds: int, models: str,
-         muon_lr: float | None) -> None:
+         muon_lr: float | None, optimizers: str, noise: bool) -> None:
     tokens_dir = Path(tokens).resolve()
     defaults = yaml.safe_load((ROOT / "params.yaml").read_text())["train"]
     eval_tokens = defaults["eval_windows"] * 128
@@ -84,20 +86,22 @@ def main(tokens: str, target: float, max_steps: int, eval_interval: int, seeds: 
           f"cap {max_steps} steps, eval every {eval_interval} steps; {seeds} seed(s); params.yaml otherwise\n")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        train_run(work, "noise", MODELS["tiny"], {"max_steps": 160, "save_checkpoint": True}, tokens_dir)
-        print("Noise of the val figure: tiny after 160 steps scored on 10 different window sets of each size "
-              "(1× = the train loop's eval_windows × block_size)\n")
-        print("| tokens scored | mean | sd | range |\n|---|---|---|---|")
-        for factor in (1, 4):
-            mean, std, width = val_noise(work, tokens_dir, factor * eval_tokens)
-            print(f"| {factor * eval_tokens:,} ({factor}×) | {mean:.4f} | {std:.4f} | {width:.4f} |")
-        print()
+        if noise:
+            train_run(work, "noise", MODELS["tiny"], {"max_steps": 160, "save_checkpoint": True}, tokens_dir)
+            print("Noise of the val figure: tiny after 160 steps scored on 10 different window sets of each size "
+                  "(1× = the train loop's eval_windows × block_size)\n")
+            print("| tokens scored | mean | sd | range |\n|---|---|---|---|")
+            for factor in (1, 4):
+                mean, std, width = val_noise(work, tokens_dir, factor * eval_tokens)
+                print(f"| {factor * eval_tokens:,} ({factor}×) | {mean:.4f} | {std:.4f} | {width:.4f} |")
+            print()
         print("| model | optimizer | time to target (s) | steps | tokens | reached | speedup (time) |")
         print("|---|---|---|---|---|---|---|")
         for model_name in filter(None, models.split(",")):
-            results: dict[str, list[dict]] = {"adamw": [], "muon": []}
+            chosen = optimizers.split(",")
+            results: dict[str, list[dict]] = {name: [] for name in chosen}
             for seed in range(seeds):
-                order = ("adamw", "muon") if seed % 2 == 0 else ("muon", "adamw")
+                order = chosen if seed % 2 == 0 else chosen[::-1]
                 for optimizer in order:
                     extra = {"muon_lr": muon_lr} if muon_lr and optimizer == "muon" else {}
                     summary = train_run(work, f"{model_name}-{optimizer}-{seed}", MODELS[model_name],

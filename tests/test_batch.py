@@ -11,6 +11,7 @@ from conftest import MICRO_MODEL, micro_params
 from gpt2.core.config import ParamError
 from gpt2.core.errors import UserError
 from gpt2.core.tokens import read_meta
+from gpt2.core import memory_model
 from gpt2.measure import plan
 from gpt2.model.gpt import GPT, gpt_config
 from gpt2.train import batch as batching
@@ -23,7 +24,7 @@ CUDA = torch.device("cuda", 0)
 
 
 def gpt2_recipe(optimizer: str = "adamw", shards: int = 1) -> Recipe:
-    return Recipe(plan.shape("gpt2"), 1024, amp=True, flash=True, loss_chunk=8192, optimizer=optimizer, shards=shards)
+    return Recipe(memory_model.shape("gpt2"), 1024, amp=True, flash=True, loss_chunk=8192, optimizer=optimizer, shards=shards)
 
 
 def fake_free_memory(monkeypatch, gb: float) -> None:
@@ -73,7 +74,7 @@ def test_auto_counts_muon_state_and_fsdp_shards(monkeypatch):
     fake_free_memory(monkeypatch, 2)
     with pytest.raises(UserError, match=r"not even one sequence of 1024 tokens fits.*train.distributed fsdp"):
         resolve_batch(cfg, gpt2_recipe(), 1, CUDA)
-    xl = Recipe(plan.shape("gpt2-xl"), 1024, True, True, 8192, "adamw", shards=4)
+    xl = Recipe(memory_model.shape("gpt2-xl"), 1024, True, True, 8192, "adamw", shards=4)
     fake_free_memory(monkeypatch, 24)
     sharded = resolve_batch(micro_params(batch_tokens=64 * 1024, micro_batch_size="auto").train, xl, 4, CUDA)
     assert sharded.micro >= 1  # GPT-2 XL on 4 × 24 GB with fsdp; one 24 GB card cannot hold its AdamW state
@@ -84,15 +85,15 @@ def test_memory_model_of_muon_matches_the_optimizer_split():
     with torch.device("meta"):
         model = GPT(gpt_config("gpt2", {}, 50257, True, "flash"))
     muon, adamw = build_optimizers(model, micro_params(optimizer="muon").train)
-    s = plan.shape("gpt2")
-    assert plan.hidden_matrices(s) == sum(p.numel() for g in muon.param_groups for p in g["params"])
-    saved = plan.memory(s, 1, 1024, True, True).optimizer - plan.memory(s, 1, 1024, True, True, optimizer="muon").optimizer
-    assert saved == 4 * plan.hidden_matrices(s)
+    s = memory_model.shape("gpt2")
+    assert memory_model.hidden_matrices(s) == sum(p.numel() for g in muon.param_groups for p in g["params"])
+    saved = memory_model.memory(s, 1, 1024, True, True).optimizer - memory_model.memory(s, 1, 1024, True, True, optimizer="muon").optimizer
+    assert saved == 4 * memory_model.hidden_matrices(s)
 
 
 def test_fsdp_divides_the_states_and_gathers_two_blocks():
-    s = plan.shape("gpt2-xl")
-    one, four = plan.memory(s, 1, 1024, True, True), plan.memory(s, 1, 1024, True, True, shards=4)
+    s = memory_model.shape("gpt2-xl")
+    one, four = memory_model.memory(s, 1, 1024, True, True), memory_model.memory(s, 1, 1024, True, True, shards=4)
     assert four.weights == one.weights / 4 and four.optimizer == one.optimizer / 4
     assert four.activations == one.activations and four.unsharded > 0 == one.unsharded
     p = plan.plan("gpt2-xl", 1e9, "l4", gpus=4, distributed="fsdp")

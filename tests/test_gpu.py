@@ -49,7 +49,7 @@ def test_compiled_bf16_training_on_cuda(tmp_path, tokens):
 @pytest.mark.parametrize("amp", [False, True])
 def test_memory_estimate_matches_the_cuda_peak(amp, loss_chunk):
     """gpt2 plan's estimate against torch's own count of the peak, GPT-2 124M at batch 4 x 1024."""
-    from gpt2.measure import plan
+    from gpt2.core import memory_model
     from gpt2.model.gpt import GPT, gpt_config
 
     torch.manual_seed(0)
@@ -64,7 +64,7 @@ def test_memory_estimate_matches_the_cuda_peak(amp, loss_chunk):
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    estimate = plan.memory(plan.shape("gpt2"), 4, 1024, amp=amp, flash=True, loss_chunk=loss_chunk).total
+    estimate = memory_model.memory(memory_model.shape("gpt2"), 4, 1024, amp=amp, flash=True, loss_chunk=loss_chunk).total
     assert torch.cuda.max_memory_allocated() == pytest.approx(estimate, rel=0.25)
 
 

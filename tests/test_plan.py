@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from gpt2.cli import main
+from gpt2.core import memory_model
 from gpt2.measure import plan
 from gpt2.model.gpt import GPT, gpt_config
 
@@ -22,13 +23,13 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 def test_parameter_count_matches_the_model(size, pad):
     with torch.device("meta"):
         model = GPT(gpt_config(size, {}, 50257, pad, "flash"))
-    s = plan.shape(size, pad)
+    s = memory_model.shape(size, pad)
     assert s.params == model.num_params()
     assert s.params_without_wpe == model.num_params(exclude_position_embedding=True)
 
 
 def test_flops_per_token_of_gpt2_small():
-    s = plan.shape("gpt2")
+    s = memory_model.shape("gpt2")
     dense, attention = plan.flops_per_token(s.params_without_wpe, s.n_layer, s.n_embd, 1024)
     assert dense + attention == pytest.approx(855e6, rel=0.002)  # nanoGPT's figure for GPT-2 124M at T=1024
 
@@ -55,7 +56,7 @@ def test_activation_estimate_matches_what_autograd_saves(attention):
     torch.manual_seed(0)
     model = GPT(gpt_config("tiny", {}, 50257, True, attention))
     batch, seq = 2, 128
-    saved, _ = plan.activation_bytes(plan.shape("tiny"), batch, seq, amp=False, flash=attention == "flash")
+    saved, _ = memory_model.activation_bytes(memory_model.shape("tiny"), batch, seq, amp=False, flash=attention == "flash")
     log_softmax_out = 4 * batch * seq * model.cfg.padded_vocab_size  # the one vocabulary-wide saved tensor
     assert saved_activation_bytes(model, batch, seq) == pytest.approx(saved + log_softmax_out, rel=0.05)
 
@@ -114,7 +115,7 @@ def test_memory_estimate_matches_the_measured_cpu_peak(loss_chunk):
         measured = json.loads(out.stdout)
         return measured["peak"] - measured["before"]
 
-    estimate = plan.memory(plan.shape("tiny"), batch, 128, amp=False, flash=True, loss_chunk=loss_chunk).total
+    estimate = memory_model.memory(memory_model.shape("tiny"), batch, 128, amp=False, flash=True, loss_chunk=loss_chunk).total
     # the chunked loss frees and reallocates chunk-sized blocks: how many of them glibc keeps varies from run
     # to run, and only upwards: the smaller of two runs is the closer figure of what the work needs
     peak = min(grown(), grown()) if loss_chunk else grown()
@@ -122,9 +123,9 @@ def test_memory_estimate_matches_the_measured_cpu_peak(loss_chunk):
 
 
 def test_chunked_loss_fits_gpt2_micro_batch_64_on_80_gb_without_compile():
-    s = plan.shape("gpt2")
-    assert plan.largest_micro_batch(s, 1024, amp=True, flash=True, memory_gb=80, loss_chunk=8192) >= 64
-    assert plan.memory(s, 64, 1024, True, True, 8192).logits < plan.memory(s, 64, 1024, True, True).logits / 10
+    s = memory_model.shape("gpt2")
+    assert memory_model.largest_micro_batch(s, 1024, amp=True, flash=True, memory_gb=80, loss_chunk=8192) >= 64
+    assert memory_model.memory(s, 64, 1024, True, True, 8192).logits < memory_model.memory(s, 64, 1024, True, True).logits / 10
 
 
 def test_plan_for_gpt2_on_h100_prints_a_budget(runner, tmp_path):
@@ -178,9 +179,9 @@ def test_plan_uses_the_mfu_of_a_finished_mlflow_run_and_skips_a_store_without_on
 
 
 def test_largest_micro_batch_fits_and_the_next_does_not():
-    s = plan.shape("gpt2")
-    b = plan.largest_micro_batch(s, 1024, amp=True, flash=True, memory_gb=80)
-    assert plan.memory(s, b, 1024, True, True).total <= 0.9 * 80e9 < plan.memory(s, b + 1, 1024, True, True).total
+    s = memory_model.shape("gpt2")
+    b = memory_model.largest_micro_batch(s, 1024, amp=True, flash=True, memory_gb=80)
+    assert memory_model.memory(s, b, 1024, True, True).total <= 0.9 * 80e9 < memory_model.memory(s, b + 1, 1024, True, True).total
 
 
 @pytest.mark.parametrize("args, message", [

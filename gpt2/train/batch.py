@@ -6,7 +6,7 @@ stream, so a micro-batch of 4 accumulated 8 times trains on the same sequences a
 sum of their gradients differs in the last bits only).
 
 ``train.micro_batch_size: auto`` takes the largest micro-batch that divides the batch and that
-``gpt2 plan``'s memory model (gpt2/measure/plan.py) fits in the device's free memory, less
+the memory model (gpt2/core/memory_model.py, also ``gpt2 plan``'s) fits in the device's free memory, less
 ``train.memory_margin``. The estimate is of eager PyTorch: torch.compile needs less, so the choice
 errs on the side of fitting. Without device memory to size against (CPU, MPS) auto keeps the
 default micro-batch.
@@ -20,7 +20,7 @@ import torch
 
 from gpt2.core.config import TrainConfig
 from gpt2.core.errors import UserError
-from gpt2.measure.plan import Shape, memory
+from gpt2.core.memory_model import Shape, memory
 from gpt2.model.gpt import GPT
 
 DEFAULT_MICRO_BATCH = TrainConfig.micro_batch_size
