@@ -186,3 +186,28 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_or_reports(tmp_path,
     assert err.count("MLflow could not") == 1 and "tracking is off for the rest of this run, which goes on: its " \
                                                    f"figures are in {tmp_path / 'r'} and the checkpoint's history" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("raised, status", [(None, "FINISHED"), (KeyboardInterrupt, "KILLED"),
+                                            ("Terminated", "KILLED"), ("TrainingInterrupted", "KILLED"),
+                                            (ValueError, "FAILED"), ("UserError", "FAILED")])
+def test_a_tracker_ends_its_run_with_the_way_its_block_ended(raised, status):
+    from gpt2.core.errors import Terminated, UserError
+    from gpt2.train.signals import TrainingInterrupted
+    from gpt2.train.tracking import Tracker
+
+    kinds = {"Terminated": Terminated, "TrainingInterrupted": TrainingInterrupted, "UserError": UserError}
+    raised = kinds.get(raised, raised)
+    ended: list[str] = []
+
+    class Recording(Tracker):
+        def end(self, status: str = "FINISHED") -> None:
+            ended.append(status)
+
+    try:
+        with Recording():
+            if raised is not None:
+                raise raised("stop")
+    except BaseException as exc:  # noqa: BLE001 - each kind is re-raised, as the block's own would be
+        assert raised is not None and isinstance(exc, raised)
+    assert ended == [status]

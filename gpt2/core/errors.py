@@ -21,3 +21,7 @@ class Terminated(KeyboardInterrupt):
     child processes stopped) instead of Python's default of dying on the spot."""
 
     signum = 15
+
+
+class Stopped(UserError):
+    """A run stopped on purpose (Ctrl-C or SIGTERM, with its work saved): tracked as KILLED, not FAILED."""

@@ -306,18 +306,17 @@ def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Pat
 
     experiment = state.get("params", {}).get("train", {}).get("experiment", "gpt2")
     name = f"evaluate {state['pretrained']}" if state.get("pretrained") else f"evaluate step {state['step']}"
-    tracker = MlflowTracker(experiment, state.get("mlflow_run_id"), run_name=name, kept_in=str(out))
-    tracker.set_tags({"training_run_id": state.get("mlflow_run_id"), "eval.val_tokens": metrics["val"]["tokens"]})
-    tracker.log_metrics({"eval/val_loss": metrics["val"]["loss"], "eval/val_loss_se": metrics["val"]["loss_se"],
-                         "eval/val_ppl": metrics["val"]["ppl"],
-                         "eval/unigram_loss": metrics["baseline"]["unigram_loss"],
-                         "eval/sample_tokens_per_s": metrics["sample"]["tokens_per_s"],
-                         **{f"eval/hellaswag_{k}": v for k, v in metrics.get("hellaswag", {}).items()}},
-                        step=state["step"])
-    tracker.log_dataset(scored, context="evaluation")
-    tracker.log_artifact(out / "samples.md", folder="eval")
-    tracker.log_artifact(out / "summary.json", folder="eval")  # beside training's summary.json, not over it
-    tracker.end()
+    with MlflowTracker(experiment, state.get("mlflow_run_id"), run_name=name, kept_in=str(out)) as tracker:
+        tracker.set_tags({"training_run_id": state.get("mlflow_run_id"), "eval.val_tokens": metrics["val"]["tokens"]})
+        tracker.log_metrics({"eval/val_loss": metrics["val"]["loss"], "eval/val_loss_se": metrics["val"]["loss_se"],
+                             "eval/val_ppl": metrics["val"]["ppl"],
+                             "eval/unigram_loss": metrics["baseline"]["unigram_loss"],
+                             "eval/sample_tokens_per_s": metrics["sample"]["tokens_per_s"],
+                             **{f"eval/hellaswag_{k}": v for k, v in metrics.get("hellaswag", {}).items()}},
+                            step=state["step"])
+        tracker.log_dataset(scored, context="evaluation")
+        tracker.log_artifact(out / "samples.md", folder="eval")
+        tracker.log_artifact(out / "summary.json", folder="eval")  # beside training's summary.json, not over it
 
 
 def stream_sample(ckpt_path: str | Path, prompt: str, sampling: SamplingConfig, num_samples: int, seed: int,

@@ -142,8 +142,7 @@ def log_parent(name: str, grid: dict[str, list[Any]], rows: list[dict[str, Any]]
     """One MLflow run for the grid, holding its table; each experiment's training run becomes its child."""
     from gpt2.train.tracking import MlflowTracker, adopt
 
-    tracker = MlflowTracker(experiment, run_name=name, kept_in=str(report.parent))
-    try:
+    with MlflowTracker(experiment, run_name=name, kept_in=str(report.parent)) as tracker:
         tracker.set_tags({"kind": "grid"})
         tracker.log_params({f"grid.{k}": ",".join(map(str, v)) for k, v in grid.items()})
         losses = [r["figures"]["val loss"][0] for r in rows if r["finished"] and r["figures"]["val loss"][0]]
@@ -152,7 +151,3 @@ def log_parent(name: str, grid: dict[str, list[Any]], rows: list[dict[str, Any]]
         tracker.log_artifact(report)
         tracker.log_artifact(report.with_suffix(".json"))
         adopt(tracker, [r["experiment"] for r in rows if r["finished"]])
-        tracker.end("FINISHED")
-    except BaseException:
-        tracker.end("FAILED")
-        raise

@@ -19,12 +19,12 @@ import torch
 import torch.distributed as dist
 
 from gpt2.core import log
-from gpt2.core.errors import UserError
+from gpt2.core.errors import Stopped, UserError
 
 logger = log.get("train")
 
 
-class TrainingInterrupted(UserError):
+class TrainingInterrupted(Stopped):
     """SIGINT/SIGTERM: the step finished, a checkpoint was saved, the run can be resumed."""
 
     every_rank = False  # all ranks stopped at the same step: one line says it

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core import log
-from gpt2.core.errors import UserError
+from gpt2.core.errors import Stopped, UserError
 from gpt2.core.net import reachable
 
 logger = log.get("train")
@@ -101,9 +101,19 @@ def git_commit() -> str | None:
 
 
 class Tracker:
-    """No-op tracker: used when ``train.mlflow`` is false."""
+    """No-op tracker: used when ``train.mlflow`` is false.
+
+    As a context manager every tracker ends its run on the way out, whatever the way: FINISHED when
+    the block ran through, KILLED when it was stopped on purpose (Ctrl-C, SIGTERM), FAILED otherwise."""
 
     run_id: str | None = None
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: Any) -> None:
+        stopped = kind is not None and issubclass(kind, (KeyboardInterrupt, Stopped))
+        self.end("FINISHED" if kind is None else "KILLED" if stopped else "FAILED")
 
     def log_params(self, params: dict[str, Any]) -> None: ...
 

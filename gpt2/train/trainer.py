@@ -158,30 +158,26 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
 
     checkpointer = Checkpointer(s, ckpt_path, history, tracker, step=step,
                                 elapsed_s=lambda: earlier_s + time.perf_counter() - started)
-    status = "FAILED"
     try:
-        summary = fit(s, step, history, checkpointer, tracker, finish)
-        if complaint := s.compile_watch.complaint():
-            logger.warning(complaint)
-        tracker.set_tags(s.compile_watch.figures())
-        if tracker.run_id and cfg.save_checkpoint and ckpt_path.is_file():  # DVC's hash of it: dvc exp apply finds it
-            tracker.set_tags(checkpoint_hashes(ckpt_path))
-        if s.dist.main and report_dir is not None:
-            write_reports(report_dir, summary, history)
-            tracker.log_artifact(report_dir / "summary.json")
-        tracker.log_metrics({"summary/" + k: v for k, v in flatten(compared_figures(summary)).items()
-                             if isinstance(v, int | float) and not isinstance(v, bool)}, step=summary["steps"])
-        status = "FINISHED"
-        if s.dist.main:
-            drop_interrupted(s)
-        return summary
+        with tracker:  # ends the MLflow run as FINISHED, KILLED (stopped on purpose) or FAILED
+            summary = fit(s, step, history, checkpointer, tracker, finish)
+            if complaint := s.compile_watch.complaint():
+                logger.warning(complaint)
+            tracker.set_tags(s.compile_watch.figures())
+            if tracker.run_id and cfg.save_checkpoint and ckpt_path.is_file():  # DVC's hash: dvc exp apply finds it
+                tracker.set_tags(checkpoint_hashes(ckpt_path))
+            if s.dist.main and report_dir is not None:
+                write_reports(report_dir, summary, history)
+                tracker.log_artifact(report_dir / "summary.json")
+            tracker.log_metrics({"summary/" + k: v for k, v in flatten(compared_figures(summary)).items()
+                                 if isinstance(v, int | float) and not isinstance(v, bool)}, step=summary["steps"])
     except TrainingInterrupted:
-        status = "KILLED"
         if s.dist.main and cfg.save_checkpoint:
             keep_interrupted(ckpt_path, s)
         raise
-    finally:
-        tracker.end(status)
+    if s.dist.main:
+        drop_interrupted(s)
+    return summary
 
 
 def _is_collective_failure(exc: BaseException) -> bool:

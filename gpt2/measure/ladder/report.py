@@ -141,9 +141,8 @@ def log_to_mlflow(rows: list[Row], plan_: Plan, runs: list[list[experiments.Expe
     A rung's run reused from an earlier ladder moves under this one: a run has one parent."""
     from gpt2.train.tracking import MlflowTracker, adopt
 
-    tracker = MlflowTracker(plan_.sections[0]["train"]["experiment"], run_name=f"ladder {plan_.device}",
-                            kept_in=str(out))
-    try:
+    with MlflowTracker(plan_.sections[0]["train"]["experiment"], run_name=f"ladder {plan_.device}",
+                       kept_in=str(out)) as tracker:
         rungs = {exp.name: {"ladder.rung": row.rung, "ladder.index": str(row.index)}
                  for row, group in zip(rows, runs) for exp in group}
         adopt(tracker, list(rungs), rungs)
@@ -161,7 +160,3 @@ def log_to_mlflow(rows: list[Row], plan_: Plan, runs: list[list[experiments.Expe
                                     step=row.index)
         for name in ("ladder.md", "ladder.png", "ladder.json"):
             tracker.log_artifact(out / name)
-        tracker.end("FINISHED")
-    except BaseException:
-        tracker.end("FAILED")
-        raise
