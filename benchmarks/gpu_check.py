@@ -68,7 +68,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import nanogpt_peer  # noqa: E402
 from train_switches import synthetic_tokens  # noqa: E402
 
-from gpt2.train.compiled import flag  # noqa: E402
+from gpt2.run.compiled import flag  # noqa: E402
 
 # Each rung adds its change to every rung above it.
 RUNGS: list[tuple[str, dict[str, Any]]] = [

@@ -147,7 +147,7 @@ def stand_in_peaks(folder: Path) -> Path:
     nothing is written under the user's home (tests/test_peak.py measures it)."""
     import json
 
-    from gpt2.train.peak import machine_key
+    from gpt2.run.peak import machine_key
 
     path = folder / "matmul_peaks.json"
     path.write_text(json.dumps({machine_key(n): {"fp32": 2.0e11, "bf16": None, "measured": "tests/conftest.py"}

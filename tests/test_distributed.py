@@ -18,7 +18,7 @@ import torch
 import yaml
 from conftest import MICRO_MODEL, MICRO_TRAIN, ROOT, commit_all, dvc, micro_params, new_project, set_params
 
-from gpt2.train import checkpoint
+from gpt2.run import checkpoint
 from gpt2.train.trainer import train
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch without distributed")

@@ -17,7 +17,7 @@ from gpt2.core.errors import UserError
 from gpt2.eval.evaluate import evaluate, windows
 from gpt2.eval.sample import SamplingConfig, filter_logits, generate_ids
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2.train import checkpoint
+from gpt2.run import checkpoint
 from gpt2.train.trainer import train
 
 

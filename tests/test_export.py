@@ -15,7 +15,7 @@ from gpt2.data.tokenizer import gpt2_encoding
 from gpt2.eval.export import export
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.model.hf import from_hf, to_hf
-from gpt2.train import checkpoint
+from gpt2.run import checkpoint
 from gpt2.train.trainer import train
 
 transformers = pytest.importorskip("transformers")

@@ -8,7 +8,7 @@ from conftest import micro_params
 
 from gpt2.core.config import TrainConfig
 from gpt2.train import trainer
-from gpt2.train.device import resolve, sdpa_backend
+from gpt2.run.device import resolve, sdpa_backend
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -75,7 +75,7 @@ def test_ddp_on_one_gpu_uses_nccl(tmp_path, tokens):
 
 
 def test_checkpoint_keeps_the_cuda_rng_of_this_device_only():
-    from gpt2.train import checkpoint
+    from gpt2.run import checkpoint
 
     torch.cuda.init()
     states = checkpoint.rng_states()
@@ -106,7 +106,7 @@ def test_auto_micro_batch_fits_and_the_next_size_up_does_not(tmp_path, tokens):
 
 
 def test_fsdp_on_one_gpu_writes_a_plain_checkpoint(tmp_path, tokens):
-    from gpt2.train import checkpoint
+    from gpt2.run import checkpoint
 
     metrics = trainer.train(micro_params(device="cuda", distributed="fsdp", max_steps=4), tokens, tmp_path / "c.pt",
                             tmp_path / "r")

@@ -7,7 +7,7 @@ import torch
 
 from gpt2.core.errors import UserError
 from gpt2.model.gpt import GPT, GPTConfig, gpt_config, pad_vocab
-from gpt2.train.flops import flops_per_token, peak_flops
+from gpt2.run.flops import flops_per_token, peak_flops
 
 
 def small(**overrides) -> GPTConfig:
@@ -43,14 +43,14 @@ def test_flops_per_token_matches_the_design_anchor():
     ("x86_64", None)])
 def test_peak_table_matches_the_most_specific_gpu_name(name, key):
     """Names as torch.cuda.get_device_name() returns them: an L40S is not an L4, an NVL not an SXM."""
-    from gpt2.train.flops import device_key
+    from gpt2.run.flops import device_key
 
     assert device_key(name) == key
     assert peak_flops("x86_64", "fp32", False) is None
 
 
 def test_mfu_divides_by_the_bf16_peak_and_names_the_dtypes_own_where_it_differs():
-    from gpt2.train.flops import dtype_peak_flops, yardstick_flops
+    from gpt2.run.flops import dtype_peak_flops, yardstick_flops
 
     h100 = "NVIDIA H100 80GB HBM3"
     assert yardstick_flops(h100) == 989e12 and yardstick_flops("Tesla V100-SXM2-16GB") == 125e12  # no bf16: fp16

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from gpt2.train import peak
+from gpt2.run import peak
 from gpt2.train.trainer import train
 from tests.conftest import micro_params
 
@@ -25,7 +25,7 @@ def cache(tmp_path, monkeypatch):
 
 def test_measured_once_then_read_from_the_cache(cache, monkeypatch):
     first, fresh = peak.cpu_peaks()
-    assert fresh and first["fp32"] > 0 and (first["bf16"] is None) == (not peak.bf16_is_native())
+    assert fresh and first["fp32"] > 0 and (first["bf16"] is None) == (not peak.bf16_is_native(torch.device("cpu")))
     assert json.loads(cache.read_text())[peak.machine_key(torch.get_num_threads())]["fp32"] == first["fp32"]
     monkeypatch.setattr(peak, "measure", lambda: pytest.fail("measured again"))
     assert peak.cpu_peaks() == (first, False)

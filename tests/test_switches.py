@@ -11,7 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 from gpt2.core.config import TrainConfig
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.train import loader, trainer
-from gpt2.train.device import resolve
+from gpt2.run.device import resolve
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.optim import build_optimizers, lr_at
 
@@ -174,7 +174,7 @@ def test_compile_caches_are_set_for_a_compiled_run_and_restored():
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
-    from gpt2.train.compiled import compile_caches
+    from gpt2.run.compiled import compile_caches
 
     def settings():
         return (inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache,
@@ -191,7 +191,7 @@ def test_compile_caches_are_set_for_a_compiled_run_and_restored():
 
 
 def test_graph_breaks_and_recompilations_are_counted():
-    from gpt2.train.compiled import CompileWatch, flag
+    from gpt2.run.compiled import CompileWatch, flag
 
     def logs_in_the_middle(x):
         x = x.sin()
@@ -265,11 +265,11 @@ def test_requested_inert_switches_are_warned(tokens):
     warnings = trainer.inert_switch_warnings(setup(tokens, compile_mode="max-autotune"))
     text = " ".join(warnings)
     assert "tf32 is inert" in text and "compile_mode max-autotune is inert" in text
-    assert "MFU is not reported" not in text  # a CPU's peak is measured (gpt2/train/peak.py)
+    assert "MFU is not reported" not in text  # a CPU's peak is measured (gpt2/run/peak.py)
 
 
 def test_keep_host_memory_switch_sets_the_allocator_only_when_on(monkeypatch):
-    from gpt2.train import device
+    from gpt2.run import device
 
     calls = []
     monkeypatch.setattr(device, "keep_freed_memory", lambda: calls.append("mallopt") or True)
@@ -282,7 +282,7 @@ def test_keep_host_memory_switch_sets_the_allocator_only_when_on(monkeypatch):
 def test_keep_host_memory_really_reaches_glibc():
     import sys
 
-    from gpt2.train.device import keep_freed_memory
+    from gpt2.run.device import keep_freed_memory
 
     assert keep_freed_memory() is sys.platform.startswith("linux")
 
@@ -290,7 +290,7 @@ def test_keep_host_memory_really_reaches_glibc():
 @pytest.mark.parametrize("capability, expected", [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")])
 def test_auto_dtype_on_cuda_follows_compute_capability_not_emulated_bf16(monkeypatch, capability, expected):
     """V100 (7.0) and T4 (7.5) report is_bf16_supported() (emulation): auto must pick fp16 + GradScaler there."""
-    from gpt2.train import device
+    from gpt2.run import device
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: capability)
@@ -301,7 +301,7 @@ def test_auto_dtype_on_cuda_follows_compute_capability_not_emulated_bf16(monkeyp
 
 
 def test_checkpoint_rng_holds_no_cuda_state_without_cuda(tmp_path):
-    from gpt2.train import checkpoint
+    from gpt2.run import checkpoint
 
     states = checkpoint.rng_states()
     assert "cuda" not in states

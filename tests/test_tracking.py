@@ -10,7 +10,8 @@ import signal
 import pytest
 from conftest import micro_params
 
-from gpt2.train import tracking, trainer
+from gpt2.train import trainer
+from gpt2.run import tracking
 from gpt2.train.trainer import TrainingInterrupted, train
 
 pytest.importorskip("mlflow")
@@ -132,7 +133,7 @@ def test_three_processes_that_open_a_fresh_store_at_once_all_log_their_runs(tmp_
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     child = ("import sys, time\n"
-             "from gpt2.train.tracking import MlflowTracker\n"
+             "from gpt2.run.tracking import MlflowTracker\n"
              "time.sleep(max(0.0, float(sys.argv[1]) - time.time()))  # imports done: start together\n"
              "tracker = MlflowTracker('gpt2', None, 'run' + sys.argv[2])\n"
              "tracker.log_metrics({'train/loss': 1.0}, step=1)\n"
@@ -180,7 +181,7 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_or_reports(tmp_path,
             lock.close()
     err = capsys.readouterr().err
     assert summary["steps"] == 12 and (tmp_path / "r/metrics.json").is_file() and (tmp_path / "r/plots/val.tsv").is_file()
-    from gpt2.train import checkpoint
+    from gpt2.run import checkpoint
 
     assert checkpoint.load(tmp_path / "ckpt.pt")["step"] == 12
     assert err.count("MLflow could not") == 1 and "tracking is off for the rest of this run, which goes on: its " \
@@ -194,7 +195,7 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_or_reports(tmp_path,
 def test_a_tracker_ends_its_run_with_the_way_its_block_ended(raised, status):
     from gpt2.core.errors import Terminated, UserError
     from gpt2.train.signals import TrainingInterrupted
-    from gpt2.train.tracking import Tracker
+    from gpt2.run.tracking import Tracker
 
     kinds = {"Terminated": Terminated, "TrainingInterrupted": TrainingInterrupted, "UserError": UserError}
     raised = kinds.get(raised, raised)

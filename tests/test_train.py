@@ -14,9 +14,10 @@ import torch
 from conftest import micro_params
 
 from gpt2.core.errors import UserError
-from gpt2.train import checkpoint, metrics, trainer
+from gpt2.train import metrics, trainer
+from gpt2.run import checkpoint
 from gpt2.train.reports import PLOT_COLUMNS
-from gpt2.train.tracking import flatten
+from gpt2.run.tracking import flatten
 from gpt2.train.trainer import Diverged, TrainingInterrupted, train
 
 

@@ -36,8 +36,8 @@ from gpt2.core.tokens import (
 )
 from gpt2.eval.sample import SamplingConfig, TextStream, generate_ids
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2.train import checkpoint
-from gpt2.train.device import Runtime, runtime_for
+from gpt2.run import checkpoint
+from gpt2.run.device import Runtime, runtime_for
 
 logger = log.get("evaluate")
 
@@ -302,7 +302,7 @@ def score_hellaswag(loaded: Loaded, cfg: EvalConfig) -> dict[str, Any]:
 
 def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Path, scored: dict[str, Any]) -> None:
     """Evaluate's figures, samples and the split it scored, in the MLflow run of the training it scored."""
-    from gpt2.train.tracking import MlflowTracker
+    from gpt2.run.tracking import MlflowTracker
 
     experiment = state.get("params", {}).get("train", {}).get("experiment", "gpt2")
     name = f"evaluate {state['pretrained']}" if state.get("pretrained") else f"evaluate step {state['step']}"

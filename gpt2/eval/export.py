@@ -19,7 +19,7 @@ from gpt2.core.errors import UserError
 from gpt2.data.hf_tokenizer import write_tokenizer
 from gpt2.model.gpt import GPTConfig
 from gpt2.model.hf import hf_config, to_hf
-from gpt2.train import checkpoint
+from gpt2.run import checkpoint
 
 logger = log.get("export")
 

@@ -118,7 +118,7 @@ def peak(threads: int) -> None:
     Training measures it once by itself; run this again when that first measurement ran beside other work."""
     import torch
 
-    from gpt2.train.peak import cache_path, cpu_peaks, machine_key
+    from gpt2.run.peak import cache_path, cpu_peaks, machine_key
 
     if threads:
         torch.set_num_threads(threads)

@@ -140,7 +140,7 @@ def table(name: str, grid: dict[str, list[Any]], rows: list[dict[str, Any]]) -> 
 def log_parent(name: str, grid: dict[str, list[Any]], rows: list[dict[str, Any]], report: Path,
                experiment: str) -> None:
     """One MLflow run for the grid, holding its table; each experiment's training run becomes its child."""
-    from gpt2.train.tracking import MlflowTracker, adopt
+    from gpt2.run.tracking import MlflowTracker, adopt
 
     with MlflowTracker(experiment, run_name=name, kept_in=str(report.parent)) as tracker:
         tracker.set_tags({"kind": "grid"})

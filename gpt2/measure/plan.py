@@ -14,7 +14,7 @@ from typing import Any
 from gpt2.core.errors import UserError
 from gpt2.core.memory_model import Shape, largest_micro_batch, memory, shape
 from gpt2.core.sizes import SIZES
-from gpt2.train.flops import PEAK_TFLOPS, device_key, flops_per_token
+from gpt2.run.flops import PEAK_TFLOPS, device_key, flops_per_token
 
 
 @dataclass(frozen=True)

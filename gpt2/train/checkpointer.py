@@ -3,7 +3,7 @@
 A save gathers every rank's RNG states (each rank's dropout continues exactly on resume), and
 under FSDP the full weights and optimizer state from the shards (train/sharded.py), so the file is
 the one a single process writes. Then rank 0 hands the state to a background writer
-(train/checkpoint.py) and training goes on. Leaving
+(gpt2/run/checkpoint.py) and training goes on. Leaving
 the ``with`` block waits for the last write, so "checkpoint saved" is true when the run says it.
 """
 
@@ -18,11 +18,12 @@ from typing import Any
 
 from gpt2.core.config import to_dict
 from gpt2.core.errors import UserError
-from gpt2.train import checkpoint, distributed, sharded
+from gpt2.train import distributed, sharded
+from gpt2.run import checkpoint
 from gpt2.train.metrics import Diverged
 from gpt2.train.reports import History
 from gpt2.train.setup import Setup
-from gpt2.train.tracking import Tracker
+from gpt2.run.tracking import Tracker
 
 
 class Checkpointer:

@@ -14,7 +14,7 @@ from gpt2.train import distributed
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.reports import History
 from gpt2.train.setup import Setup
-from gpt2.train.tracking import Tracker
+from gpt2.run.tracking import Tracker
 
 logger = log.get("train")
 

@@ -23,12 +23,12 @@ from gpt2.core import log
 from gpt2.core.errors import UserError
 from gpt2.core.progress import clock
 from gpt2.train import distributed
-from gpt2.train.device import Runtime
-from gpt2.train.flops import mfu
+from gpt2.run.device import Runtime
+from gpt2.run.flops import mfu
 from gpt2.train.reports import History
 from gpt2.train.setup import Setup
 from gpt2.train.timing import StepTimer
-from gpt2.train.tracking import Tracker
+from gpt2.run.tracking import Tracker
 
 logger = log.get("train")
 

@@ -3,9 +3,10 @@
 ``torch.optim.Muon`` orthogonalizes every update with five Newton-Schulz iterations in bf16. That
 is right where bf16 matmuls are native (CUDA GPUs with bf16, CPUs with AVX512-BF16 or AMX). On a
 CPU without them (AVX2 only, such as the 2-core AMD EPYC VMs) every bf16 matmul is emulated, and
-the ladder's Muon rung cost 2.1x AdamW's step time there. ``FP32Muon`` runs the same iterations in
-fp32 and is otherwise PyTorch's Muon: the same defaults, checks and ``momentum_buffer`` state, so a
-checkpoint resumes with either. ``train.muon_ns_dtype: auto`` picks PyTorch's own where bf16 is
+the ladder's Muon rung cost several times AdamW's step time there (docs/benchmarks.md, "Muon's
+step where bf16 is emulated"). ``FP32Muon`` runs the same iterations in fp32 and is otherwise
+PyTorch's Muon: the same defaults, checks and ``momentum_buffer`` state, so a checkpoint resumes
+with either. ``train.muon_ns_dtype: auto`` picks PyTorch's own where bf16 is
 native and this one elsewhere.
 """
 
@@ -16,16 +17,7 @@ from typing import Any
 
 import torch
 
-
-def bf16_is_native(device: torch.device) -> bool:
-    """Whether bf16 matmuls run in hardware on ``device`` rather than emulated in fp32."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    if device.type == "cpu":
-        cpu = torch.cpu
-        return any(getattr(cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported",
-                                                                        "_is_amx_tile_supported"))
-    return False  # mps: bf16 support varies by chip; fp32 is never wrong
+from gpt2.run.device import bf16_is_native
 
 
 def ns_dtype(choice: str, device: torch.device) -> str:

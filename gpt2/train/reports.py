@@ -16,7 +16,7 @@ from typing import Any
 
 from gpt2.core.atomic import json_text, write_files
 from gpt2.train.curves import render_curves
-from gpt2.train.flops import mfu
+from gpt2.run.flops import mfu
 
 
 @dataclass

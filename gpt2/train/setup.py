@@ -23,14 +23,14 @@ from gpt2.model.gpt import GPT, GPTConfig, gpt_config
 from gpt2.model.loss import chunk_rows
 from gpt2.train import distributed, sharded
 from gpt2.train.batch import Batch, Recipe, model_shape, resolve_batch
-from gpt2.train.compiled import CompileWatch
-from gpt2.train.device import Runtime, resolve, sdpa_backend
+from gpt2.run.compiled import CompileWatch
+from gpt2.run.device import Runtime, resolve, sdpa_backend
 from gpt2.train.distributed import Dist
-from gpt2.train.flops import dtype_peak_flops, flops_per_token, yardstick_flops
+from gpt2.run.flops import dtype_peak_flops, flops_per_token, yardstick_flops
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.muon import FP32Muon
 from gpt2.train.optim import build_optimizers
-from gpt2.train.peak import cache_path, cpu_peaks
+from gpt2.run.peak import cache_path, cpu_peaks
 
 logger = log.get("train")
 
@@ -146,7 +146,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
 
 def mfu_peaks(runtime: Runtime, peak_tflops: float | None) -> dict[str, Any]:
     """What MFU divides by: ``train.peak_tflops`` if set, a GPU's data sheet, or a CPU's measured matmul
-    peak (gpt2/train/peak.py). The yardstick is the bf16 peak where bf16 is native, whatever the run's
+    peak (gpt2/run/peak.py). The yardstick is the bf16 peak where bf16 is native, whatever the run's
     dtype, so fp32 and bf16 runs compare on one scale; ``dtype_peak_flops`` is the run's own dtype's."""
     if peak_tflops is not None or runtime.device.type != "cpu":
         return {"peak_flops": yardstick_flops(runtime.device_name, peak_tflops),

@@ -7,7 +7,7 @@ from contextlib import nullcontext
 
 import torch
 
-from gpt2.train.device import Runtime
+from gpt2.run.device import Runtime
 
 
 def backward_micro_batches(model: torch.nn.Module, batches: Iterator[tuple[torch.Tensor, torch.Tensor]],

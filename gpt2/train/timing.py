@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from gpt2.train.device import Runtime
+from gpt2.run.device import Runtime
 
 
 class StepTimer:

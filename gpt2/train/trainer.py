@@ -25,9 +25,10 @@ import torch
 from gpt2.core import log
 from gpt2.core.config import Params, to_dict
 from gpt2.core.provenance import checkpoint_hashes, describe_tokens
-from gpt2.train import checkpoint, distributed
+from gpt2.train import distributed
+from gpt2.run import checkpoint
 from gpt2.train.checkpointer import Checkpointer
-from gpt2.train.compiled import compile_caches
+from gpt2.run.compiled import compile_caches
 from gpt2.train.determinism import reproducible
 from gpt2.train.evaluator import Evaluator
 from gpt2.train.metrics import Diverged, Metrics, memory_gb, reset_memory_peak
@@ -38,7 +39,7 @@ from gpt2.train.resume import changed_settings, drop_interrupted, keep_interrupt
 from gpt2.train.setup import Setup, build, inert_switch_warnings, run_name, what_runs
 from gpt2.train.signals import StopVote, TrainingInterrupted, stop_on_signals, stop_with_parent
 from gpt2.train.step import backward_micro_batches, optimizer_step
-from gpt2.train.tracking import MlflowTracker, Tracker, flatten, git_commit
+from gpt2.run.tracking import MlflowTracker, Tracker, flatten, git_commit
 
 __all__ = ["Diverged", "TrainingInterrupted", "train", "fit"]
 

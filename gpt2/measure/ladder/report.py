@@ -13,7 +13,7 @@ from gpt2.core.atomic import atomic_dir
 from gpt2.measure import experiments
 from gpt2.measure.ladder.spec import Plan
 from gpt2.measure.ladder.stats import CANNOT_SHOW, NO_EFFECT, Row, noise_verdict
-from gpt2.train.compiled import flag
+from gpt2.run.compiled import flag
 
 LADDER_FILES = ("ladder.*", "dvc.log")  # what the report folder holds: refused if it holds more
 
@@ -139,7 +139,7 @@ def log_to_mlflow(rows: list[Row], plan_: Plan, runs: list[list[experiments.Expe
     """Log the ladder as a parent run (its table, plot and figures) with every rung's training runs as children.
 
     A rung's run reused from an earlier ladder moves under this one: a run has one parent."""
-    from gpt2.train.tracking import MlflowTracker, adopt
+    from gpt2.run.tracking import MlflowTracker, adopt
 
     with MlflowTracker(plan_.sections[0]["train"]["experiment"], run_name=f"ladder {plan_.device}",
                        kept_in=str(out)) as tracker:

@@ -96,7 +96,7 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
 
 
 def resolve_device(device: str) -> str:
-    from gpt2.train.device import pick_device
+    from gpt2.run.device import pick_device
 
     return pick_device(device, "--device").type
 

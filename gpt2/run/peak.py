@@ -1,6 +1,6 @@
 """A CPU's matmul peak, measured: what MFU divides by where no data sheet gives one.
 
-A GPU's dense peak comes from its vendor (gpt2/train/flops.py). A CPU has no such figure that a
+A GPU's dense peak comes from its vendor (gpt2/run/flops.py). A CPU has no such figure that a
 step could reach: its clock, cores, vector units and memory vary too much. So the peak is measured:
 the best sustained throughput of a few large matmuls in fp32, and in bf16 where the CPU does bf16
 in hardware (AVX512-BF16 or AMX), with the thread count the run uses. It is measured once per CPU
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from gpt2.core.atomic import json_text
+from gpt2.run.device import bf16_is_native
 
 # (M, K, N): a big square and two shapes of GPT-2's step (the MLP, the LM head on a 1024-row chunk)
 SHAPES = ((2048, 2048, 2048), (4096, 768, 3072), (1024, 768, 50304))
@@ -50,12 +51,6 @@ def machine_key(threads: int) -> str:
     return f"{cpu_name()} | {os.cpu_count()} logical cores | {threads} threads | torch {torch.__version__}"
 
 
-def bf16_is_native() -> bool:
-    """Whether this CPU does bf16 matmuls in hardware; elsewhere they are emulated, far below fp32."""
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
-
-
 def matmul_flops(dtype: torch.dtype, shapes: tuple[tuple[int, int, int], ...] = SHAPES,
                  seconds_per_shape: float = SECONDS_PER_SHAPE) -> float:
     """The best FLOP/s over ``shapes``: each shape's median over repeats that fill ``seconds_per_shape``."""
@@ -76,7 +71,7 @@ def matmul_flops(dtype: torch.dtype, shapes: tuple[tuple[int, int, int], ...] = 
 
 def measure() -> dict[str, float | str | None]:
     """This CPU's fp32 peak, and bf16's where it is native (None elsewhere), in FLOP/s."""
-    return {"fp32": matmul_flops(torch.float32), "bf16": matmul_flops(torch.bfloat16) if bf16_is_native() else None,
+    return {"fp32": matmul_flops(torch.float32), "bf16": matmul_flops(torch.bfloat16) if bf16_is_native(torch.device("cpu")) else None,
             "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 

@@ -135,22 +135,29 @@ def pick_device(asked: str, key: str = "train.device") -> torch.device:
     return torch.device(asked)
 
 
-def native_bf16(device: torch.device) -> bool:
-    """bf16 in hardware: compute capability 8.0 (Ampere) or newer. ``torch.cuda.is_bf16_supported()``
-    also says yes on a V100 or T4, where bf16 is emulated and slow: fp16 with a GradScaler is right there."""
-    return torch.cuda.get_device_capability(device) >= (8, 0)
+def bf16_is_native(device: torch.device) -> bool:
+    """bf16 matmuls in hardware on ``device``: a CUDA GPU of compute capability 8.0 (Ampere) or newer, a
+    CPU with AVX512-BF16 or AMX. Elsewhere bf16 is emulated and slow. ``torch.cuda.is_bf16_supported()``
+    also says yes on a V100 or T4; fp16 with a GradScaler is right there. The one rule for the dtype
+    ``auto`` picks, Muon's orthogonalization and the CPU peaks MFU divides by."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (8, 0)
+    if device.type == "cpu":
+        probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+    return False  # mps: bf16 support varies by chip; fp32 is never wrong
 
 
 def _dtype(asked: str, device: torch.device, warnings: list[str], section: str) -> str:
     if asked == "auto":
         if device.type == "cuda":
-            return "bf16" if native_bf16(device) else "fp16"
+            return "bf16" if bf16_is_native(device) else "fp16"
         return "fp32"
     if device.type == "cpu" and asked == "bf16":
         warnings.append(f"{section}.dtype bf16 on CPU: correct but usually far slower than fp32 without AMX")
     if device.type == "cpu" and asked == "fp16":
         warnings.append(f"{section}.dtype fp16 on CPU: emulated and slow; it exists for testing the GradScaler path")
-    if device.type == "cuda" and asked == "bf16" and not native_bf16(device):
+    if device.type == "cuda" and asked == "bf16" and not bf16_is_native(device):
         warnings.append(f"{section}.dtype bf16 on a GPU older than Ampere (compute capability < 8.0): emulated and "
                         "slow; fp16 (dtype: auto) is the fast choice here")
     return asked
