@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # torch-free: `gpt2 plan` reads the peak table and the FLOPs formula without importing torch
 # Dense peak TFLOP/s (no sparsity) by GPU model and dtype, from the vendors' data sheets. "fp32" is
 # plain FP32; "tf32" is FP32 matmuls on tensor cores; GeForce figures are FP16/BF16 with FP32
@@ -44,6 +46,26 @@ def flops_per_token(n_params_without_wpe: int, n_layer: int, n_embd: int, seq_le
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float | None, world: int) -> float | None:
     """Model FLOPs utilization: the FLOP/s the model's arithmetic needs at this speed over the peak."""
     return flops_per_token * tokens_per_s / (peak_flops * world) if peak_flops else None
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """A run's speed figures, computed one way for the log line and the summary alike."""
+
+    tokens_per_step: int  # the whole job's: micro-batch × sequence × accumulation × ranks
+    flops_per_token: float
+    world: int
+    peak_flops: float | None  # per device: MFU's yardstick, the bf16 peak where bf16 is native
+    dtype_peak_flops: float | None  # per device: the run's own dtype's peak where it differs (fp32, tf32)
+
+    def tokens_per_s(self, step_s: float) -> float:
+        return self.tokens_per_step / step_s
+
+    def mfu(self, tokens_per_s: float) -> float | None:
+        return mfu(self.flops_per_token, tokens_per_s, self.peak_flops, self.world)
+
+    def mfu_dtype(self, tokens_per_s: float) -> float | None:
+        return mfu(self.flops_per_token, tokens_per_s, self.dtype_peak_flops, self.world)
 
 
 def peak_flops(device_name: str, dtype: str, tf32: bool) -> float | None:

@@ -24,7 +24,6 @@ from gpt2.core.errors import UserError
 from gpt2.core.progress import clock
 from gpt2.train import distributed
 from gpt2.run.device import Runtime
-from gpt2.run.flops import mfu
 from gpt2.train.reports import History
 from gpt2.train.setup import Setup
 from gpt2.train.timing import StepTimer
@@ -169,9 +168,8 @@ class Metrics:
         # warm-up steps (compilation, autotuning) stay out of the speed series: one 30 s step would flatten
         # every plot of step time; their total is its own measure, perf/warmup_s
         dt = self.history.step_s[-1]
-        tokens_per_s = s.tokens_per_step / dt
-        utilization = mfu(s.flops_per_token, tokens_per_s, s.peak_flops, s.dist.world)
-        own = mfu(s.flops_per_token, tokens_per_s, s.dtype_peak_flops, s.dist.world)
+        tokens_per_s = s.throughput.tokens_per_s(dt)
+        utilization, own = s.throughput.mfu(tokens_per_s), s.throughput.mfu_dtype(tokens_per_s)
         if step > self.warm_until:
             record |= {"perf/step_ms": 1000 * dt, "perf/tokens_per_s": tokens_per_s,
                        "perf/tokens_per_s_per_device": tokens_per_s / s.dist.world, "perf/mfu": utilization}

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpt2.core.atomic import json_text, write_files
 from gpt2.train.curves import render_curves
-from gpt2.run.flops import mfu
+from gpt2.run.flops import Throughput
 
 
 @dataclass
@@ -79,24 +79,26 @@ def iqr(values: list[float]) -> float:
     return q3 - q1
 
 
-def summarize(history: History, step: int, wall_s: float, first_step: int, *, tokens_per_step: int, world: int,
-              flops_per_token: float, peaks: dict[str, float | None], timing_warmup_steps: int,
-              target_val_loss: float | None, num_params: int, memory: dict[str, float]) -> dict[str, Any]:
+def summarize(history: History, step: int, wall_s: float, first_step: int, *, throughput: Throughput,
+              timing_warmup_steps: int, target_val_loss: float | None, num_params: int,
+              memory: dict[str, float]) -> dict[str, Any]:
     """The run's figures. ``tokens_per_s`` is the median step's. ``tokens_per_s_steady`` divides the
     steps after the warm-up by their wall time (evals and checkpoints included), the figure to hold
     against the median; ``tokens_per_s_wall`` divides the tokens of this session (steps
     ``first_step``..``step``) by its whole wall time: model build and compilation included too.
-    ``peaks``: the peak FLOP/s each MFU figure divides by (``mfu``: the bf16 yardstick; ``mfu_dtype``:
-    the run's own dtype's, where it differs). ``step_ms_iqr`` and ``tokens_per_s_iqr`` are the
+    ``mfu`` divides by the bf16 yardstick, ``mfu_dtype`` (where it differs) by the run's own dtype's
+    peak. ``step_ms_iqr`` and ``tokens_per_s_iqr`` are the
     interquartile ranges over the timed steps: how much single steps vary."""
     timed = history.timed_s(timing_warmup_steps)
     step_s = statistics.median(timed)
-    tokens_per_s = tokens_per_step / step_s
+    tokens_per_step, world = throughput.tokens_per_step, throughput.world
+    tokens_per_s = throughput.tokens_per_s(step_s)
     last = history.val[-1] if history.val else {}
     last_val = last.get("val/loss")
     best = min(history.val, key=lambda r: r["val/loss"]) if history.val else {}
-    utilization = {name: _round(mfu(flops_per_token, tokens_per_s, peak, world), 5)
-                   for name, peak in peaks.items() if name == "mfu" or peak}
+    utilization = {"mfu": _round(throughput.mfu(tokens_per_s), 5)}
+    if throughput.dtype_peak_flops:
+        utilization["mfu_dtype"] = _round(throughput.mfu_dtype(tokens_per_s), 5)
     return {
         "train": {"loss": history.train[-1].get("train/loss") if history.train else None},
         "val": {"loss": last_val, "loss_se": last.get("val/loss_se"), "ppl": math.exp(last_val) if last else None,

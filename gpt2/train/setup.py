@@ -26,7 +26,7 @@ from gpt2.train.batch import Batch, Recipe, model_shape, resolve_batch
 from gpt2.run.compiled import CompileWatch
 from gpt2.run.device import Runtime, resolve, sdpa_backend
 from gpt2.train.distributed import Dist
-from gpt2.run.flops import dtype_peak_flops, flops_per_token, yardstick_flops
+from gpt2.run.flops import Throughput, dtype_peak_flops, flops_per_token, yardstick_flops
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.muon import FP32Muon
 from gpt2.train.optim import build_optimizers
@@ -56,10 +56,8 @@ class Setup:
     seq_len: int
     tokens_per_step: int  # of the whole job: micro-batch × seq_len × accumulation × world size
     total_steps: int
-    flops_per_token: float
-    peak_flops: float | None  # the dense bf16 peak (fp32 on a CPU without bf16): MFU's yardstick whatever the dtype
-    dtype_peak_flops: float | None  # the run's own dtype's peak where it differs (fp32, tf32)
-    mfu_against: str  # where those peaks come from
+    throughput: Throughput  # tokens/s and MFU, from the step time
+    mfu_against: str  # where MFU's peaks come from
     meta: dict[str, Any]
     tokens_dir: Path
     compile_watch: CompileWatch  # graph breaks and recompilations of this run
@@ -116,6 +114,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
                            dist_info.rank, dist_info.world)
     BatchSampler(val_data, batch.micro, seq_len, cfg.seed, cfg.batching, runtime.device)  # length check
     tokens_per_step = batch.micro * seq_len * batch.accum * dist_info.world
+    peaks = mfu_peaks(runtime, cfg.peak_tflops)
     total = cfg.max_steps or math.ceil(cfg.max_tokens / tokens_per_step)
     eval_model = model
     if cfg.compile:
@@ -136,9 +135,10 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         eval_model=eval_model, dist=dist_info,
         optimizers=optimizers, scaler=scaler, batch=batch, recipe=recipe, sampler=sampler, train_data=train_data, val_data=val_data,
         seq_len=seq_len, tokens_per_step=tokens_per_step, total_steps=total,
-        flops_per_token=sum(flops_per_token(model.num_params(exclude_position_embedding=True), model_cfg.n_layer,
-                                            model_cfg.n_embd, seq_len)),
-        **mfu_peaks(runtime, cfg.peak_tflops), meta=meta,
+        throughput=Throughput(tokens_per_step, sum(flops_per_token(
+            model.num_params(exclude_position_embedding=True), model_cfg.n_layer, model_cfg.n_embd, seq_len)),
+            dist_info.world, peaks["peak_flops"], peaks["dtype_peak_flops"]),
+        mfu_against=peaks["mfu_against"], meta=meta,
         tokens_dir=Path(tokens_dir),
         compile_watch=CompileWatch(cfg.compile), init=init,
     )
@@ -237,7 +237,7 @@ def inert_switch_warnings(s: Setup) -> list[str]:
                         f"({s.tokens_per_step:,} tokens) on {device}: each step takes {micro_batches} times a "
                         "micro-batch's time (minutes for GPT-2's 0.5M batch on a laptop), and Ctrl-C waits for the "
                         "step to end; that batch is meant for GPUs: lower train.batch_tokens here")
-    if s.peak_flops is None:
+    if s.throughput.peak_flops is None:
         warnings.append(f"no peak FLOP/s known for {s.runtime.device_name!r}: MFU is not reported; set "
                         "train.peak_tflops (its dense bf16 peak) to get it")
     return warnings

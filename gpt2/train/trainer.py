@@ -151,8 +151,7 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
 
     def finish(last_step: int) -> dict[str, Any]:
         summary = summarize(history, last_step, time.perf_counter() - started, first_step,
-                            tokens_per_step=s.tokens_per_step, world=s.dist.world, flops_per_token=s.flops_per_token,
-                            peaks={"mfu": s.peak_flops, "mfu_dtype": s.dtype_peak_flops}, timing_warmup_steps=cfg.timing_warmup_steps,
+                            throughput=s.throughput, timing_warmup_steps=cfg.timing_warmup_steps,
                             target_val_loss=cfg.target_val_loss, num_params=s.model.num_params(),
                             memory=memory_gb(s.runtime))
         return {**summary, "runtime": {**runtime, **s.compile_watch.figures()}}
