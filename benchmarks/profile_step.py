@@ -54,8 +54,8 @@ def profile_steps(params: Any, tokens: str | Path, steps: int) -> dict[str, Any]
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from gpt2.train.build import build
     from gpt2.train.optim import lr_at, set_lr
-    from gpt2.train.setup import build
     from gpt2.train.step import backward_micro_batches, optimizer_step
 
     s = build(params, tokens)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpt2.core.cli import user_errors  # noqa: E402
 from gpt2.core.config import load_params  # noqa: E402
-from gpt2.train import metrics, trainer  # noqa: E402
+from gpt2.train import step_log, trainer  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--defer-syncs", action="store_true")
     args = parser.parse_args()
     if args.defer_syncs:
-        metrics.sync_every_step = lambda runtime: False
+        step_log.sync_every_step = lambda runtime: False
     if args.fault and int(os.environ["RANK"]) == args.fault_rank:
         original = trainer.lr_at
 

@@ -7,8 +7,8 @@ import torch
 from conftest import micro_params
 
 from gpt2.core.config import TrainConfig
-from gpt2.train import trainer
 from gpt2.run.device import resolve, sdpa_backend
+from gpt2.train import trainer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -34,7 +34,7 @@ def test_the_projects_ladder_is_the_documented_one():
 
 def test_each_rung_is_the_one_above_plus_its_change():
     spec = ladder.load_ladder(ROOT / "ladder.yaml")
-    p = ladder.plan(spec, PARAMS, "cpu")
+    p = ladder.resolve(spec, PARAMS, "cpu")
     trains = [s["train"] for s in p.sections]
     assert trains[0]["dtype"] == "fp32" and trains[0]["data_loading"] == "memmap" and not trains[0]["compile"]
     flat = [ladder.flat(s) for s in p.sections]  # train keys bare, model keys as model.<key>, as rungs name them
@@ -52,15 +52,15 @@ def test_each_rung_is_the_one_above_plus_its_change():
 
 def test_profile_follows_the_device_and_the_overrides():
     spec = ladder.load_ladder(ROOT / "ladder.yaml")
-    cuda = ladder.plan(spec, PARAMS, "cuda")
+    cuda = ladder.resolve(spec, PARAMS, "cuda")
     assert cuda.sections[0]["model"]["size"] == "gpt2" and cuda.sections[0]["train"]["block_size"] == 1024
     assert cuda.sections[-1]["train"]["grad_accum_steps"] == 32
-    mps = ladder.plan(spec, PARAMS, "mps", model="gpt2", steps=7, repeats=3)
+    mps = ladder.resolve(spec, PARAMS, "mps", model="gpt2", steps=7, repeats=3)
     assert mps.profile.steps == 7 and mps.profile.repeats == 3
     assert mps.sections[-1]["train"]["grad_accum_steps"] == 2  # 2048 tokens < one micro-batch: still accumulates
     assert mps.sections[0]["model"]["size"] == "gpt2" and mps.sections[0]["train"]["device"] == "mps"
     auto = {**PARAMS, "train": {**PARAMS.get("train", {}), "micro_batch_size": "auto", "batch_tokens": 65536}}
-    cpu = ladder.plan(spec, auto, "cpu")  # a params.yaml sized for its card: the ladder sets its own batch
+    cpu = ladder.resolve(spec, auto, "cpu")  # a params.yaml sized for its card: the ladder sets its own batch
     assert cpu.sections[-1]["train"]["micro_batch_size"] == 8 and cpu.sections[-1]["train"]["batch_tokens"] is None
 
 
@@ -76,7 +76,10 @@ def test_schedule_alternates_direction_and_skips_runs_already_measured():
     ("rungs:\n  - name: x\n    set: {}\nprofiles: {cpu: {}}\n", "changes nothing"),
     ("rungs:\n  - set: {compile: true}\nprofiles: {cpu: {}}\n", "needs a name"),
     ("rungs: []\nprofiles: {cuda: {}}\n", "profiles.cpu"),
-    ("rungs: []\nprofiles: {cpu: {steps: 0}}\n", "profiles.cpu.steps"),
+    ("rungs: []\nprofiles: {cpu: {steps: 0}}\n", "profiles.cpu.steps = 0 is not allowed; expected an integer in"),
+    ("rungs: []\nprofiles: {cpu: {stepz: 5}}\n", "unknown key 'profiles.cpu.stepz'; did you mean 'steps'"),
+    ("rungs: []\nprofiles: {cpu: {target: -1.0}}\n", r"profiles.cpu.target = -1.0 .*null or a number > 0"),
+    ("rungs:\n  - name: x\n    set: {compil: true}\nprofiles: {cpu: {}}\n", "did you mean 'compile'"),
     ("rungs: [\n", "not valid YAML"),
 ])
 def test_bad_ladder_file_is_one_clear_error(tmp_path, text, message):
@@ -87,10 +90,10 @@ def test_bad_ladder_file_is_one_clear_error(tmp_path, text, message):
 def test_bad_value_names_the_rung(tmp_path):
     spec = load(tmp_path, "rungs:\n  - name: half\n    set: {dtype: fp64}\nprofiles: {cpu: {}}\n")
     with pytest.raises(UserError, match="rung 'half'.*train.dtype"):
-        ladder.plan(spec, PARAMS, "cpu")
+        ladder.resolve(spec, PARAMS, "cpu")
     spec = load(tmp_path, "rungs:\n  - name: acc\n    set: {grad_accum_steps: target}\n"
                           "profiles: {cpu: {target_batch_tokens: 1000}}\n")
-    assert ladder.plan(spec, PARAMS, "cpu").sections[1]["train"]["grad_accum_steps"] == 2  # at least 2
+    assert ladder.resolve(spec, PARAMS, "cpu").sections[1]["train"]["grad_accum_steps"] == 2  # at least 2
 
 
 def test_missing_ladder_file(tmp_path):
@@ -98,7 +101,7 @@ def test_missing_ladder_file(tmp_path):
         ladder.load_ladder(tmp_path / "nope.yaml")
 
 
-def fake_run(p: ladder.Plan, i: int, step_ms: float, runtime: dict, name: str = "", loss: float = 9.0,
+def fake_run(p: ladder.Resolved, i: int, step_ms: float, runtime: dict, name: str = "", loss: float = 9.0,
              target_s: float | None = None) -> Experiment:
     train = p.sections[i]["train"]
     tokens = train["micro_batch_size"] * 128 * train["grad_accum_steps"]
@@ -118,7 +121,7 @@ def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
                           "  - {name: tf32, set: {tf32: true}}\n  - {name: pad, set: {model.pad_vocab: true}}\n"
                           "  - {name: accumulate, set: {grad_accum_steps: 4}}\n"
                           "profiles: {cpu: {repeats: 2}}\n")
-    p = ladder.plan(spec, PARAMS, "cpu")
+    p = ladder.resolve(spec, PARAMS, "cpu")
     cpu = {"device": "cpu", "dtype": "fp32", "tf32": False, "sdpa_backend": "flash_attention", "device_name": "x"}
     runs = [[fake_run(p, 0, 100.0, cpu), fake_run(p, 0, 120.0, cpu)],
             [fake_run(p, 1, 100.0, cpu)],  # tf32 asked, not on this device
@@ -140,14 +143,14 @@ def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
 def test_rungs_a_device_cannot_show_are_known_before_running_and_not_run(tmp_path):
     spec = ladder.load_ladder(ROOT / "ladder.yaml")
     names = [r.name for r in spec.rungs]
-    cpu = dict(zip(names, ladder.plan(spec, PARAMS, "cpu").cannot_show))
+    cpu = dict(zip(names, ladder.resolve(spec, PARAMS, "cpu").cannot_show))
     assert cpu["tf32"] == "TF32 is a CUDA (Ampere+) matmul mode" and cpu["amp"].startswith("AMP's dtype auto is fp32")
     assert cpu["cudnn attention"] == "cudnn attention is a CUDA kernel" and cpu["cuda graphs"] == (
         "CUDA graphs exist on CUDA only") and cpu["bf16 residual"].startswith("the residual stream is bf16 only")
     unshown = {"tf32", "amp", "cudnn attention", "bf16 residual", "cuda graphs"}
     assert {n for n, why in cpu.items() if why} == unshown or not ladder.spec._cxx_compiler()
-    assert not any(ladder.plan(spec, PARAMS, "cuda").cannot_show)
-    p = ladder.plan(spec, PARAMS, "cpu")
+    assert not any(ladder.resolve(spec, PARAMS, "cuda").cannot_show)
+    p = ladder.resolve(spec, PARAMS, "cpu")
     runs = [[] if p.cannot_show[i] else [fake_run(p, i, 100.0 - i, CPU), fake_run(p, i, 101.0 - i, CPU)]
             for i in range(len(names))]
     rows = ladder.analyse(spec, p, runs)
@@ -160,7 +163,7 @@ def test_rungs_a_device_cannot_show_are_known_before_running_and_not_run(tmp_pat
 def test_failed_rung_is_marked_and_the_next_compares_with_the_last_measured(tmp_path):
     spec = load(tmp_path, "rungs:\n  - {name: a, set: {fused_adamw: false}}\n  - {name: b, set: {model.pad_vocab: false}}\n"
                           "profiles: {cpu: {}}\n")
-    p = ladder.plan(spec, PARAMS, "cpu")
+    p = ladder.resolve(spec, PARAMS, "cpu")
     cpu = {"device": "cpu", "dtype": "fp32", "tf32": False}
     rows = ladder.analyse(spec, p, [[fake_run(p, 0, 100.0, cpu)], [], [fake_run(p, 2, 50.0, cpu)]])
     assert rows[1].effect == "failed" and rows[2].vs_previous == pytest.approx(2.0)
@@ -169,11 +172,11 @@ def test_failed_rung_is_marked_and_the_next_compares_with_the_last_measured(tmp_
 
 def test_only_ladder_experiments_with_the_same_params_are_reused(tmp_path):
     spec = ladder.load_ladder(ROOT / "ladder.yaml")
-    p = ladder.plan(spec, PARAMS, "cpu")
+    p = ladder.resolve(spec, PARAMS, "cpu")
     cpu = {"device": "cpu"}
     same = fake_run(p, 3, 10.0, cpu, "ladder-03-keep-host-memory-1")
     other_name = fake_run(p, 3, 10.0, cpu, "my-experiment")
-    other_steps = fake_run(ladder.plan(spec, PARAMS, "cpu", steps=5), 3, 10.0, cpu, "ladder-03-keep-host-memory-2")
+    other_steps = fake_run(ladder.resolve(spec, PARAMS, "cpu", steps=5), 3, 10.0, cpu, "ladder-03-keep-host-memory-2")
     found = ladder.measured(p, [same, other_name, other_steps])
     assert [[e.name for e in runs] for runs in found] == [[], [], [], ["ladder-03-keep-host-memory-1"]] + [[]] * 12
 
@@ -254,7 +257,7 @@ NOISE_LADDER = ("baseline: {tf32: false, model.pad_vocab: false, fused_adamw: fa
 
 def test_a_gain_inside_the_repeats_interval_or_the_inert_rungs_move_is_not_a_gain(tmp_path):
     spec = load(tmp_path, NOISE_LADDER)
-    p = ladder.plan(spec, PARAMS, "cpu")
+    p = ladder.resolve(spec, PARAMS, "cpu")
     runs = [[fake_run(p, 0, 100.0, CPU), fake_run(p, 0, 104.0, CPU)],
             [fake_run(p, 1, 97.0, CPU), fake_run(p, 1, 99.0, CPU)],  # tf32: inert here, moved 4%: the floor
             [fake_run(p, 2, 95.0, CPU), fake_run(p, 2, 96.5, CPU)],  # 2.4% faster, intervals apart: within the floor
@@ -273,7 +276,7 @@ def test_a_gain_inside_the_repeats_interval_or_the_inert_rungs_move_is_not_a_gai
 
 def test_a_ladder_too_noisy_to_read_says_so_first(tmp_path):
     spec = load(tmp_path, NOISE_LADDER)
-    p = ladder.plan(spec, PARAMS, "cpu")
+    p = ladder.resolve(spec, PARAMS, "cpu")
     runs = [[fake_run(p, 0, 100.0, CPU), fake_run(p, 0, 400.0, CPU)],
             [fake_run(p, 1, 20.0, CPU), fake_run(p, 1, 380.0, CPU)],  # changed nothing, "5.97x faster"
             [fake_run(p, 2, 90.0, CPU), fake_run(p, 2, 300.0, CPU)],
@@ -289,11 +292,11 @@ def test_a_ladder_too_noisy_to_read_says_so_first(tmp_path):
 
 def test_with_a_target_every_run_trains_to_it_and_the_table_gives_time_to_target(tmp_path):
     spec = load(tmp_path, NOISE_LADDER.replace("{repeats: 2}", "{repeats: 2, steps: 200, target: 6.1}"))
-    p = ladder.plan(spec, PARAMS, "cpu")
+    p = ladder.resolve(spec, PARAMS, "cpu")
     train = p.sections[0]["train"]
     assert train["target_val_loss"] == 6.1 and train["stop_at_target"] and train["max_steps"] == 200
     assert train["eval_interval"] == 10 and train["eval_windows"] == 80  # params.yaml's eval size, not the profile's
-    assert ladder.plan(spec, PARAMS, "cpu", target=5.5).sections[0]["train"]["target_val_loss"] == 5.5
+    assert ladder.resolve(spec, PARAMS, "cpu", target=5.5).sections[0]["train"]["target_val_loss"] == 5.5
     runs = [[fake_run(p, 0, 100.0, CPU, target_s=20.0), fake_run(p, 0, 100.0, CPU, target_s=22.0)],
             [fake_run(p, 1, 100.0, CPU, target_s=21.0), fake_run(p, 1, 100.0, CPU, target_s=21.5)],
             [fake_run(p, 2, 100.0, CPU, target_s=10.0), fake_run(p, 2, 100.0, CPU, target_s=None)],

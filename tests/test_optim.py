@@ -12,8 +12,8 @@ from test_train import interrupt_at, losses, run
 
 from gpt2.core.config import TrainConfig
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2.train import muon
 from gpt2.run import checkpoint
+from gpt2.train import muon
 from gpt2.train.optim import build_optimizers
 from gpt2.train.trainer import TrainingInterrupted
 

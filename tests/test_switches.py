@@ -10,8 +10,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from gpt2.core.config import TrainConfig
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2.train import loader, trainer
 from gpt2.run.device import resolve
+from gpt2.train import loader, trainer
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.optim import build_optimizers, lr_at
 

@@ -10,8 +10,8 @@ import signal
 import pytest
 from conftest import micro_params
 
-from gpt2.train import trainer
 from gpt2.run import tracking
+from gpt2.train import trainer
 from gpt2.train.trainer import TrainingInterrupted, train
 
 pytest.importorskip("mlflow")
@@ -194,8 +194,8 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_or_reports(tmp_path,
                                             (ValueError, "FAILED"), ("UserError", "FAILED")])
 def test_a_tracker_ends_its_run_with_the_way_its_block_ended(raised, status):
     from gpt2.core.errors import Terminated, UserError
-    from gpt2.train.signals import TrainingInterrupted
     from gpt2.run.tracking import Tracker
+    from gpt2.train.signals import TrainingInterrupted
 
     kinds = {"Terminated": Terminated, "TrainingInterrupted": TrainingInterrupted, "UserError": UserError}
     raised = kinds.get(raised, raised)

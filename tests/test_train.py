@@ -14,10 +14,10 @@ import torch
 from conftest import micro_params
 
 from gpt2.core.errors import UserError
-from gpt2.train import metrics, trainer
 from gpt2.run import checkpoint
-from gpt2.train.reports import PLOT_COLUMNS
 from gpt2.run.tracking import flatten
+from gpt2.train import step_log, trainer
+from gpt2.train.reports import PLOT_COLUMNS
 from gpt2.train.trainer import Diverged, TrainingInterrupted, train
 
 
@@ -143,7 +143,7 @@ def test_interrupted_and_resumed_run_matches_an_uninterrupted_one_exactly(tmp_pa
 
 def test_a_signal_stops_after_this_step_where_syncs_are_rare(tmp_path, tokens, monkeypatch):
     """Syncing only at log steps, as on CUDA: SIGTERM in step 6 of 12 still saves step 6, not the next log step."""
-    monkeypatch.setattr(metrics, "sync_every_step", lambda runtime: False)
+    monkeypatch.setattr(step_log, "sync_every_step", lambda runtime: False)
     interrupt_at(monkeypatch, 5, signal.SIGTERM)
     with pytest.raises(TrainingInterrupted, match="SIGTERM at step 6/12"):
         run(tmp_path, tokens, micro_params(log_interval=50, eval_interval=50))
@@ -465,7 +465,7 @@ def test_deferred_syncs_log_the_same_numbers_and_still_catch_a_nan(tmp_path, tok
     """CUDA's loop reads the device only at log, eval and checkpoint steps: same losses, every step timed."""
     params = micro_params(log_interval=4, eval_interval=6, checkpoint_interval=100)
     every = run(tmp_path, tokens, params, "every")
-    monkeypatch.setattr(metrics, "sync_every_step", lambda runtime: False)
+    monkeypatch.setattr(step_log, "sync_every_step", lambda runtime: False)
     deferred = run(tmp_path, tokens, params, "deferred")
     assert losses(tmp_path, "deferred") == losses(tmp_path, "every")  # rows at steps 1, 4, 8, 12
     assert deferred["val"] == every["val"] and deferred["perf"]["timed_steps"] == every["perf"]["timed_steps"] == 11

@@ -59,7 +59,7 @@ def _same_device(name: str, device: Device) -> bool:
 def _mlflow_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
     db = root / "mlflow.db"
     if not db.is_file() or not _has_metric(db, "summary/perf.mfu"):
-        return None  # no MFU was ever measured there (CPU runs have none): no need to import mlflow (~2 s)
+        return None  # no MFU was ever logged there: no need to import mlflow (seconds)
     try:
         import mlflow
     except ImportError:

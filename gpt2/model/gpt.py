@@ -19,8 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2.model.loss import linear_cross_entropy
 from gpt2.core.sizes import SIZES, pad_vocab
+from gpt2.model.loss import linear_cross_entropy
 
 
 @dataclass(frozen=True)

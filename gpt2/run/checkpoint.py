@@ -3,7 +3,7 @@
 A checkpoint holds the model (without torch.compile's ``_orig_mod.`` prefix),
 the optimizers, the GradScaler, the step, every rank's RNG states (python,
 numpy, torch, cuda), the batch sampler's position, the configuration and the
-history of logged measures (train/checkpointer.py writes it). Loading never
+history of logged measures (train/saving.py writes it). Loading never
 shows a traceback from inside torch: a damaged file is reported as such, with
 what to do. Files of an older layout are brought up to date in one place,
 ``upgrade``, so the rest of the code reads one layout.

@@ -21,10 +21,10 @@ from contextlib import ExitStack, contextmanager
 def compile_caches(compile: bool, cache: bool) -> Iterator[None]:
     """Inductor's on-disk caches on (``cache``) or off for one compiled run, restored after it.
 
-    With them a later run of the same graph skips most of compile's warm-up: the tiny model's
-    first compiled step takes 3.6 s instead of 10 s on a 2-core CPU. PyTorch keeps AOTAutograd's
-    cache off for graphs that hold a custom ``autograd.Function``, such as the chunked loss; Dynamo
-    traces its forward and backward into the graph that the cache key hashes, so it is allowed here.
+    With them a later run of the same graph skips most of compile's warm-up (docs/benchmarks.md,
+    "Compile start-up"). PyTorch keeps AOTAutograd's cache off for graphs that hold a custom
+    ``autograd.Function``, such as the chunked loss; Dynamo traces its forward and backward into
+    the graph that the cache key hashes, so it is allowed here.
     Off, every run pays a cold compile: the figure to compare when compile's own cost matters
     (time to a target counts the warm-up). Nothing happens without ``compile``.
     """

@@ -2,8 +2,9 @@
 
 ``device: cuda`` on a machine without CUDA is an error, never a silent CPU
 run. ``dtype: auto`` means bf16 on CUDA with bf16 support, fp16 (with a
-GradScaler) on older CUDA, and fp32 on CPU, where bf16 matmuls are about 20×
-slower than fp32 on AVX2 machines without AMX.
+GradScaler) on older CUDA, and fp32 on CPU: there bf16 is emulated and many times slower than fp32
+without AVX512-BF16 or AMX, and a default that changed with the CPU would not repeat across
+machines (docs/benchmarks.md measures both kinds of CPU).
 """
 
 from __future__ import annotations

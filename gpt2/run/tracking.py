@@ -1,7 +1,7 @@
 """Where measures go: MLflow (one run per training) and DVC's metrics/plots files.
 
-MLflow is imported only here and only when tracking is on: the import costs
-~1.7 s, and the library must run on machines without it (GPU boxes, CI).
+MLflow is imported only here and only when tracking is on: the import takes
+seconds, and the library must run on machines without it (GPU boxes, CI).
 The default store is an absolute SQLite DB at the project root, found through
 ``DVC_ROOT`` so that ``dvc exp run --queue/--temp`` (which run in a temporary
 copy of the repo) write to the same DB as a plain ``dvc repro``.

@@ -10,11 +10,11 @@ import numpy as np
 import torch
 
 from gpt2.core import log
+from gpt2.run.tracking import Tracker
 from gpt2.train import distributed
+from gpt2.train.build import Setup
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.reports import History
-from gpt2.train.setup import Setup
-from gpt2.run.tracking import Tracker
 
 logger = log.get("train")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from gpt2.core.errors import UserError
-from gpt2.train.setup import Setup
+from gpt2.train.build import Setup
 
 
 def smaller_micro_batch(micro_batch: int, accum: int) -> tuple[int, int] | None:

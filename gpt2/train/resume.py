@@ -26,10 +26,10 @@ from gpt2.core import log
 from gpt2.core.atomic import atomic_file
 from gpt2.core.config import to_dict
 from gpt2.core.errors import UserError
-from gpt2.train import sharded
 from gpt2.run import checkpoint
+from gpt2.train import sharded
+from gpt2.train.build import Setup
 from gpt2.train.reports import History
-from gpt2.train.setup import Setup
 
 logger = log.get("train")
 

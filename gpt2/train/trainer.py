@@ -2,12 +2,12 @@
 
 Each concern around the step is a component that owns its schedule and state:
 
-- ``Metrics`` (train/metrics.py): step timing, sync points, the record of each log step and its sinks;
+- ``Metrics`` (train/step_log.py): step timing, sync points, the record of each log step and its sinks;
 - ``Evaluator`` (train/evaluator.py): val loss every ``eval_interval`` steps, time to a target loss;
-- ``Checkpointer`` (train/checkpointer.py): when to save, the background writer, the last good step;
+- ``Checkpointer`` (train/saving.py): when to save, the background writer, the last good step;
 - ``stop_on_signals`` (train/signals.py): Ctrl-C and SIGTERM end the run after a saved step.
 
-Around the loop, ``train`` builds the run (train/setup.py), decides whether it resumes or is already
+Around the loop, ``train`` builds the run (train/build.py), decides whether it resumes or is already
 done (train/resume.py), opens its MLflow run, and writes its reports (train/reports.py).
 """
 
@@ -25,21 +25,21 @@ import torch
 from gpt2.core import log
 from gpt2.core.config import Params, to_dict
 from gpt2.core.provenance import checkpoint_hashes, describe_tokens
-from gpt2.train import distributed
 from gpt2.run import checkpoint
-from gpt2.train.checkpointer import Checkpointer
 from gpt2.run.compiled import compile_caches
+from gpt2.run.tracking import MlflowTracker, Tracker, flatten, git_commit
+from gpt2.train import distributed
+from gpt2.train.build import Setup, build, inert_switch_warnings, run_name, what_runs
 from gpt2.train.determinism import reproducible
 from gpt2.train.evaluator import Evaluator
-from gpt2.train.metrics import Diverged, Metrics, memory_gb, reset_memory_peak
 from gpt2.train.oom import out_of_memory_error
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.reports import History, compared_figures, summarize, write_reports
 from gpt2.train.resume import changed_settings, drop_interrupted, keep_interrupted, load_for_resume, restore
-from gpt2.train.setup import Setup, build, inert_switch_warnings, run_name, what_runs
+from gpt2.train.saving import Checkpointer
 from gpt2.train.signals import StopVote, TrainingInterrupted, stop_on_signals, stop_with_parent
 from gpt2.train.step import backward_micro_batches, optimizer_step
-from gpt2.run.tracking import MlflowTracker, Tracker, flatten, git_commit
+from gpt2.train.step_log import Diverged, Metrics, memory_gb, reset_memory_peak
 
 __all__ = ["Diverged", "TrainingInterrupted", "train", "fit"]
 

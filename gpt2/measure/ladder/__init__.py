@@ -7,7 +7,7 @@ backward) so that a machine warming up or slowing down does not pass for a speed
 compares tokens/s (not step time: gradient accumulation changes the tokens per step) and keeps
 the val loss after N steps in view, so a "speedup" that breaks training shows.
 
-- spec.py: the ladder file and the plan (each rung's params on this device);
+- spec.py: the ladder file, resolved on a device (each rung's params there);
 - runs.py: the DVC experiments (schedule, run one at a time, reuse);
 - stats.py: the typed result rows, speedups, what really ran, the noise;
 - report.py: markdown, PNG, JSON and MLflow.
@@ -15,9 +15,9 @@ the val loss after N steps in view, so a "speedup" that breaks training shows.
 
 from gpt2.measure.ladder.report import render_png, table, write_report
 from gpt2.measure.ladder.runs import measured, normalized, run_ladder, schedule
-from gpt2.measure.ladder.spec import TRAIN_METRICS, TRAIN_RUN, Ladder, Plan, Profile, Rung, flat, load_ladder, plan
+from gpt2.measure.ladder.spec import TRAIN_METRICS, TRAIN_RUN, Ladder, Profile, Resolved, Rung, flat, load_ladder, resolve
 from gpt2.measure.ladder.stats import NO_EFFECT, Row, analyse, noise_verdict
 
-__all__ = ["NO_EFFECT", "TRAIN_METRICS", "TRAIN_RUN", "Ladder", "Plan", "Profile", "Row", "Rung", "analyse", "flat",
-           "load_ladder", "measured", "noise_verdict", "normalized", "plan", "render_png", "run_ladder", "schedule",
+__all__ = ["NO_EFFECT", "TRAIN_METRICS", "TRAIN_RUN", "Ladder", "Resolved", "Profile", "Row", "Rung", "analyse", "flat",
+           "load_ladder", "measured", "noise_verdict", "normalized", "resolve", "render_png", "run_ladder", "schedule",
            "table", "write_report"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpt2.core.atomic import atomic_dir
 from gpt2.measure import experiments
-from gpt2.measure.ladder.spec import Plan
+from gpt2.measure.ladder.spec import Resolved
 from gpt2.measure.ladder.stats import CANNOT_SHOW, NO_EFFECT, Row, noise_verdict
 from gpt2.run.compiled import flag
 
@@ -67,28 +67,28 @@ def _ratio(value: float | None, inside_noise: bool = False) -> str:
     return f"{value:.2f}× (inside noise)" if inside_noise else f"{value:.2f}×"
 
 
-def describe(plan_: Plan, rows: list[Row]) -> str:
+def describe(resolved: Resolved, rows: list[Row]) -> str:
     first = next((r for r in rows if r.runs), None)
     runtime = first.runtime if first else {}
-    model, train = plan_.sections[0]["model"], plan_.sections[0]["train"]
+    model, train = resolved.sections[0]["model"], resolved.sections[0]["train"]
     from gpt2.core.sizes import sequence_length
 
     seq = sequence_length(model["size"], model["block_size"], train["block_size"])
-    return (f"Device: {runtime.get('device_name', plan_.device)} ({plan_.device}), torch {runtime.get('torch', '?')}. "
+    return (f"Device: {runtime.get('device_name', resolved.device)} ({resolved.device}), torch {runtime.get('torch', '?')}. "
             f"Model {model['size']}, micro-batch {train['micro_batch_size']} × {seq} tokens, "
-            f"{plan_.profile.steps} steps per run (the first {train['timing_warmup_steps']} untimed), "
-            f"{plan_.profile.repeats} run(s) per rung in alternating order; speedups compare tokens/s"
+            f"{resolved.profile.steps} steps per run (the first {train['timing_warmup_steps']} untimed), "
+            f"{resolved.profile.repeats} run(s) per rung in alternating order; speedups compare tokens/s"
             + (f"; MFU against {runtime['mfu_against']}" if runtime.get("mfu_against") else "")
-            + (f"; with a target val loss of {plan_.profile.target}, every run trains until its val loss (measured "
-               f"every {train['eval_interval']} steps) reaches it, or {plan_.profile.steps} steps: time to target is "
-               "wall clock from the start of the run, compile and evals included." if plan_.profile.target else "."))
+            + (f"; with a target val loss of {resolved.profile.target}, every run trains until its val loss (measured "
+               f"every {train['eval_interval']} steps) reaches it, or {resolved.profile.steps} steps: time to target is "
+               "wall clock from the start of the run, compile and evals included." if resolved.profile.target else "."))
 
 
-def write_report(out: Path, rows: list[Row], plan_: Plan,
+def write_report(out: Path, rows: list[Row], resolved: Resolved,
                  runs: list[list[experiments.Experiment]]) -> None:
     today = datetime.date.today().isoformat()
-    text = (f"# Optimization ladder ({today})\n\n{noise_verdict(rows, plan_.profile.repeats)}\n\n{describe(plan_, rows)}"
-            f"\n\n{table(rows, plan_.profile.steps, plan_.profile.target)}\n"
+    text = (f"# Optimization ladder ({today})\n\n{noise_verdict(rows, resolved.profile.repeats)}\n\n{describe(resolved, rows)}"
+            f"\n\n{table(rows, resolved.profile.steps, resolved.profile.target)}\n"
             "Each rung adds one change to the rung above (ladder.yaml). A rung marked \"no effect on this device\" "
             "ran the same configuration as the rung above: its difference from it is this machine's run-to-run "
             "noise, the floor under every other figure. Experiments: "
@@ -98,10 +98,10 @@ def write_report(out: Path, rows: list[Row], plan_: Plan,
     kept_log = log.read_bytes() if log.exists() else None
     with atomic_dir(out, owns=LADDER_FILES, command="gpt2 ladder") as tmp:
         (tmp / "ladder.md").write_text(text)
-        (tmp / "ladder.json").write_text(json.dumps({"date": today, "device": plan_.device, "rows": [dataclasses.asdict(r) for r in rows]},
+        (tmp / "ladder.json").write_text(json.dumps({"date": today, "device": resolved.device, "rows": [dataclasses.asdict(r) for r in rows]},
                                                     indent=2)
                                          + "\n")
-        (tmp / "ladder.png").write_bytes(render_png(rows, describe(plan_, rows)))
+        (tmp / "ladder.png").write_bytes(render_png(rows, describe(resolved, rows)))
         if kept_log is not None:
             (tmp / "dvc.log").write_bytes(kept_log)
     print(text, file=sys.stdout)
@@ -134,21 +134,21 @@ def render_png(rows: list[Row], subtitle: str) -> bytes:
     return buffer.getvalue()
 
 
-def log_to_mlflow(rows: list[Row], plan_: Plan, runs: list[list[experiments.Experiment]],
+def log_to_mlflow(rows: list[Row], resolved: Resolved, runs: list[list[experiments.Experiment]],
                   out: Path) -> None:
     """Log the ladder as a parent run (its table, plot and figures) with every rung's training runs as children.
 
     A rung's run reused from an earlier ladder moves under this one: a run has one parent."""
     from gpt2.run.tracking import MlflowTracker, adopt
 
-    with MlflowTracker(plan_.sections[0]["train"]["experiment"], run_name=f"ladder {plan_.device}",
+    with MlflowTracker(resolved.sections[0]["train"]["experiment"], run_name=f"ladder {resolved.device}",
                        kept_in=str(out)) as tracker:
         rungs = {exp.name: {"ladder.rung": row.rung, "ladder.index": str(row.index)}
                  for row, group in zip(rows, runs) for exp in group}
         adopt(tracker, list(rungs), rungs)
-        tracker.set_tags({"kind": "ladder", "device": rows[0].runtime.get("device_name", plan_.device)})
-        tracker.log_params({"ladder.steps": plan_.profile.steps, "ladder.repeats": plan_.profile.repeats,
-                            "ladder.model": plan_.sections[0]["model"]["size"], "ladder.device": plan_.device})
+        tracker.set_tags({"kind": "ladder", "device": rows[0].runtime.get("device_name", resolved.device)})
+        tracker.log_params({"ladder.steps": resolved.profile.steps, "ladder.repeats": resolved.profile.repeats,
+                            "ladder.model": resolved.sections[0]["model"]["size"], "ladder.device": resolved.device})
         for row in rows:
             if row.runs:
                 tracker.log_metrics({"ladder/step_ms": row.step_ms, "ladder/tokens_per_s": row.tokens_per_s,

@@ -14,7 +14,7 @@ from gpt2.core.errors import Terminated, UserError
 from gpt2.core.progress import clock
 from gpt2.measure import experiments
 from gpt2.measure.ladder.report import LADDER_FILES, log_to_mlflow, write_report
-from gpt2.measure.ladder.spec import EXP_PREFIX, TRAIN_METRICS, TRAIN_RUN, Ladder, Plan, load_ladder, plan
+from gpt2.measure.ladder.spec import EXP_PREFIX, TRAIN_METRICS, TRAIN_RUN, Ladder, Resolved, load_ladder, resolve
 from gpt2.measure.ladder.stats import Row, analyse
 
 logger = log.get("ladder")
@@ -29,14 +29,14 @@ def normalized(params: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
         return None
 
 
-def measured(plan_: Plan, exps: list[experiments.Experiment]) -> list[list[experiments.Experiment]]:
+def measured(resolved: Resolved, exps: list[experiments.Experiment]) -> list[list[experiments.Experiment]]:
     """Per rung: the finished ``ladder-`` experiments with exactly its params, newest first."""
-    found: list[list[experiments.Experiment]] = [[] for _ in plan_.sections]
+    found: list[list[experiments.Experiment]] = [[] for _ in resolved.sections]
     for exp in exps:
         if not exp.name.startswith(EXP_PREFIX) or TRAIN_METRICS not in exp.metrics:
             continue
         sections = normalized(exp.params)
-        for i, wanted in enumerate(plan_.sections):
+        for i, wanted in enumerate(resolved.sections):
             if sections == wanted:
                 found[i].append(exp)
     return [sorted(runs, key=lambda e: e.timestamp, reverse=True) for runs in found]
@@ -63,7 +63,7 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
     if not isinstance(raw, dict):
         raise UserError(f"params file {str(params_path)!r} must be a mapping of sections")
     device = resolve_device(device)
-    plan_ = plan(ladder, raw, device, model, steps, repeats, mlflow, target)
+    resolved = resolve(ladder, raw, device, model, steps, repeats, mlflow, target)
     experiments.check_repo(root)
     running = experiments.pending(root, ("Running",))
     if running:
@@ -71,24 +71,24 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
                         "times one experiment at a time on an otherwise idle machine: wait for them or stop "
                         "them (dvc queue kill NAME) first")
     existing = experiments.finished(root, (TRAIN_RUN,))
-    have = [0] * len(plan_.sections) if fresh else [len(runs) for runs in measured(plan_, existing)]
-    unshown = [i for i, why in enumerate(plan_.cannot_show) if why]
-    todo = schedule(plan_.profile.repeats, [plan_.profile.repeats if i in unshown else h for i, h in enumerate(have)])
-    reused = sum(min(h, plan_.profile.repeats) for i, h in enumerate(have) if i not in unshown)
-    logger.info(f"ladder: {len(ladder.rungs)} rungs × {plan_.profile.repeats} repeats on {device} "
-                f"(model {plan_.sections[0]['model']['size']}, {plan_.profile.steps} steps per run): "
+    have = [0] * len(resolved.sections) if fresh else [len(runs) for runs in measured(resolved, existing)]
+    unshown = [i for i, why in enumerate(resolved.cannot_show) if why]
+    todo = schedule(resolved.profile.repeats, [resolved.profile.repeats if i in unshown else h for i, h in enumerate(have)])
+    reused = sum(min(h, resolved.profile.repeats) for i, h in enumerate(have) if i not in unshown)
+    logger.info(f"ladder: {len(ladder.rungs)} rungs × {resolved.profile.repeats} repeats on {device} "
+                f"(model {resolved.sections[0]['model']['size']}, {resolved.profile.steps} steps per run): "
                 f"{len(todo)} to run, {reused} reused"
-                + "".join(f"; rung {i} {ladder.rungs[i].name!r} cannot show on {device}: {plan_.cannot_show[i]}"
+                + "".join(f"; rung {i} {ladder.rungs[i].name!r} cannot show on {device}: {resolved.cannot_show[i]}"
                           for i in unshown))
     if todo:
-        _measure(root, ladder, plan_, todo, {e.name for e in existing}, Path(out))
+        _measure(root, ladder, resolved, todo, {e.name for e in existing}, Path(out))
         existing = experiments.finished(root, (TRAIN_RUN,))
-    runs = [[] if plan_.cannot_show[i] else r[:plan_.profile.repeats] for i, r in enumerate(measured(plan_, existing))]
-    rows = analyse(ladder, plan_, runs)
-    write_report(Path(out), rows, plan_, runs)
-    if plan_.sections[0]["train"]["mlflow"]:
-        log_to_mlflow(rows, plan_, runs, Path(out))
-    failed = [row.rung for row in rows if row.runs < plan_.profile.repeats and not plan_.cannot_show[row.index]]
+    runs = [[] if resolved.cannot_show[i] else r[:resolved.profile.repeats] for i, r in enumerate(measured(resolved, existing))]
+    rows = analyse(ladder, resolved, runs)
+    write_report(Path(out), rows, resolved, runs)
+    if resolved.sections[0]["train"]["mlflow"]:
+        log_to_mlflow(rows, resolved, runs, Path(out))
+    failed = [row.rung for row in rows if row.runs < resolved.profile.repeats and not resolved.cannot_show[row.index]]
     if failed:
         raise UserError(f"ladder: rung(s) {', '.join(failed)} did not finish every run; see {out}/dvc.log; "
                         "the report marks them")
@@ -101,7 +101,7 @@ def resolve_device(device: str) -> str:
     return pick_device(device, "--device").type
 
 
-def _measure(root: Path, ladder: Ladder, plan_: Plan, todo: list[tuple[int, int]], taken: set[str],
+def _measure(root: Path, ladder: Ladder, resolved: Resolved, todo: list[tuple[int, int]], taken: set[str],
              out: Path) -> None:
     """Run ``todo`` one experiment at a time, in its order (the repeats' alternation is the point)."""
     log_path = out / "dvc.log"
@@ -115,10 +115,10 @@ def _measure(root: Path, ladder: Ladder, plan_: Plan, todo: list[tuple[int, int]
         taken.add(name)
         eta = f", ETA {clock(statistics.median(durations) * (len(todo) - done))}" if durations else ""
         logger.info(f"ladder: [{done + 1}/{len(todo)}] rung {i} {ladder.rungs[i].name!r}, repeat {r + 1}/"
-                    f"{plan_.profile.repeats} ({name}){eta}")
+                    f"{resolved.profile.repeats} ({name}){eta}")
         started = time.perf_counter()
         try:
-            code = experiments.run_now(root, name, plan_.sets[i], "train", log_path)
+            code = experiments.run_now(root, name, resolved.sets[i], "train", log_path)
         except KeyboardInterrupt as interrupt:
             error = UserError("ladder interrupted: the running experiment was stopped; finished runs are kept "
                               "(dvc exp show) and reused by the next `gpt2 ladder`")

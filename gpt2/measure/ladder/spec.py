@@ -1,14 +1,16 @@
-"""The ladder file (``ladder.yaml``) and the plan it makes: each rung's full params on this device."""
+"""The ladder file (``ladder.yaml``), resolved on a device: each rung's full params there."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpt2.core.config import MOVED, ModelParams, ParamError, TrainConfig, build, read_yaml, to_dict
+from gpt2.core.schema import param
 from gpt2.core.errors import UserError
 
 TRAIN_METRICS = "reports/train/metrics.json"
@@ -24,6 +26,16 @@ class Rung:
     @property
     def slug(self) -> str:
         return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+
+
+@dataclass(frozen=True)
+class Runs:
+    """How long and how often a profile's runs go: checked by the engine that checks params.yaml."""
+
+    steps: int = param(20, "training steps per run (the cap, with a target)", ge=1, le=10**9)
+    repeats: int = param(2, "runs per rung, in alternating order", ge=1, le=1000)
+    target_batch_tokens: int = param(0, "the batch the grad accumulation rung accumulates to", ge=0)
+    target: float | None = param(None, "a val loss every run trains to; the table gains time to target", gt=0)
 
 
 @dataclass(frozen=True)
@@ -45,7 +57,7 @@ class Ladder:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Resolved:
     """The rungs' full params for this device and the overrides that make each experiment."""
 
     device: str  # cpu | cuda | mps
@@ -75,19 +87,15 @@ def load_ladder(path: str | Path) -> Ladder:
         raise UserError(f"{where}: two rungs have the same name: {', '.join(slugs)}")
     profiles = {}
     for device, raw in (data.get("profiles") or {}).items():
-        _keys(raw, {"model", "train", "steps", "repeats", "target_batch_tokens", "target"}, f"{where}: profiles.{device}")
-        profile = Profile(model=raw.get("model") or {}, train=raw.get("train") or {}, steps=raw.get("steps", 20),
-                          repeats=raw.get("repeats", 2), target_batch_tokens=raw.get("target_batch_tokens", 0),
-                          target=raw.get("target"))
-        if profile.target is not None and (isinstance(profile.target, bool) or not isinstance(profile.target, int | float)
-                                           or profile.target <= 0):
-            raise UserError(f"{where}: profiles.{device}.target = {profile.target!r}; expected a val loss > 0 or null")
-        for name in ("steps", "repeats", "target_batch_tokens"):
-            value = getattr(profile, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "target_batch_tokens"
-                                                                                else 1):
-                raise UserError(f"{where}: profiles.{device}.{name} = {value!r}; expected a positive integer")
-        profiles[str(device)] = profile
+        at = f"profiles.{device}"
+        if not isinstance(raw, dict):
+            raise UserError(f"{where}: {at} must be a mapping, got {raw!r}")
+        try:
+            runs = build(Runs, {k: v for k, v in raw.items() if k not in ("model", "train")}, at)
+        except ParamError as exc:
+            raise UserError(f"{where}: {str(exc).removeprefix('params: ')}") from None
+        profiles[str(device)] = Profile(model=raw.get("model") or {}, train=raw.get("train") or {},
+                                        **dataclasses.asdict(runs))
     if "cpu" not in profiles:
         raise UserError(f"{where}: needs at least a `profiles.cpu` entry (also used for mps)")
     return Ladder(tuple(rungs), profiles)
@@ -111,7 +119,9 @@ def _changes(data: Any, where: str) -> dict[str, Any]:
     for key in data:
         if key not in fields:
             moved = MOVED.get(f"train.{key}")
-            raise UserError(f"{where}: {key!r} is not a params.yaml train key" + (f"; train.{key} {moved}" if moved else ""))
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f"; train.{key} {moved}" if moved else f"; did you mean {close[0]!r}?" if close else ""
+            raise UserError(f"{where}: {key!r} is not a params.yaml train key{hint}")
     return dict(data)
 
 
@@ -120,9 +130,9 @@ def flat(sections: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {**{f"model.{k}": v for k, v in sections["model"].items()}, **sections["train"]}
 
 
-def plan(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str | None = None,
-         steps: int | None = None, repeats: int | None = None, mlflow: bool | None = None,
-         target: float | None = None) -> Plan:
+def resolve(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str | None = None,
+            steps: int | None = None, repeats: int | None = None, mlflow: bool | None = None,
+            target: float | None = None) -> Resolved:
     """Each rung's complete model and train params on ``device`` (cpu, cuda or mps), validated.
 
     With a target val loss, ``steps`` is the cap, the val loss is measured 20 times over it (over
@@ -159,7 +169,7 @@ def plan(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str | N
                      **{f"train.{k}": v for k, v in train_set.items()}})
     unshown = [None] + [cannot_show(rung, flat(before), flat(after), device)
                         for rung, before, after in zip(ladder.rungs[1:], sections, sections[1:])]
-    return Plan(device=device, profile=profile, sections=sections, sets=sets, cannot_show=unshown)
+    return Resolved(device=device, profile=profile, sections=sections, sets=sets, cannot_show=unshown)
 
 
 def cannot_show(rung: Rung, before: dict[str, Any], after: dict[str, Any], device: str) -> str | None:

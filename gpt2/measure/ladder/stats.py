@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpt2.measure import experiments
-from gpt2.measure.ladder.spec import TRAIN_METRICS, TRAIN_RUN, Ladder, Plan, Rung, flat
+from gpt2.measure.ladder.spec import TRAIN_METRICS, TRAIN_RUN, Ladder, Resolved, Rung, flat
 
 # A rung's change that the trainer resolves on the device: the key of what really ran in summary.json's "runtime".
 RESOLVED = {"dtype": "dtype", "tf32": "tf32", "keep_host_memory": "keep_host_memory",
@@ -63,7 +63,7 @@ class Row:
     noise_floor: float | None = None
 
 
-def analyse(ladder: Ladder, plan_: Plan, runs: list[list[experiments.Experiment]]) -> list[Row]:
+def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Experiment]]) -> list[Row]:
     rows: list[Row] = []
     base: Row | None = None
     previous: Row | None = None
@@ -73,8 +73,8 @@ def analyse(ladder: Ladder, plan_: Plan, runs: list[list[experiments.Experiment]
                   experiments=[e.name for e in group])
         rows.append(row)
         if not metrics:
-            if plan_.cannot_show and plan_.cannot_show[i]:
-                row.effect = f"{CANNOT_SHOW}: {plan_.cannot_show[i]}"
+            if resolved.cannot_show and resolved.cannot_show[i]:
+                row.effect = f"{CANNOT_SHOW}: {resolved.cannot_show[i]}"
             continue
         step_ms = [m["perf"]["step_ms"] for m in metrics]
         tps = [m["perf"]["tokens_per_s"] for m in metrics]
@@ -90,8 +90,8 @@ def analyse(ladder: Ladder, plan_: Plan, runs: list[list[experiments.Experiment]
         row.mfu = statistics.median(mfus) if mfus else None
         row.val_loss = statistics.median(losses) if losses else None
         row.val_loss_se = statistics.median(errors) if errors else None
-        row.ran = _what_ran(rung, flat(plan_.sections[i]), row.runtime)
-        if plan_.profile.target is not None:
+        row.ran = _what_ran(rung, flat(resolved.sections[i]), row.runtime)
+        if resolved.profile.target is not None:
             _add_target_figures(row, metrics)
         row.tokens_per_s_runs = tps
         base = base or (row if i == 0 else None)
@@ -102,7 +102,7 @@ def analyse(ladder: Ladder, plan_: Plan, runs: list[list[experiments.Experiment]
         if row.time_s:
             row.time_speedup = base.time_s / row.time_s if base and base.time_s else None
             row.time_vs_previous = previous.time_s / row.time_s if previous and previous.time_s else None
-        row.effect = _effect(rung, flat(plan_.sections[i]), row.runtime, previous) if i else "baseline"
+        row.effect = _effect(rung, flat(resolved.sections[i]), row.runtime, previous) if i else "baseline"
         row.previous = previous.index if previous else None
         previous = row
     mark_noise(rows)

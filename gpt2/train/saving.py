@@ -18,12 +18,12 @@ from typing import Any
 
 from gpt2.core.config import to_dict
 from gpt2.core.errors import UserError
-from gpt2.train import distributed, sharded
 from gpt2.run import checkpoint
-from gpt2.train.metrics import Diverged
-from gpt2.train.reports import History
-from gpt2.train.setup import Setup
 from gpt2.run.tracking import Tracker
+from gpt2.train import distributed, sharded
+from gpt2.train.build import Setup
+from gpt2.train.reports import History
+from gpt2.train.step_log import Diverged
 
 
 class Checkpointer:

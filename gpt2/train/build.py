@@ -21,16 +21,16 @@ from gpt2.core.sizes import SIZES, sequence_length
 from gpt2.core.tokens import read_meta
 from gpt2.model.gpt import GPT, GPTConfig, gpt_config
 from gpt2.model.loss import chunk_rows
-from gpt2.train import distributed, sharded
-from gpt2.train.batch import Batch, Recipe, model_shape, resolve_batch
 from gpt2.run.compiled import CompileWatch
 from gpt2.run.device import Runtime, resolve, sdpa_backend
-from gpt2.train.distributed import Dist
 from gpt2.run.flops import Throughput, dtype_peak_flops, flops_per_token, yardstick_flops
+from gpt2.run.peak import cache_path, cpu_peaks
+from gpt2.train import distributed, sharded
+from gpt2.train.batch import Batch, Recipe, model_shape, resolve_batch
+from gpt2.train.distributed import Dist
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.muon import FP32Muon
 from gpt2.train.optim import build_optimizers
-from gpt2.run.peak import cache_path, cpu_peaks
 
 logger = log.get("train")
 
