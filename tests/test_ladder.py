@@ -129,7 +129,7 @@ def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
             [fake_run(p, 3, 100.0, cpu, loss=8.0)]]
     runs[3][0].metrics[ladder.TRAIN_METRICS]["val"]["loss_se"] = 0.0512
     rows = ladder.analyse(spec, p, runs)
-    assert rows[0].step_ms == 110.0 and (rows[0].step_ms_min, rows[0].step_ms_max) == (100.0, 120.0)
+    assert rows[0].step_ms == ladder.Spread(110.0, 100.0, 120.0)
     assert rows[1].effect == "no effect on this device" and "tf32=true → false" in rows[1].ran
     assert rows[2].effect == "acts" and rows[2].vs_previous == pytest.approx(2.0)
     # 4 micro-batches in 100 ms: twice the tokens/s of one in 50 ms, although the step is slower
@@ -302,7 +302,7 @@ def test_with_a_target_every_run_trains_to_it_and_the_table_gives_time_to_target
             [fake_run(p, 2, 100.0, CPU, target_s=10.0), fake_run(p, 2, 100.0, CPU, target_s=None)],
             [fake_run(p, 3, 100.0, CPU), fake_run(p, 3, 100.0, CPU)]]
     rows = ladder.analyse(spec, p, runs)
-    assert rows[0].time_s == 21.0 and rows[2].reached == 1 and rows[2].time_speedup == pytest.approx(2.1)
+    assert rows[0].time_s.median == 21.0 and rows[2].reached == 1 and rows[2].time_speedup == pytest.approx(2.1)
     text = ladder.table(rows, 200, 6.1)
     assert "time to 6.1 (s)" in text and "| 21.0 (20.0–22.0) |" in text
     assert "10.0 (10.0–10.0) reached 1/2" in text and "| not reached |" in text and "| 2.10× |" in text

@@ -36,8 +36,7 @@ def table(rows: list[Row], steps: int, target: float | None = None) -> str:
             continue
         noise = row.inside_noise
         cells = [str(row.index), row.rung, row.ran or "baseline",
-                 f"{row.step_ms:.1f} ({row.step_ms_min:.1f}–{row.step_ms_max:.1f})",
-                 f"{row.tokens_per_s:,.0f} ({row.tokens_per_s_min:,.0f}–{row.tokens_per_s_max:,.0f})",
+                 row.step_ms.shown(".1f"), row.tokens_per_s.shown(",.0f"),
                  f"{row.tokens_per_s_wall:,.0f}" if row.tokens_per_s_wall else "",
                  _ratio(row.vs_previous, noise.get("tokens_per_s")), _ratio(row.cumulative),
                  f"{row.peak_mem_gb:.2f}", f"{100 * row.mfu:.1f}%" if row.mfu is not None else "n/a",
@@ -45,7 +44,7 @@ def table(rows: list[Row], steps: int, target: float | None = None) -> str:
                  "; ".join(filter(None, ["" if row.effect in ("acts", "baseline") else row.effect,
                                          flag(row.runtime)]))]
         if target is not None:
-            reached = f"{row.time_s:.1f} ({row.time_s_min:.1f}–{row.time_s_max:.1f})" if row.time_s else ""
+            reached = row.time_s.shown(".1f") if row.time_s else ""
             if row.reached < row.runs:
                 reached += f" reached {row.reached}/{row.runs}" if row.reached else "not reached"
             cells[8:8] = [reached.strip(), _ratio(row.time_speedup, noise.get("time_s")),
@@ -151,11 +150,12 @@ def log_to_mlflow(rows: list[Row], resolved: Resolved, runs: list[list[experimen
                             "ladder.model": resolved.sections[0]["model"]["size"], "ladder.device": resolved.device})
         for row in rows:
             if row.runs:
-                tracker.log_metrics({"ladder/step_ms": row.step_ms, "ladder/tokens_per_s": row.tokens_per_s,
+                tracker.log_metrics({"ladder/step_ms": row.step_ms.median,
+                                     "ladder/tokens_per_s": row.tokens_per_s.median,
                                      "ladder/tokens_per_s_wall": row.tokens_per_s_wall,
                                      "ladder/cumulative_speedup": row.cumulative, "ladder/peak_mem_gb":
                                      row.peak_mem_gb, "ladder/mfu": row.mfu, "ladder/val_loss": row.val_loss,
-                                     "ladder/time_to_target_s": row.time_s,
+                                     "ladder/time_to_target_s": row.time_s.median if row.time_s else None,
                                      "ladder/tokens_to_target": row.tokens_to_target},
                                     step=row.index)
         for name in ("ladder.md", "ladder.png", "ladder.json"):

@@ -22,6 +22,26 @@ NO_EFFECT = "no effect on this device"
 CANNOT_SHOW = "not run: cannot show on this device"
 
 
+@dataclass(frozen=True)
+class Spread:
+    """A figure over a rung's runs: their median, and the lowest and highest of them."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values))
+
+    def shown(self, form: str) -> str:
+        """``110.0 (100.0–120.0)`` for ``form`` ``.1f``."""
+        return f"{self.median:{form}} ({self.low:{form}}–{self.high:{form}})"
+
+    def overlaps(self, other: Spread) -> bool:
+        return self.low <= other.high and other.low <= self.high
+
+
 @dataclass
 class Row:
     """One rung of the report. Figures are medians over its runs, with their min–max; None where a
@@ -35,12 +55,8 @@ class Row:
     effect: str = "failed"  # baseline | acts | no effect on this device | acts (rung above failed) | failed
     ran: str = ""  # each change as asked, and as it resolved here when that differs
     runtime: dict[str, Any] = field(default_factory=dict)  # what really ran (the trainer's summary)
-    step_ms: float | None = None
-    step_ms_min: float | None = None
-    step_ms_max: float | None = None
-    tokens_per_s: float | None = None
-    tokens_per_s_min: float | None = None
-    tokens_per_s_max: float | None = None
+    step_ms: Spread | None = None
+    tokens_per_s: Spread | None = None
     tokens_per_s_wall: float | None = None
     peak_mem_gb: float | None = None
     mfu: float | None = None
@@ -50,9 +66,7 @@ class Row:
     vs_previous: float | None = None  # tokens/s ratio
     cumulative: float | None = None  # tokens/s ratio to the baseline
     reached: int | None = None  # runs that reached the target val loss
-    time_s: float | None = None  # time to target
-    time_s_min: float | None = None
-    time_s_max: float | None = None
+    time_s: Spread | None = None  # time to target
     tokens_to_target: float | None = None
     steps_to_target: float | None = None
     time_speedup: float | None = None
@@ -83,8 +97,7 @@ def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Expe
         losses = [m["val"]["loss"] for m in metrics if m.get("val", {}).get("loss") is not None]
         errors = [m["val"]["loss_se"] for m in metrics if m.get("val", {}).get("loss_se") is not None]
         row.runtime = (group[0].files.get(TRAIN_RUN) or {}).get("runtime") or {}
-        row.step_ms, row.step_ms_min, row.step_ms_max = statistics.median(step_ms), min(step_ms), max(step_ms)
-        row.tokens_per_s, row.tokens_per_s_min, row.tokens_per_s_max = statistics.median(tps), min(tps), max(tps)
+        row.step_ms, row.tokens_per_s = Spread.of(step_ms), Spread.of(tps)
         row.tokens_per_s_wall = statistics.median(walls) if walls else None
         row.peak_mem_gb = max(m["mem"]["peak_gb"] for m in metrics)
         row.mfu = statistics.median(mfus) if mfus else None
@@ -98,10 +111,11 @@ def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Expe
         if previous:  # each run against the rung above's run of the same repeat: neighbours in time
             row.paired = [a / b for a, b in zip(tps, previous.tokens_per_s_runs)]
             row.vs_previous = statistics.median(row.paired)
-        row.cumulative = row.tokens_per_s / base.tokens_per_s if base else None
+        row.cumulative = row.tokens_per_s.median / base.tokens_per_s.median if base else None
         if row.time_s:
-            row.time_speedup = base.time_s / row.time_s if base and base.time_s else None
-            row.time_vs_previous = previous.time_s / row.time_s if previous and previous.time_s else None
+            row.time_speedup = base.time_s.median / row.time_s.median if base and base.time_s else None
+            row.time_vs_previous = (previous.time_s.median / row.time_s.median
+                                    if previous and previous.time_s else None)
         row.effect = _effect(rung, flat(resolved.sections[i]), row.runtime, previous) if i else "baseline"
         row.previous = previous.index if previous else None
         previous = row
@@ -115,7 +129,7 @@ def _add_target_figures(row: Row, metrics: list[dict[str, Any]]) -> None:
     row.reached = len(reached)
     if reached:
         times = [t["time_s"] for t in reached]
-        row.time_s, row.time_s_min, row.time_s_max = statistics.median(times), min(times), max(times)
+        row.time_s = Spread.of(times)
         row.tokens_to_target = statistics.median(t["tokens"] for t in reached)
         row.steps_to_target = statistics.median(t["steps"] for t in reached)
 
@@ -144,7 +158,7 @@ def mark_noise(rows: list[Row]) -> None:
             straddles = min(row.paired) <= 1 <= max(row.paired)
             row.inside_noise["tokens_per_s"] = straddles or abs(row.vs_previous - 1) <= floor
         if row.time_vs_previous is not None:
-            overlap = row.time_s_min <= above.time_s_max and above.time_s_min <= row.time_s_max
+            overlap = row.time_s.overlaps(above.time_s)
             row.inside_noise["time_s"] = overlap or abs(row.time_vs_previous - 1) <= floor
 
 
