@@ -16,8 +16,9 @@ backward pass, tensor by tensor, per token and layer (h = n_embd, a = n_head, T 
 * FSDP (``shards`` ranks): weights, gradients and optimizer state are split over the ranks. What
   is not split is the unsharded working copy: the embedding group (wte = lm_head, wpe, ln_f),
   gathered for the whole forward and backward, and two blocks at a time (the one computing and the
-  one prefetched), each with its full-size gradient until it is reduce-scattered. Autocast's
-  16-bit copies are cached for the whole forward: counted in full.
+  one prefetched), each with its full-size gradient until it is reduce-scattered. Under bf16 the
+  gathered weights are bf16 already (``MixedPrecisionPolicy``, gpt2/train/sharded.py): no autocast
+  copies. Without FSDP, autocast's 16-bit copies are cached for the whole forward: counted in full.
 
 ``tests/test_plan.py`` checks the activation count against the bytes autograd really saves and the
 total against a measured peak. torch.compile fuses the loss and some activations away: there the
@@ -114,10 +115,14 @@ def memory(s: Shape, batch: int, seq: int, amp: bool, flash: bool, loss_chunk: i
     if shards > 1:
         block = 12 * s.n_embd * s.n_embd + 13 * s.n_embd
         embedding = s.params - s.params_without_wpe + s.padded_vocab * s.n_embd + 2 * s.n_embd
-        unsharded = 8.0 * (embedding + 2 * block)  # fp32 weights and gradients
+        # fp32 weights and gradients; under bf16, FSDP gathers bf16 weights and makes bf16 gradients, then
+        # reduce-scatters them in fp32: 2 + 2 + 4 bytes, the same 8
+        unsharded = 8.0 * (embedding + 2 * block)
     return Memory(weights=4.0 * s.params / shards, gradients=4.0 * s.params / shards,
                   optimizer=(4.0 * muon + 8.0 * (s.params - muon)) / shards,
-                  weight_casts=2.0 * s.params if amp else 0.0, unsharded=unsharded, activations=saved, logits=logits)
+                  # FSDP's mixed precision gathers the weights in bf16 already: autocast has nothing to copy
+                  weight_casts=2.0 * s.params if amp and shards == 1 else 0.0, unsharded=unsharded,
+                  activations=saved, logits=logits)
 
 
 def largest_fitting(estimate: Callable[[int], float], budget: float) -> int:
