@@ -68,3 +68,20 @@ def test_gpt2_peak_measures_again_and_says_where_it_keeps_it(cache, runner):
     assert result.exit_code == 0, result.output
     assert "fp32:" in result.output and str(cache) in result.output
     assert json.loads(cache.read_text())[key]["fp32"] > 1.0
+
+
+def test_a_second_rank_reads_the_cache_but_never_measures_beside_the_first(cache, monkeypatch):
+    monkeypatch.setattr(peak, "measure", lambda: pytest.fail("a second rank measured"))
+    assert peak.cpu_peaks(may_measure=False) == (None, False)
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps({peak.machine_key(torch.get_num_threads()): {"fp32": 1.0e11, "bf16": None}}))
+    assert peak.cpu_peaks(may_measure=False) == ({"fp32": 1.0e11, "bf16": None}, False)
+
+
+def test_an_unwritable_cache_is_measured_around(tmp_path, monkeypatch):
+    monkeypatch.setattr(peak, "SHAPES", SMALL)
+    monkeypatch.setattr(peak, "SECONDS_PER_SHAPE", 0.01)
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv(peak.CACHE_ENV, str(tmp_path / "a-file" / "peaks.json"))  # its folder cannot be made
+    values, fresh = peak.cpu_peaks()
+    assert fresh and values["fp32"] > 0

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from gpt2.core.atomic import json_text
+from gpt2.core.atomic import atomic_file, json_text
+from gpt2.core.errors import UserError
 from gpt2.run.device import bf16_is_native
 
 # (M, K, N): a big square and two shapes of GPT-2's step (the MLP, the LM head on a 1024-row chunk)
@@ -71,13 +72,15 @@ def matmul_flops(dtype: torch.dtype, shapes: tuple[tuple[int, int, int], ...] = 
 
 def measure() -> dict[str, float | str | None]:
     """This CPU's fp32 peak, and bf16's where it is native (None elsewhere), in FLOP/s."""
-    return {"fp32": matmul_flops(torch.float32), "bf16": matmul_flops(torch.bfloat16) if bf16_is_native(torch.device("cpu")) else None,
-            "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+    bf16 = matmul_flops(torch.bfloat16) if bf16_is_native(torch.device("cpu")) else None
+    return {"fp32": matmul_flops(torch.float32), "bf16": bf16, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def cpu_peaks(remeasure: bool = False) -> tuple[dict[str, float | str | None], bool]:
+def cpu_peaks(remeasure: bool = False, may_measure: bool = True) -> tuple[dict[str, float | str | None] | None, bool]:
     """(this CPU's peaks at the current thread count, whether they were measured now): from the cache,
-    else measured and cached. A cache that cannot be read or written is measured around, not an error."""
+    else measured and cached; None when not cached and ``may_measure`` is false (a second rank of a
+    run, which would measure beside the first and halve both figures). A cache that cannot be read or
+    written is measured around, not an error."""
     path, key = cache_path(), machine_key(torch.get_num_threads())
     try:
         cached = json.loads(path.read_text())
@@ -87,12 +90,12 @@ def cpu_peaks(remeasure: bool = False) -> tuple[dict[str, float | str | None], b
         cached = {}
     if not remeasure and isinstance(cached.get(key), dict) and cached[key].get("fp32"):
         return cached[key], False
+    if not may_measure:
+        return None, False
     peaks = measure()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temp.write_text(json_text({**cached, key: peaks}))
-        os.replace(temp, path)
-    except OSError:
+        with atomic_file(path) as temp:
+            temp.write_text(json_text({**cached, key: peaks}))
+    except (OSError, UserError):  # a read-only home, a full disk: the next run measures again
         pass
     return peaks, True

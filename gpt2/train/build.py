@@ -114,7 +114,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
                            dist_info.rank, dist_info.world)
     BatchSampler(val_data, batch.micro, seq_len, cfg.seed, cfg.batching, runtime.device)  # length check
     tokens_per_step = batch.micro * seq_len * batch.accum * dist_info.world
-    peaks = mfu_peaks(runtime, cfg.peak_tflops)
+    peaks = mfu_peaks(runtime, cfg.peak_tflops, dist_info.main)
     total = cfg.max_steps or math.ceil(cfg.max_tokens / tokens_per_step)
     eval_model = model
     if cfg.compile:
@@ -144,16 +144,19 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     )
 
 
-def mfu_peaks(runtime: Runtime, peak_tflops: float | None) -> dict[str, Any]:
+def mfu_peaks(runtime: Runtime, peak_tflops: float | None, main: bool = True) -> dict[str, Any]:
     """What MFU divides by: ``train.peak_tflops`` if set, a GPU's data sheet, or a CPU's measured matmul
-    peak (gpt2/run/peak.py). The yardstick is the bf16 peak where bf16 is native, whatever the run's
-    dtype, so fp32 and bf16 runs compare on one scale; ``dtype_peak_flops`` is the run's own dtype's."""
+    peak (gpt2/run/peak.py; measured by the ``main`` rank only, the others read it if it is kept). The
+    yardstick is the bf16 peak where bf16 is native, whatever the run's dtype, so fp32 and bf16 runs
+    compare on one scale; ``dtype_peak_flops`` is the run's own dtype's."""
     if peak_tflops is not None or runtime.device.type != "cpu":
         return {"peak_flops": yardstick_flops(runtime.device_name, peak_tflops),
                 "dtype_peak_flops": dtype_peak_flops(runtime.device_name, runtime.dtype, runtime.tf32, peak_tflops),
                 "mfu_against": "train.peak_tflops" if peak_tflops is not None else "the data sheet's dense peak"}
     started = time.perf_counter()
-    peaks, fresh = cpu_peaks()
+    peaks, fresh = cpu_peaks(may_measure=main)
+    if peaks is None:
+        return {"peak_flops": None, "dtype_peak_flops": None, "mfu_against": "rank 0's measured CPU peak"}
     shown = ", ".join(f"{kind} {peaks[kind] / 1e12:.2f} TFLOP/s" for kind in ("bf16", "fp32") if peaks.get(kind))
     if fresh:
         logger.info(f"train: measured this CPU's matmul peak in {time.perf_counter() - started:.1f} s: {shown} "

@@ -122,7 +122,7 @@ def rss_bytes() -> int:
             return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-class Metrics:
+class StepLog:
     """Owns the step clock, the losses not yet read, and when to log."""
 
     def __init__(self, s: Setup, history: History, tracker: Tracker, last_checkpoint: Callable[[], str],

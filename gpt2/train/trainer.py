@@ -2,7 +2,7 @@
 
 Each concern around the step is a component that owns its schedule and state:
 
-- ``Metrics`` (train/step_log.py): step timing, sync points, the record of each log step and its sinks;
+- ``StepLog`` (train/step_log.py): step timing, sync points, the record of each log step and its sinks;
 - ``Evaluator`` (train/evaluator.py): val loss every ``eval_interval`` steps, time to a target loss;
 - ``Checkpointer`` (train/saving.py): when to save, the background writer, the last good step;
 - ``stop_on_signals`` (train/signals.py): Ctrl-C and SIGTERM end the run after a saved step.
@@ -39,7 +39,7 @@ from gpt2.train.resume import changed_settings, drop_interrupted, keep_interrupt
 from gpt2.train.saving import Checkpointer
 from gpt2.train.signals import StopVote, TrainingInterrupted, stop_on_signals, stop_with_parent
 from gpt2.train.step import backward_micro_batches, optimizer_step
-from gpt2.train.step_log import Diverged, Metrics, memory_gb, reset_memory_peak
+from gpt2.train.step_log import Diverged, StepLog, memory_gb, reset_memory_peak
 
 __all__ = ["Diverged", "TrainingInterrupted", "train", "fit"]
 
@@ -50,30 +50,30 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
         finish: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
     """Train from ``step`` to the last step (or the target loss); return the run's summary, ``finish(step)``."""
     cfg = s.params.train
-    metrics = Metrics(s, history, tracker, last_checkpoint=checkpointer.last_good, first_step=step)
+    step_log = StepLog(s, history, tracker, last_checkpoint=checkpointer.last_good, first_step=step)
     evaluator = Evaluator(s, history, tracker, elapsed_s=checkpointer.elapsed_s)
     batches = iter(s.sampler.next, None)
     s.step_model.train()
     with stop_on_signals() as signals, checkpointer:
-        vote = StopVote(signals, s.dist.world, metrics.every_step, cfg.dist_timeout_s)
+        vote = StopVote(signals, s.dist.world, step_log.every_step, cfg.dist_timeout_s)
         while step < s.total_steps:
             lr = lr_at(step, cfg, s.total_steps)
             set_lr(s.optimizers, lr / cfg.lr)
-            metrics.step_started()
+            step_log.step_started()
             loss = backward_micro_batches(s.step_model, batches, s.batch.accum, s.runtime, s.scaler)
             grad_norm, skipped = optimizer_step(s.model, s.optimizers, s.scaler, cfg.grad_clip)
             step += 1
-            metrics.step_done(loss, skipped)
+            step_log.step_done(loss, skipped)
             checkpointer.settle()  # a failed background save stops the run here
             last = step == s.total_steps
             asked = vote.after_step()  # a stop signal is acted on now, not at the next log step
-            if not (last or asked or metrics.must_sync(step) or evaluator.due(step) or checkpointer.due(step)):
+            if not (last or asked or step_log.must_sync(step) or evaluator.due(step) or checkpointer.due(step)):
                 continue  # no host sync: the GPU keeps working while the host queues the next step
-            stopping = metrics.sync(step, signals.asked)  # every rank, at the same steps
-            if metrics.due(step):
-                metrics.log(step, grad_norm)
+            stopping = step_log.sync(step, signals.asked)  # every rank, at the same steps
+            if step_log.due(step):
+                step_log.log(step, grad_norm)
             if evaluator.due(step):
-                metrics.set_aside(evaluator.evaluate(step))  # a compiled run's first eval compiles: not steady
+                step_log.set_aside(evaluator.evaluate(step))  # a compiled run's first eval compiles: not steady
             done = last or evaluator.stop
             summary = finish(step) if done else None
             if done or stopping or checkpointer.due(step):
