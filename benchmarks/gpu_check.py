@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import platform
 import statistics
 import subprocess
@@ -66,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import nanogpt_peer  # noqa: E402
-from train_switches import synthetic_tokens  # noqa: E402
+from train_switches import run_child, synthetic_tokens  # noqa: E402
 
 from gpt2.run.compiled import flag  # noqa: E402
 
@@ -110,23 +109,6 @@ def train_params(prof: dict[str, Any], train: dict[str, Any], steps: int) -> dic
         train["compile"] = False
     model = {**prof["model"], **{k: train.pop(k) for k in MODEL_KEYS if k in train}}
     return {"model": model, "train": train}
-
-
-def run_child(params: dict[str, Any], tokens: str, out: str, timeout_s: float | None
-              ) -> tuple[dict[str, Any] | None, str, str]:
-    """(the run's summary or None, why it failed, its stderr) of one training in a fresh process."""
-    spec = json.dumps({"params": params, "tokens": tokens, "out": out})
-    command = [sys.executable, str(ROOT / "benchmarks/train_switches.py"), "--child-spec", spec]
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    except subprocess.TimeoutExpired as exc:
-        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        return None, f"timed out after {timeout_s:g} s", stderr
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    if result.returncode != 0 or not lines:
-        return None, (result.stderr.strip().splitlines() or ["no output"])[-1][:300], result.stderr
-    return json.loads(lines[-1][len("RESULT "):]), "", result.stderr
 
 
 def estimate_gb(prof: dict[str, Any], train: dict[str, Any]) -> float | None:

@@ -113,19 +113,15 @@ TINY = {"model": {"size": "tiny", "n_layer": 4, "n_head": 4, "n_embd": 128}, "se
 def ours(tokens: str, out: str, micro_batch: int, steps: int, warmup: int, train: dict[str, Any]
          ) -> tuple[dict[str, Any] | None, str]:
     """(our trainer's summary or None, why it failed) for the tiny model in a fresh process, MLflow off."""
+    from train_switches import run_child
+
     params = {"model": {"size": "tiny"},
               "train": {"max_steps": steps, "micro_batch_size": micro_batch, "block_size": TINY["seq"],
                         "eval_interval": 10**9, "final_eval": False, "log_interval": 1, "checkpoint_interval": 10**9,
                         "save_checkpoint": False, "mlflow": False, "resume": "never", "timing_warmup_steps": warmup,
                         "compile": False, "dtype": "fp32", **train}}
-    spec = json.dumps({"params": params, "tokens": tokens, "out": out})
-    root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, str(root / "benchmarks/train_switches.py"), "--child-spec", spec],
-                            capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    if result.returncode != 0 or not lines:
-        return None, (result.stderr.strip().splitlines() or ["no output"])[-1][:300]
-    return json.loads(lines[-1][len("RESULT "):]), ""
+    summary, error, _ = run_child(params, tokens, out)
+    return summary, error
 
 
 def spread(values: list[float]) -> str:

@@ -83,6 +83,22 @@ def synthetic_tokens(folder: Path, n_tokens: int = 2_000_000) -> Path:
     return folder
 
 
+def run_child(params: dict, tokens: str, out: str, timeout_s: float | None = None) -> tuple[dict | None, str, str]:
+    """(the run's summary or None, why it failed, its stderr) of one training in a fresh process."""
+    spec = json.dumps({"params": params, "tokens": tokens, "out": out})
+    try:
+        result = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child-spec", spec],
+                                capture_output=True, text=True, timeout=timeout_s,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    except subprocess.TimeoutExpired as exc:
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        return None, f"timed out after {timeout_s:g} s", stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    if result.returncode != 0 or not lines:
+        return None, (result.stderr.strip().splitlines() or ["no output"])[-1][:300], result.stderr
+    return json.loads(lines[-1][len("RESULT "):]), "", result.stderr
+
+
 def child(spec: str) -> None:
     from gpt2.core.config import Params, build
     from gpt2.train.trainer import train
@@ -117,16 +133,11 @@ def main(sets: tuple[str, ...], variants: str | None, steps: int, tokens: str | 
         rows = []
         for name in names:
             extra = {} if name == "baseline" else parse_overrides(name.split(","))
-            spec = json.dumps({"params": merge(base, extra), "tokens": token_dir, "out": f"{tmp}/{len(rows)}"})
-            result = subprocess.run([sys.executable, __file__, "--child-spec", spec], capture_output=True, text=True,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
-            lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-            if result.returncode != 0 or not lines:
-                print(f"{name}: failed\n{result.stderr[-2000:]}", file=sys.stderr)
-                rows.append((name, None))
-                continue
-            metrics = json.loads(lines[-1][len("RESULT "):])
+            metrics, _, stderr = run_child(merge(base, extra), token_dir, f"{tmp}/{len(rows)}")
             rows.append((name, metrics))
+            if metrics is None:
+                print(f"{name}: failed\n{stderr[-2000:]}", file=sys.stderr)
+                continue
             print(f"{name}: {metrics['perf']['step_ms']:.1f} ms/step, {metrics['perf']['tokens_per_s']:.0f} tok/s",
                   file=sys.stderr)
     device = torch.cuda.get_device_name() if gpu else f"{platform.processor() or platform.machine()} CPU"
