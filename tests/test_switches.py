@@ -317,3 +317,12 @@ def test_sdpa_backend_switch_picks_the_kernel_or_says_why_it_cannot(tmp_path, to
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="train.sdpa_backend efficient cannot run on .*set train.sdpa_backend: auto"):
             train(micro_params(sdpa_backend="efficient", max_steps=2), tokens, tmp_path / "b" / "c.pt", tmp_path / "b")
+
+
+def test_bf16_on_a_cpu_is_warned_about_only_where_it_is_emulated(monkeypatch):
+    from gpt2.run import device
+
+    for native in (True, False):
+        monkeypatch.setattr(device, "bf16_is_native", lambda where, native=native: native)
+        warned = any("emulated" in w for w in device.runtime_for("cpu", "bf16").warnings)
+        assert warned is not native

@@ -173,8 +173,9 @@ class TrainConfig:
     target_val_loss: float | None = param(None, "time to target: the first eval at or below it records time, "
                                                 "tokens and steps", gt=0)
     stop_at_target: bool = param(True, "... and ends the run there")
-    peak_tflops: float | None = param(None, "this device's dense bf16 peak for MFU; null = a GPU's data sheet, a CPU's measured matmul peak (gpt2 peak)",
-                                      gt=0)
+    peak_tflops: float | None = param(
+        None, "this device's dense bf16 peak for MFU; null = a GPU's data sheet, a CPU's measured matmul peak "
+              "(gpt2 peak)", gt=0)
     resume: Literal["auto", "never"] = param(
         "auto", "auto (continue an unfinished run of this model and data) | never")
     # many processes

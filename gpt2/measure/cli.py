@@ -1,4 +1,4 @@
-"""`gpt2 ladder`, `gpt2 plan` and `gpt2 peak`: measuring what optimizations buy, what a run will cost, and the CPU's peak."""
+"""`gpt2 ladder`, `gpt2 plan` and `gpt2 peak`: what optimizations buy, what a run will cost, a CPU's peak."""
 
 from __future__ import annotations
 

@@ -154,8 +154,9 @@ def _dtype(asked: str, device: torch.device, warnings: list[str], section: str) 
         if device.type == "cuda":
             return "bf16" if bf16_is_native(device) else "fp16"
         return "fp32"
-    if device.type == "cpu" and asked == "bf16":
-        warnings.append(f"{section}.dtype bf16 on CPU: correct but usually far slower than fp32 without AMX")
+    if device.type == "cpu" and asked == "bf16" and not bf16_is_native(device):
+        warnings.append(f"{section}.dtype bf16 on a CPU without AVX512-BF16 or AMX: emulated, many times slower "
+                        "than fp32")
     if device.type == "cpu" and asked == "fp16":
         warnings.append(f"{section}.dtype fp16 on CPU: emulated and slow; it exists for testing the GradScaler path")
     if device.type == "cuda" and asked == "bf16" and not bf16_is_native(device):
