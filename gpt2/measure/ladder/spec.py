@@ -39,15 +39,11 @@ class Runs:
 
 
 @dataclass(frozen=True)
-class Profile:
-    """What the ladder trains on one kind of device."""
+class Profile(Runs):
+    """What the ladder trains on one kind of device: its runs, and the model and train keys it sets."""
 
-    model: dict[str, Any]
-    train: dict[str, Any]
-    steps: int
-    repeats: int
-    target_batch_tokens: int
-    target: float | None = None  # val loss: every run trains to it (or to `steps`), the table gains time to target
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)
+    train: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
