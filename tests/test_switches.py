@@ -326,3 +326,9 @@ def test_bf16_on_a_cpu_is_warned_about_only_where_it_is_emulated(monkeypatch):
         monkeypatch.setattr(device, "bf16_is_native", lambda where, native=native: native)
         warned = any("emulated" in w for w in device.runtime_for("cpu", "bf16").warnings)
         assert warned is not native
+
+
+def test_loss_chunk_auto_runs_cache_sized_chunks_on_a_cpu_and_says_so(tokens):
+    auto = setup(tokens)  # params default: auto
+    assert auto.model.loss_chunk == 128 and trainer.what_runs(auto)["loss_chunk"] == 128
+    assert setup(tokens, loss_chunk=0).model.loss_chunk == 0 and setup(tokens, loss_chunk=40).model.loss_chunk == 40
