@@ -82,6 +82,7 @@ class LinearCrossEntropy(torch.autograd.Function):
                 grad_weight.addmm_(g.t(), rows)  # the sum inside the matmul: no second pass over the V x C buffer
             else:
                 grad_weight += g.t() @ rows
+            del g  # in fp32, g is the chunk's logits buffer: free it before the next chunk's matmul allocates one
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.meta = (hidden.dtype, weight.dtype, n)
         return total / n
