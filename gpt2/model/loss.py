@@ -65,9 +65,10 @@ class LinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), device=hidden.device, dtype=acc)
         grad_hidden = torch.empty(x.shape, device=hidden.device, dtype=acc)
         grad_weight = None
+        buffer = logits_buffer(x, w, chunk, compute, acc)
         for lo in range(0, n, chunk):
             rows, labels = x[lo:lo + chunk], targets[lo:lo + chunk]
-            logp = log_probs(rows, w, vocab_size, acc)
+            logp = log_probs(rows, w, vocab_size, acc, buffer)
             picked = logp.gather(1, labels[:, None]).squeeze(1)
             total -= picked.sum()
             # d(loss sum)/d(logits) = softmax - one-hot: the softmax cast once to the matmul dtype, then the
@@ -82,7 +83,7 @@ class LinearCrossEntropy(torch.autograd.Function):
                 grad_weight.addmm_(g.t(), rows)  # the sum inside the matmul: no second pass over the V x C buffer
             else:
                 grad_weight += g.t() @ rows
-            del g  # in fp32, g is the chunk's logits buffer: free it before the next chunk's matmul allocates one
+            del g  # under autocast, g is a copy: freed before the next chunk's matmul allocates its logits
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.meta = (hidden.dtype, weight.dtype, n)
         return total / n
@@ -95,9 +96,26 @@ class LinearCrossEntropy(torch.autograd.Function):
         return (grad_hidden * scale).to(hidden_dtype), (grad_weight * scale).to(weight_dtype), None, None, None
 
 
-def log_probs(rows: torch.Tensor, weight: torch.Tensor, vocab_size: int | None, acc: torch.dtype) -> torch.Tensor:
-    """Log-softmax of ``rows @ weight.T`` in ``acc``, with the padded columns (from ``vocab_size`` on) at -inf."""
-    logits = (rows @ weight.t()).to(acc)
+def logits_buffer(x: torch.Tensor, weight: torch.Tensor, chunk: int, compute: torch.dtype,
+                  acc: torch.dtype) -> torch.Tensor | None:
+    """One buffer that every chunk's logits are written into, where the matmul computes in ``acc``.
+
+    A new buffer per chunk lands at another address each time. On a CPU that costs the cache the
+    chunk was sized for: the step ran 3% slower (docs/benchmarks.md). Under autocast the matmul
+    writes 16-bit logits, which are then cast, so there is nothing to reuse (None)."""
+    if compute != acc:
+        return None
+    return torch.empty(min(chunk, x.shape[0]), weight.shape[0], device=x.device, dtype=acc)
+
+
+def log_probs(rows: torch.Tensor, weight: torch.Tensor, vocab_size: int | None, acc: torch.dtype,
+              buffer: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-softmax of ``rows @ weight.T`` in ``acc``, with the padded columns (from ``vocab_size`` on) at -inf;
+    written into ``buffer`` (``logits_buffer``) where there is one."""
+    if buffer is not None:
+        logits = torch.mm(rows, weight.t(), out=buffer[:len(rows)])
+    else:
+        logits = (rows @ weight.t()).to(acc)
     if vocab_size is not None and vocab_size < logits.shape[1]:
         logits[:, vocab_size:] = float("-inf")  # padding takes no probability mass
     return torch.log_softmax(logits, dim=-1, out=logits)  # in place: one chunk-sized buffer, not two
@@ -116,7 +134,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
         if per_row:
             raise ValueError("per_row losses are for evaluation: call under torch.no_grad()")
         return LinearCrossEntropy.apply(hidden, weight, targets, vocab_size, chunk)
-    acc = torch.promote_types(hidden.dtype, torch.float32)
-    losses = torch.cat([-log_probs(hidden[lo:lo + chunk], weight, vocab_size, acc)
+    compute = autocast_dtype(hidden.device.type) or hidden.dtype
+    acc = torch.promote_types(compute, torch.float32)
+    buffer = logits_buffer(hidden, weight, chunk, compute, acc)
+    losses = torch.cat([-log_probs(hidden[lo:lo + chunk], weight, vocab_size, acc, buffer)
                         .gather(1, targets[lo:lo + chunk, None]).squeeze(1) for lo in range(0, hidden.shape[0], chunk)])
     return losses if per_row else losses.mean()
