@@ -4,7 +4,7 @@ GPT-2 124M at micro-batch 64 × 1024 has 65,536 positions × 50,304 vocabulary e
 path (``lm_head`` then ``F.cross_entropy``) keeps those logits, their fp32 copy and their gradient
 alive through backward, about 16 bytes × V per token (52 GB). Training needs only the loss and the
 gradients, so here each chunk of rows gets its logits, its softmax, and at once its share of the
-gradients for the hidden states and the head's weight; the chunk's logits are then freed. Peak
+gradients for the hidden states and the head's weight; the next chunk's logits then overwrite them. Peak
 memory for the head drops to one chunk's logits plus the N × C gradient of the hidden states; the
 work is the same three matmuls (forward, and the two of backward, done in forward).
 
