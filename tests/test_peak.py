@@ -70,6 +70,26 @@ def test_gpt2_peak_measures_again_and_says_where_it_keeps_it(cache, runner):
     assert json.loads(cache.read_text())[key]["fp32"] > 1.0
 
 
+def test_a_measurement_only_raises_the_kept_peak_unless_fresh(cache, runner, monkeypatch):
+    """One taken beside other work reads low: it must not lower the peak every MFU divides by."""
+    from gpt2.cli import main
+
+    cache.parent.mkdir(parents=True)
+    key = peak.machine_key(torch.get_num_threads())
+    cache.write_text(json.dumps({key: {"fp32": 1.0e18, "bf16": None}}))
+    result = runner.invoke(main, ["peak"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(cache.read_text())[key]["fp32"] == 1.0e18 and "an earlier measurement was higher" in result.output
+    monkeypatch.setattr(peak, "measure", lambda: pytest.fail("measured although cached"))
+    assert peak.cpu_peaks()[0]["fp32"] == 1.0e18
+    monkeypatch.undo()
+    monkeypatch.setenv(peak.CACHE_ENV, str(cache))
+    monkeypatch.setattr(peak, "SHAPES", SMALL)
+    monkeypatch.setattr(peak, "SECONDS_PER_SHAPE", 0.01)
+    assert runner.invoke(main, ["peak", "--fresh"]).exit_code == 0  # the machine changed: forget the kept figure
+    assert 0 < json.loads(cache.read_text())[key]["fp32"] < 1.0e18
+
+
 def test_a_second_rank_reads_the_cache_but_never_measures_beside_the_first(cache, monkeypatch):
     monkeypatch.setattr(peak, "measure", lambda: pytest.fail("a second rank measured"))
     assert peak.cpu_peaks(may_measure=False) == (None, False)

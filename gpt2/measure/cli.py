@@ -111,21 +111,26 @@ def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int, se
 @click.command()
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
               help="intra-op threads, as train.threads (0: PyTorch's default)")
+@click.option("--fresh", is_flag=True, help="forget the kept figures (the machine changed) instead of keeping the higher")
 @user_errors
-def peak(threads: int) -> None:
+def peak(threads: int, fresh: bool) -> None:
     """Measure this CPU's matmul peak (fp32, and bf16 where native) and keep it: MFU on a CPU divides by it.
 
-    Training measures it once by itself; run this again when that first measurement ran beside other work."""
+    Training measures it once by itself; run this again when that first measurement ran beside other work.
+    A measurement only raises the kept figure (one taken beside other work reads low)."""
     import torch
 
-    from gpt2.run.peak import cache_path, cpu_peaks, machine_key
+    from gpt2.run.peak import cache_path, keep, machine_key, measure
 
     if threads:
         torch.set_num_threads(threads)
-    peaks, _ = cpu_peaks(remeasure=True)
+    measured = measure()
+    kept = keep(measured, fresh)
     click.echo(f"{machine_key(torch.get_num_threads())}")
     for kind in ("fp32", "bf16"):
-        value = peaks.get(kind)
+        value, now = kept.get(kind), measured.get(kind)
         shown = f"{value / 1e12:.3f} TFLOP/s" if value else "not native here (emulated: not measured)"
+        if value and now and value > now:
+            shown += f" (kept: an earlier measurement was higher; this one {now / 1e12:.3f})"
         click.echo(f"  {kind}: {shown}")
     click.echo(f"kept in {cache_path()}")

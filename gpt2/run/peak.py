@@ -6,7 +6,9 @@ the best sustained throughput of a few large matmuls in fp32, and in bf16 where 
 in hardware (AVX512-BF16 or AMX), with the thread count the run uses. It is measured once per CPU
 model, core count, thread count and torch version, and kept in a small JSON file
 (``~/.cache/gpt2-pipeline/matmul_peaks.json``, or ``$GPT2_PEAK_CACHE``). ``gpt2 peak`` measures it
-again, for instance after the first measurement ran beside other work.
+again, for instance after the first measurement ran beside other work. A later measurement only
+raises the kept figure: one taken beside other work reads low, and a lower peak would inflate
+every MFU divided by it. ``gpt2 peak --fresh`` forgets the kept figure (the machine changed).
 """
 
 from __future__ import annotations
@@ -76,26 +78,41 @@ def measure() -> dict[str, float | str | None]:
     return {"fp32": matmul_flops(torch.float32), "bf16": bf16, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def cpu_peaks(remeasure: bool = False, may_measure: bool = True) -> tuple[dict[str, float | str | None] | None, bool]:
-    """(this CPU's peaks at the current thread count, whether they were measured now): from the cache,
-    else measured and cached; None when not cached and ``may_measure`` is false (a second rank of a
-    run, which would measure beside the first and halve both figures). A cache that cannot be read or
-    written is measured around, not an error."""
-    path, key = cache_path(), machine_key(torch.get_num_threads())
+def read_cache() -> dict:
+    """The kept peaks by machine; an unreadable or foreign file reads as empty."""
     try:
-        cached = json.loads(path.read_text())
+        cached = json.loads(cache_path().read_text())
     except (OSError, ValueError):
-        cached = {}
-    if not isinstance(cached, dict):
-        cached = {}
-    if not remeasure and isinstance(cached.get(key), dict) and cached[key].get("fp32"):
-        return cached[key], False
-    if not may_measure:
-        return None, False
-    peaks = measure()
+        return {}
+    return cached if isinstance(cached, dict) else {}
+
+
+def keep(measured: dict[str, float | str | None], fresh: bool = False) -> dict[str, float | str | None]:
+    """Keep ``measured`` for this machine, each dtype's figure raised to the kept one where that is higher
+    (unless ``fresh``), and return what is kept. A cache that cannot be written is left as it is."""
+    cached, key = read_cache(), machine_key(torch.get_num_threads())
+    kept = dict(measured)
+    before = cached.get(key) if isinstance(cached.get(key), dict) and not fresh else {}
+    for kind in ("fp32", "bf16"):
+        earlier = before.get(kind)
+        if isinstance(earlier, (int, float)) and earlier > (kept.get(kind) or 0):
+            kept[kind] = earlier
     try:
-        with atomic_file(path) as temp:
-            temp.write_text(json_text({**cached, key: peaks}))
+        with atomic_file(cache_path()) as temp:
+            temp.write_text(json_text({**cached, key: kept}))
     except (OSError, UserError):  # a read-only home, a full disk: the next run measures again
         pass
-    return peaks, True
+    return kept
+
+
+def cpu_peaks(may_measure: bool = True) -> tuple[dict[str, float | str | None] | None, bool]:
+    """(this CPU's peaks at the current thread count, whether they were measured now): from the cache,
+    else measured and kept; None when not cached and ``may_measure`` is false (a second rank of a
+    run, which would measure beside the first and halve both figures). A cache that cannot be read or
+    written is measured around, not an error."""
+    cached = read_cache().get(machine_key(torch.get_num_threads()))
+    if isinstance(cached, dict) and cached.get("fp32"):
+        return cached, False
+    if not may_measure:
+        return None, False
+    return keep(measure()), True
