@@ -35,11 +35,13 @@ CPU_CHUNK_BYTES = 32 * 2**20  # fp32 logits of one chunk: small enough for a ser
 AUTOCAST_DEVICES = ("cuda", "cpu", "mps", "xpu")  # torch.is_autocast_enabled raises for others (meta)
 
 
-def autocast_dtype(device_type: str) -> torch.dtype | None:
-    """The dtype autocast computes in on this device type, or None where it is off."""
-    if device_type not in AUTOCAST_DEVICES or not torch.is_autocast_enabled(device_type):
-        return None
-    return torch.get_autocast_dtype(device_type)
+def precision(hidden: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """(the dtype the matmuls compute in, the softmax's and the sums'): autocast's where it is on, else the
+    input's; and that one promoted to fp32 at least."""
+    device_type = hidden.device.type
+    on = device_type in AUTOCAST_DEVICES and torch.is_autocast_enabled(device_type)
+    compute = torch.get_autocast_dtype(device_type) if on else hidden.dtype
+    return compute, torch.promote_types(compute, torch.float32)
 
 
 def chunk_rows(setting: int | str, device_type: str, vocab_size: int) -> int:
@@ -58,8 +60,7 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                 vocab_size: int | None, chunk: int) -> torch.Tensor:
-        compute = autocast_dtype(hidden.device.type) or hidden.dtype
-        acc = torch.promote_types(compute, torch.float32)  # softmax and sums: fp32 at least
+        compute, acc = precision(hidden)
         x, w = hidden.to(compute), weight.to(compute)
         n = x.shape[0]
         total = torch.zeros((), device=hidden.device, dtype=acc)
@@ -134,8 +135,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
         if per_row:
             raise ValueError("per_row losses are for evaluation: call under torch.no_grad()")
         return LinearCrossEntropy.apply(hidden, weight, targets, vocab_size, chunk)
-    compute = autocast_dtype(hidden.device.type) or hidden.dtype
-    acc = torch.promote_types(compute, torch.float32)
+    compute, acc = precision(hidden)
     buffer = logits_buffer(hidden, weight, chunk, compute, acc)
     losses = torch.cat([-log_probs(hidden[lo:lo + chunk], weight, vocab_size, acc, buffer)
                         .gather(1, targets[lo:lo + chunk, None]).squeeze(1) for lo in range(0, hidden.shape[0], chunk)])
