@@ -38,8 +38,9 @@ def test_each_rung_is_the_one_above_plus_its_change():
     trains = [s["train"] for s in p.sections]
     assert trains[0]["dtype"] == "fp32" and trains[0]["data_loading"] == "memmap" and not trains[0]["compile"]
     flat = [ladder.flat(s) for s in p.sections]  # train keys bare, model keys as model.<key>, as rungs name them
-    for rung, above, this in zip(spec.rungs[1:], flat, flat[1:]):
-        changed = {k for k in this if this[k] != above[k]}
+    for i, rung in enumerate(spec.rungs[1:], 1):  # "above": the nearest rung above that runs on this device
+        above = flat[max(j for j in range(i) if not p.cannot_show[j])]
+        changed = {k for k in flat[i] if flat[i][k] != above[k]}
         assert changed == set(rung.changes), rung.name
     assert flat[7]["model.attention"] == "flash" and flat[6]["model.attention"] == "manual"
     assert p.sets[7]["model.attention"] == "flash"  # what `dvc exp run -S` is given
@@ -48,6 +49,28 @@ def test_each_rung_is_the_one_above_plus_its_change():
     assert all(t["max_steps"] == 12 and not t["save_checkpoint"] and t["resume"] == "never" for t in trains)
     assert {s["model"]["size"] for s in p.sections} == {"tiny"}
     assert p.sets[6]["train.compile"] is True and p.sets[6]["model.size"] == "tiny"
+
+
+def test_the_default_ladder_builds_every_rung_that_runs_on_a_cpu(tmp_path):
+    """A rung this device cannot show (cuDNN attention) is not run, and its setting must not reach the rungs
+    below it: each of them is built as the trainer builds it, with the kernel checks that refused it."""
+    from gpt2.core.config import Params, build
+    from gpt2.train.build import build as build_run
+    from gpt2.train.build import what_runs
+    from conftest import make_tokens
+
+    spec = ladder.load_ladder(ROOT / "ladder.yaml")
+    p = ladder.resolve(spec, PARAMS, "cpu")
+    tokens = make_tokens(tmp_path / "tokens")
+    ran = []
+    for rung, section, why in zip(spec.rungs, p.sections, p.cannot_show):
+        if why:
+            continue
+        params = build(Params, {**section, "train": {**section["train"], "mlflow": False}}, "")
+        what_runs(build_run(params, tokens))  # with the SDPA kernel check that refused cudnn on a CPU
+        assert section["train"]["sdpa_backend"] == "auto" and section["train"]["residual_stream"] == "fp32", rung.name
+        ran.append(rung.name)
+    assert ran[-3:] == ["max-autotune", "grad accumulation", "muon"]
 
 
 def test_profile_follows_the_device_and_the_overrides():

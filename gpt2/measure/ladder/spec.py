@@ -147,9 +147,9 @@ def resolve(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str 
         fixed["eval_windows"] = (raw_params.get("train") or {}).get("eval_windows", TrainConfig.eval_windows)
     if mlflow is not None:
         fixed["mlflow"] = mlflow
-    sections, sets, changes = [], [], {}
+    sections, sets, unshown, carried = [], [], [], {}
     for rung in ladder.rungs:
-        changes = {**changes, **rung.changes}
+        changes = {**carried, **rung.changes}
         train_set = {**fixed, **{k: v for k, v in changes.items() if not k.startswith("model.")}}
         rung_model = {**model_set, **{k.removeprefix("model."): v for k, v in changes.items() if k.startswith("model.")}}
         if train_set.get("grad_accum_steps") == "target":
@@ -160,11 +160,16 @@ def resolve(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str 
             train_cfg = build(TrainConfig, {**(raw_params.get("train") or {}), **train_set}, "train")
         except ParamError as exc:
             raise UserError(f"{where}: {str(exc).removeprefix('params: ')}") from None
-        sections.append({"model": to_dict(model_cfg), "train": to_dict(train_cfg)})
+        section = {"model": to_dict(model_cfg), "train": to_dict(train_cfg)}
+        # the rung above that runs here: a rung this device cannot show is not run, so its change
+        # (a CUDA-only kernel, say) must not reach the rungs below it either
+        above = next((s for s, why in zip(reversed(sections), reversed(unshown)) if not why), None)
+        unshown.append(cannot_show(rung, flat(above), flat(section), device) if above else None)
+        if not unshown[-1]:
+            carried = changes
+        sections.append(section)
         sets.append({**{f"model.{k}": v for k, v in rung_model.items()},
                      **{f"train.{k}": v for k, v in train_set.items()}})
-    unshown = [None] + [cannot_show(rung, flat(before), flat(after), device)
-                        for rung, before, after in zip(ladder.rungs[1:], sections, sections[1:])]
     return Resolved(device=device, profile=profile, sections=sections, sets=sets, cannot_show=unshown)
 
 
