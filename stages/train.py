@@ -1,6 +1,7 @@
-"""DVC stage `train` (see dvc.yaml): `gpt2 train` with the default paths."""
+"""DVC stage `train` (see dvc.yaml): `gpt2 train` with the default paths. The evaluate stage's outputs
+(persistent, so DVC leaves them) are withdrawn once they describe a replaced checkpoint."""
 
 from gpt2.train.cli import train
 
 if __name__ == "__main__":
-    train([], prog_name="stages.train")
+    train(["--evaluation", "reports/eval"], prog_name="stages.train")

@@ -46,6 +46,7 @@ def test_repro_produces_every_output(project):
     evaluation = json.loads((project / "reports/eval/summary.json").read_text())
     assert evaluation["val"]["tokens"] == meta["splits"]["val"]["tokens"] - 1
     assert evaluation["baseline"]["unigram_loss"] > 0
+    assert evaluation["checkpoint_run_uid"] == train["run_uid"]  # which run's checkpoint it scored
     assert (project / "reports/eval/samples.md").read_text().startswith("# Samples")
 
 
@@ -165,6 +166,21 @@ def test_dvc_exp_run_compares_a_switch(project):
     for column in ("val.loss", "eval.val_loss", "perf.step_ms", "perf.tokens_per_s", "model.attention", "train.lr"):
         assert column in header, shown
     assert "params.yaml" not in header and "train.loss" not in header and "…" not in shown
+
+
+def test_an_experiment_of_the_train_stage_alone_shows_no_evaluation_of_another_run(project):
+    """The evaluate stage's outputs are persistent: without the train stage withdrawing them, the baseline's
+    evaluation would be committed with (and shown as) every train-only experiment's."""
+    commit_all(project)
+    done = dvc(project, "exp", "run", "-n", "train-only", "-S", "train.lr=3.0e-2", "train")
+    assert "withdrew the evaluation in reports/eval" in done.stderr + done.stdout
+    row = {r["Experiment"]: r for r in exp_rows(project)}["train-only"]
+    assert float(row["val.loss"]) > 0 and row["eval.val_loss"] == "", row  # `-` in the table
+    assert json.loads((project / "reports/eval/metrics.json").read_text())["eval"]["val_loss"] is None
+    assert not (project / "reports/eval/samples.md").exists()
+    dvc(project, "repro")  # evaluate scores the new checkpoint: its figures are back, and they are its own
+    evaluation = json.loads((project / "reports/eval/summary.json").read_text())
+    assert evaluation["checkpoint_run_uid"] == json.loads((project / "reports/train/summary.json").read_text())["run_uid"]
 
 
 def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path):

@@ -543,3 +543,25 @@ def test_a_malformed_meta_json_is_named_not_a_traceback(tmp_path, tokens, meta):
     (tokens / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(UserError, match=r"meta.json (holds a JSON list|lacks .*splits).*run the tokenize stage again"):
         run(tmp_path, tokens, micro_params())
+
+
+def test_an_evaluation_of_another_run_is_withdrawn_and_one_of_this_run_kept(tmp_path):
+    from gpt2.train.reports import withdraw_other_evaluation
+
+    def evaluation(scored: str | None) -> None:
+        (tmp_path / "eval").mkdir(exist_ok=True)
+        summary = {"checkpoint_step": 5, **({"checkpoint_run_uid": scored} if scored else {})}
+        (tmp_path / "eval/summary.json").write_text(json.dumps(summary))
+        (tmp_path / "eval/metrics.json").write_text(json.dumps({"eval": {"val_loss": 5.1, "hellaswag_acc": 0.3}}))
+        (tmp_path / "eval/samples.md").write_text("# Samples")
+
+    (tmp_path / "summary.json").write_text(json.dumps({"run_uid": "this"}))
+    evaluation("this")
+    assert not withdraw_other_evaluation(tmp_path / "eval", tmp_path / "summary.json")
+    assert (tmp_path / "eval/samples.md").exists()
+    for other in ("another", None):  # None: an evaluation written before runs had an identity
+        evaluation(other)
+        assert withdraw_other_evaluation(tmp_path / "eval", tmp_path / "summary.json")
+        assert json.loads((tmp_path / "eval/metrics.json").read_text()) == {"eval": {"val_loss": None,
+                                                                                     "hellaswag_acc": None}}
+        assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == ["metrics.json"]

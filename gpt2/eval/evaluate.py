@@ -263,6 +263,7 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
         "baseline": {"unigram_loss": baseline},
         "sample": {"tokens_per_s": round(tokens_per_s, 1)},
         "checkpoint_step": loaded.state["step"],
+        "checkpoint_run_uid": (loaded.state.get("history") or {}).get("run_uid"),  # the training run it scored
         **({"pretrained": cfg.pretrained} if cfg.pretrained else {}),
     }
     out = Path(out_dir)

@@ -14,19 +14,38 @@ from gpt2.core.cli import PARAMS, user_errors
 @click.option("--tokens", default="data/tokens", show_default=True, help="token files folder")
 @click.option("--checkpoint", "ckpt", default="checkpoints/ckpt.pt", show_default=True, help="checkpoint file")
 @click.option("--out", default="reports/train", show_default=True, help="report folder (metrics.json, plots/)")
+@click.option("--evaluation", default=None, metavar="DIR",
+              help="the checkpoint's evaluation (the DVC stage: reports/eval): removed once this run has replaced "
+                   "the checkpoint it scored, so no report shows another run's figures as this run's")
 @user_errors
-def train(params_path: str, tokens: str, ckpt: str, out: str) -> None:
+def train(params_path: str, tokens: str, ckpt: str, out: str, evaluation: str | None) -> None:
     """Train GPT-2 on data/tokens/ as params.yaml says; resume an interrupted run."""
     from gpt2.core.config import load_params
     from gpt2.train import distributed
 
     params = load_params(params_path)
     if distributed.must_launch(params.train):  # train.distributed: ddp on N processes: torchrun runs this again
-        sys.exit(distributed.launch(params.train, ["--params", params_path, "--tokens", tokens,
-                                                   "--checkpoint", ckpt, "--out", out]))
+        code = distributed.launch(params.train, ["--params", params_path, "--tokens", tokens,
+                                                 "--checkpoint", ckpt, "--out", out])
+        if code == 0 and evaluation:
+            _withdraw(evaluation, out)
+        sys.exit(code)
     from gpt2.train.trainer import train as run
 
     run(params, tokens, ckpt, out)
+    if evaluation:
+        _withdraw(evaluation, out)
+
+
+def _withdraw(evaluation: str, out: str) -> None:
+    from pathlib import Path
+
+    from gpt2.core import log
+    from gpt2.train.reports import withdraw_other_evaluation
+
+    if withdraw_other_evaluation(Path(evaluation), Path(out) / "summary.json"):
+        log.get("train").info(f"train: withdrew the evaluation in {evaluation} (its figures now null, its samples "
+                              "removed): it scored the checkpoint this run replaced; the evaluate stage scores this one")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ part of ``dvc plots``' contract: ``PLOT_COLUMNS`` maps each column to the measur
 from __future__ import annotations
 
 import io
+import json
 import math
 import statistics
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,8 @@ class History:
     target: dict[str, float] | None = None  # when val loss first reached train.target_val_loss
     sessions: list[int] = field(default_factory=list)  # where each session's steps begin in step_s
     eval_warmup_s: float = 0.0  # the first eval of each compiled session (it compiles), left out of steady_s
+    run_uid: str = field(default_factory=lambda: uuid.uuid4().hex)  # this run, over all its sessions: an
+    # evaluation records the run it scored, so a report never passes another run's figures for its own
 
     def warm(self, warmup_steps: int) -> list[bool]:
         """Which of ``step_s`` are warm-up steps: the first ``warmup_steps`` of every session (a resumed
@@ -126,6 +130,7 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, th
         "params": num_params,
         "fp16_skipped_steps": history.fp16_skipped,
         "wall_s": round(wall_s, 2),
+        "run_uid": history.run_uid,
     }
 
 
@@ -166,6 +171,36 @@ def write_reports(report_dir: Path, summary: dict[str, Any], history: History) -
     files["summary.json"] = json_text(summary)
     files["metrics.json"] = json_text(compared_figures(summary))
     write_files(report_dir, files)  # all of them or none
+
+
+def withdraw_other_evaluation(eval_dir: Path, summary_path: Path) -> bool:
+    """Withdraw an evaluation that scored another run's checkpoint than the one ``summary_path`` reports.
+
+    The checkpoint it scored has just been replaced, so its figures would pass for this run's: in
+    ``dvc exp show`` for an experiment that ran the train stage alone, and in a grid. Its metrics.json
+    keeps its keys with null figures (``-`` in ``dvc exp show``; a missing file reads as ``!``, an
+    error), its summary and samples go. An evaluation of this very run (a finished run whose reports
+    were rebuilt) stays. Returns whether one was withdrawn."""
+    try:
+        run_uid = json.loads(summary_path.read_text()).get("run_uid")
+    except (OSError, ValueError, AttributeError):
+        return False  # no run reported (a measurement run): nothing to compare with
+    metrics = eval_dir / "metrics.json"
+    try:
+        scored = json.loads((eval_dir / "summary.json").read_text()).get("checkpoint_run_uid")
+    except (OSError, ValueError, AttributeError):
+        scored = None  # an older or broken evaluation: it cannot show that it scored this run
+    if run_uid is not None and scored == run_uid or not metrics.is_file():
+        return False
+    try:
+        figures = json.loads(metrics.read_text())
+        withdrawn = {section: {key: None for key in values} for section, values in figures.items()}
+    except (ValueError, AttributeError):
+        withdrawn = {}
+    write_files(eval_dir, {"metrics.json": json_text(withdrawn or {"eval": {"val_loss": None}})})
+    for name in ("summary.json", "samples.md"):
+        (eval_dir / name).unlink(missing_ok=True)
+    return True
 
 
 def plot_table(columns: dict[str, tuple[str, ...]], rows: list[dict[str, Any]]) -> str:
