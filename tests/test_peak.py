@@ -105,3 +105,45 @@ def test_an_unwritable_cache_is_measured_around(tmp_path, monkeypatch):
     monkeypatch.setenv(peak.CACHE_ENV, str(tmp_path / "a-file" / "peaks.json"))  # its folder cannot be made
     values, fresh = peak.cpu_peaks()
     assert fresh and values["fp32"] > 0
+
+
+def test_a_peak_measured_under_load_says_so_and_is_measured_again_when_quiet(cache, runner, monkeypatch):
+    from gpt2.cli import main
+
+    monkeypatch.setattr(peak, "busy_share", lambda seconds=0.3: 0.9)
+    result = runner.invoke(main, ["peak"])
+    assert result.exit_code == 0 and "measured under load: 90% of the cores" in result.output, result.output
+    key = peak.machine_key(torch.get_num_threads())
+    assert json.loads(cache.read_text())[key]["under_load"] is True
+    assert peak.cpu_peaks()[1]  # still busy: measured again, still marked
+    assert json.loads(cache.read_text())[key]["under_load"] is True
+    monkeypatch.setattr(peak, "busy_share", lambda seconds=0.3: 0.0)
+    assert peak.cpu_peaks()[1]  # quiet: measured again, and no longer marked
+    assert json.loads(cache.read_text())[key]["under_load"] is False
+    monkeypatch.setattr(peak, "measure", lambda: pytest.fail("measured again"))
+    assert not peak.cpu_peaks()[1]
+
+
+@pytest.mark.parametrize("kept", [{"fp32": 1.0e6, "bf16": None}, {"fp32": 1.0e6, "bf16": 4.0e6}])
+def test_a_run_faster_than_the_kept_peak_raises_it_and_never_reads_above_100_percent(kept, tokens, tmp_path, cache,
+                                                                                    caplog):
+    """A peak measured beside other work (0.02 TFLOP/s for 0.2 idle) made runs log MFU of 90% and 112%."""
+    cache.parent.mkdir(parents=True)
+    key = peak.machine_key(torch.get_num_threads())
+    cache.write_text(json.dumps({key: kept}))
+    metrics = train(micro_params(max_steps=6, timing_warmup_steps=1, log_interval=1, mlflow=False), str(tokens),
+                    tmp_path / "c.pt", report_dir=tmp_path / "reports")
+    raised = json.loads(cache.read_text())[key]
+    assert raised["fp32"] > 1.0e6 and raised["raised_by_run"]
+    assert "above the kept CPU matmul peak" in caplog.text
+    rows = (tmp_path / "reports/plots/train.tsv").read_text().splitlines()
+    column = rows[0].split("\t").index("mfu")
+    logged = [float(r.split("\t")[column]) for r in rows[1:] if r.split("\t")[column]]
+    assert logged and max(logged) <= 1.0 and 0 < metrics["perf"]["mfu"] <= 1.0
+    assert metrics["perf"].get("mfu_dtype", metrics["perf"]["mfu"]) <= 1.0
+
+
+def test_a_peak_tflops_below_the_runs_rate_is_not_a_utilization_above_100_percent(tokens, tmp_path, caplog):
+    metrics = train(micro_params(max_steps=4, timing_warmup_steps=1, mlflow=False, peak_tflops=1.0e-9), str(tokens),
+                    tmp_path / "c.pt", report_dir=None)
+    assert 0 < metrics["perf"]["mfu"] <= 1.0 and "set train.peak_tflops to the device's" in caplog.text

@@ -116,8 +116,8 @@ def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int, se
 def peak(threads: int, fresh: bool) -> None:
     """Measure this CPU's matmul peak (fp32, and bf16 where native) and keep it: MFU on a CPU divides by it.
 
-    Training measures it once by itself; run this again when that first measurement ran beside other work.
-    A measurement only raises the kept figure (one taken beside other work reads low)."""
+    Training measures it once by itself, and again while the kept one was taken under load. A measurement
+    only raises the kept figure (one taken beside other work reads low), as does a run that goes faster."""
     import torch
 
     from gpt2.run.peak import cache_path, keep, machine_key, measure
@@ -133,4 +133,7 @@ def peak(threads: int, fresh: bool) -> None:
         if value and now and value > now:
             shown += f" (kept: an earlier measurement was higher; this one {now / 1e12:.3f})"
         click.echo(f"  {kind}: {shown}")
+    if measured.get("under_load"):
+        click.echo(f"measured under load: {100 * measured['load']:.0f}% of the cores were busy with other work, so it "
+                   "may read low; training measures it again on a quiet machine (or run `gpt2 peak` then)")
     click.echo(f"kept in {cache_path()}")

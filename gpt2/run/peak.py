@@ -6,9 +6,15 @@ the best sustained throughput of a few large matmuls in fp32, and in bf16 where 
 in hardware (AVX512-BF16 or AMX), with the thread count the run uses. It is measured once per CPU
 model, core count, thread count and torch version, and kept in a small JSON file
 (``~/.cache/gpt2-pipeline/matmul_peaks.json``, or ``$GPT2_PEAK_CACHE``). ``gpt2 peak`` measures it
-again, for instance after the first measurement ran beside other work. A later measurement only
-raises the kept figure: one taken beside other work reads low, and a lower peak would inflate
-every MFU divided by it. ``gpt2 peak --fresh`` forgets the kept figure (the machine changed).
+again. A later measurement only raises the kept figure: one taken beside other work reads low, and
+a lower peak would inflate every MFU divided by it. ``gpt2 peak --fresh`` forgets the kept figure
+(the machine changed).
+
+Three guards keep a peak read under load from standing. A measurement notes how busy the machine
+was just before it (other processes' share of the cores); one taken under load is marked so, and
+the next run measures again until a quiet measurement replaces it. And a run that reaches a higher
+FLOP rate than the kept peak raises the kept peak to that rate (the run proves the CPU can do it),
+so MFU never reads above 100%.
 """
 
 from __future__ import annotations
@@ -54,11 +60,13 @@ def machine_key(threads: int) -> str:
     return f"{cpu_name()} | {os.cpu_count()} logical cores | {threads} threads | torch {torch.__version__}"
 
 
-def matmul_flops(dtype: torch.dtype, shapes: tuple[tuple[int, int, int], ...] = SHAPES,
-                 seconds_per_shape: float = SECONDS_PER_SHAPE) -> float:
-    """The best FLOP/s over ``shapes``: each shape's median over repeats that fill ``seconds_per_shape``."""
+def matmul_flops(dtype: torch.dtype, shapes: tuple[tuple[int, int, int], ...] | None = None,
+                 seconds_per_shape: float | None = None) -> float:
+    """The best FLOP/s over ``shapes`` (SHAPES): each shape's median over repeats that fill
+    ``seconds_per_shape`` (SECONDS_PER_SHAPE)."""
     best = 0.0
-    for m, k, n in shapes:
+    seconds_per_shape = SECONDS_PER_SHAPE if seconds_per_shape is None else seconds_per_shape
+    for m, k, n in SHAPES if shapes is None else shapes:
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         out = torch.empty(m, n, dtype=dtype)
         torch.mm(a, b, out=out)  # warm-up: thread pool, packing buffers
@@ -72,10 +80,26 @@ def matmul_flops(dtype: torch.dtype, shapes: tuple[tuple[int, int, int], ...] = 
     return best
 
 
-def measure() -> dict[str, float | str | None]:
-    """This CPU's fp32 peak, and bf16's where it is native (None elsewhere), in FLOP/s."""
+LOADED = 0.25  # other processes busy on more than this share of the cores: a measurement beside them reads low
+
+
+def busy_share(seconds: float = 0.3) -> float:
+    """The share of the machine's cores other processes kept busy over ``seconds`` (this one sleeps)."""
+    try:
+        import psutil
+
+        return psutil.cpu_percent(interval=seconds) / 100
+    except ImportError:  # psutil is a dependency, but the library runs without an install on a GPU box
+        return min(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+def measure() -> dict[str, float | str | bool | None]:
+    """This CPU's fp32 peak, and bf16's where it is native (None elsewhere), in FLOP/s, with how busy the
+    machine was just before (``load``) and whether that was enough to spoil it (``under_load``)."""
+    load = busy_share()
     bf16 = matmul_flops(torch.bfloat16) if bf16_is_native(torch.device("cpu")) else None
-    return {"fp32": matmul_flops(torch.float32), "bf16": bf16, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return {"fp32": matmul_flops(torch.float32), "bf16": bf16, "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "load": round(load, 3), "under_load": load > LOADED}
 
 
 def read_cache() -> dict:
@@ -89,7 +113,8 @@ def read_cache() -> dict:
 
 def keep(measured: dict[str, float | str | None], fresh: bool = False) -> dict[str, float | str | None]:
     """Keep ``measured`` for this machine, each dtype's figure raised to the kept one where that is higher
-    (unless ``fresh``), and return what is kept. A cache that cannot be written is left as it is."""
+    (unless ``fresh``), and return what is kept. It stays marked ``under_load`` only while no quiet
+    measurement was ever kept. A cache that cannot be written is left as it is."""
     cached, key = read_cache(), machine_key(torch.get_num_threads())
     kept = dict(measured)
     before = cached.get(key) if isinstance(cached.get(key), dict) and not fresh else {}
@@ -97,21 +122,41 @@ def keep(measured: dict[str, float | str | None], fresh: bool = False) -> dict[s
         earlier = before.get(kind)
         if isinstance(earlier, (int, float)) and earlier > (kept.get(kind) or 0):
             kept[kind] = earlier
+    if before.get("fp32"):
+        kept["under_load"] = bool(measured.get("under_load")) and bool(before.get("under_load"))
+        if "raised_by_run" in before:
+            kept["raised_by_run"] = before["raised_by_run"]
+    _write(cached, key, kept)
+    return kept
+
+
+def raise_to_run(kind: str, flops: float) -> dict[str, float | str | None]:
+    """A run on this CPU reached ``flops`` in ``kind`` (fp32 or bf16), above the kept peak: keep its rate as
+    the peak, since the CPU has just done it. Returns the kept peaks."""
+    cached, key = read_cache(), machine_key(torch.get_num_threads())
+    kept = dict(cached.get(key) if isinstance(cached.get(key), dict) else {})
+    if (kept.get(kind) or 0) < flops:
+        kept[kind] = flops
+        kept["raised_by_run"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        _write(cached, key, kept)
+    return kept
+
+
+def _write(cached: dict, key: str, kept: dict[str, float | str | None]) -> None:
     try:
         with atomic_file(cache_path()) as temp:
             temp.write_text(json_text({**cached, key: kept}))
     except (OSError, UserError):  # a read-only home, a full disk: the next run measures again
         pass
-    return kept
 
 
 def cpu_peaks(may_measure: bool = True) -> tuple[dict[str, float | str | None] | None, bool]:
     """(this CPU's peaks at the current thread count, whether they were measured now): from the cache,
-    else measured and kept; None when not cached and ``may_measure`` is false (a second rank of a
-    run, which would measure beside the first and halve both figures). A cache that cannot be read or
-    written is measured around, not an error."""
+    else measured and kept; measured again while the kept one is marked ``under_load``. None when not
+    cached and ``may_measure`` is false (a second rank of a run, which would measure beside the first
+    and halve both figures). A cache that cannot be read or written is measured around, not an error."""
     cached = read_cache().get(machine_key(torch.get_num_threads()))
-    if isinstance(cached, dict) and cached.get("fp32"):
+    if isinstance(cached, dict) and cached.get("fp32") and (not cached.get("under_load") or not may_measure):
         return cached, False
     if not may_measure:
         return None, False

@@ -157,14 +157,58 @@ def mfu_peaks(runtime: Runtime, peak_tflops: float | None, main: bool = True) ->
     peaks, fresh = cpu_peaks(may_measure=main)
     if peaks is None:
         return {"peak_flops": None, "dtype_peak_flops": None, "mfu_against": "rank 0's measured CPU peak"}
-    shown = ", ".join(f"{kind} {peaks[kind] / 1e12:.2f} TFLOP/s" for kind in ("bf16", "fp32") if peaks.get(kind))
+    figures = cpu_peak_figures(peaks, runtime.dtype)
     if fresh:
-        logger.info(f"train: measured this CPU's matmul peak in {time.perf_counter() - started:.1f} s: {shown} "
-                    f"(kept in {cache_path()}; `gpt2 peak` measures it again)")
-    yardstick = peaks.get("bf16") or peaks["fp32"]
-    own = peaks.get(runtime.dtype)
+        logger.info(f"train: measured this CPU's matmul peak in {time.perf_counter() - started:.1f} s: "
+                    f"{figures['mfu_against'].removeprefix(CPU_PEAK)} (kept in {cache_path()}; `gpt2 peak` measures "
+                    "it again)")
+    if peaks.get("under_load"):
+        logger.warning(f"the CPU's matmul peak was measured under load ({100 * peaks.get('load', 0):.0f}% of the "
+                       "cores busy with other work): it may read low and MFU high; the next run on a quiet machine "
+                       "measures it again, and a run faster than it raises it")
+    return figures
+
+
+CPU_PEAK = "this CPU's measured matmul peak "
+
+
+def cpu_peak_figures(peaks: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """MFU's yardstick (bf16's peak where native, else fp32's) and the run's own dtype's where it differs."""
+    shown = ", ".join(f"{kind} {peaks[kind] / 1e12:.2f} TFLOP/s" for kind in ("bf16", "fp32") if peaks.get(kind))
+    yardstick = max(peaks.get("bf16") or 0.0, peaks["fp32"])
+    own = peaks.get(dtype)
     return {"peak_flops": yardstick, "dtype_peak_flops": own if own and own != yardstick else None,
-            "mfu_against": f"this CPU's measured matmul peak ({shown})"}
+            "mfu_against": f"{CPU_PEAK}({shown})"}
+
+
+def above_peak(s: Setup, tokens_per_s: float) -> str | None:
+    """Raise the peak MFU divides by to this rate where the run goes faster than it, and say so.
+
+    Model FLOP/s above a peak mean the peak is wrong: a CPU's measured beside other work, or a
+    ``train.peak_tflops`` set too low. A CPU's kept peak is raised for later runs too. So MFU is never
+    above 100%. Returns the warning, or None when the rate is within the peak."""
+    t = s.throughput
+    achieved = t.flops_per_token * tokens_per_s / t.world
+    own = t.dtype_peak_flops or t.peak_flops
+    if own is None or achieved <= own:
+        return None
+    if s.mfu_against.startswith(CPU_PEAK):
+        from gpt2.run.peak import raise_to_run
+
+        kind = s.runtime.dtype if s.runtime.dtype in ("fp32", "bf16") else "fp32"
+        figures = cpu_peak_figures(raise_to_run(kind, achieved), s.runtime.dtype)
+        s.throughput = dataclasses.replace(t, peak_flops=figures["peak_flops"],
+                                           dtype_peak_flops=figures["dtype_peak_flops"])
+        s.mfu_against = figures["mfu_against"]
+        return (f"this run reached {achieved / 1e12:.3f} TFLOP/s in {kind}, above the kept CPU matmul peak of "
+                f"{own / 1e12:.3f} (measured beside other work, most likely): the peak is raised to this run's rate "
+                f"for this and later runs (kept in {cache_path()}; `gpt2 peak` on a quiet machine measures it again)")
+    which = "dtype_peak_flops" if t.dtype_peak_flops else "peak_flops"
+    s.throughput = dataclasses.replace(t, **{which: achieved, **({"peak_flops": max(t.peak_flops, achieved)}
+                                                                 if which == "dtype_peak_flops" and t.peak_flops else {})})
+    return (f"this run reached {achieved / 1e12:.1f} TFLOP/s, above the peak MFU divides by ({own / 1e12:.1f}, "
+            f"{s.mfu_against}): MFU divides by this run's rate from here; set train.peak_tflops to the device's "
+            "dense bf16 peak")
 
 
 def load_pretrained(model: GPT, source: str, params: Params) -> dict[str, str]:

@@ -25,7 +25,7 @@ from gpt2.core.progress import clock
 from gpt2.run.device import Runtime
 from gpt2.run.tracking import Tracker
 from gpt2.train import distributed
-from gpt2.train.build import Setup
+from gpt2.train.build import Setup, above_peak
 from gpt2.train.reports import History
 
 logger = log.get("train")
@@ -204,6 +204,8 @@ class StepLog:
         # every plot of step time; their total is its own measure, perf/warmup_s
         dt = self.history.step_s[-1]
         tokens_per_s = s.throughput.tokens_per_s(dt)
+        if step > self.warm_until and (warning := above_peak(s, tokens_per_s)):
+            logger.warning(warning)
         utilization, own = s.throughput.mfu(tokens_per_s), s.throughput.mfu_dtype(tokens_per_s)
         if step > self.warm_until:
             record |= {"perf/step_ms": 1000 * dt, "perf/tokens_per_s": tokens_per_s,

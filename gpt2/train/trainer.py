@@ -14,6 +14,7 @@ done (train/resume.py), opens its MLflow run, and writes its reports (train/repo
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -29,7 +30,7 @@ from gpt2.run import checkpoint
 from gpt2.run.compiled import compile_caches
 from gpt2.run.tracking import MlflowTracker, Tracker, flatten, git_commit
 from gpt2.train import distributed
-from gpt2.train.build import Setup, build, inert_switch_warnings, run_name, what_runs
+from gpt2.train.build import Setup, above_peak, build, inert_switch_warnings, run_name, what_runs
 from gpt2.train.determinism import reproducible
 from gpt2.train.evaluator import Evaluator
 from gpt2.train.oom import out_of_memory_error
@@ -150,6 +151,9 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
     earlier_s, first_step = history.elapsed_s, step  # a resumed run: the time and steps of its earlier sessions
 
     def finish(last_step: int) -> dict[str, Any]:
+        if history.step_s and (warning := above_peak(s, s.throughput.tokens_per_s(
+                statistics.median(history.timed_s(cfg.timing_warmup_steps))))):
+            logger.warning(warning)  # the median step can be faster than every logged one
         summary = summarize(history, last_step, time.perf_counter() - started, first_step,
                             throughput=s.throughput, timing_warmup_steps=cfg.timing_warmup_steps,
                             target_val_loss=cfg.target_val_loss, num_params=s.model.num_params(),
