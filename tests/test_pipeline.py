@@ -163,7 +163,7 @@ def test_dvc_exp_run_compares_a_switch(project):
     lines = shown.splitlines()
     header = next(line for line in lines if "Experiment" in line)
     # what changed is shown, nothing it needs is cut off
-    for column in ("val.loss", "eval.val_loss", "perf.step_ms", "perf.tokens_per_s", "model.attention", "train.lr"):
+    for column in ("val.loss", "perf.tokens_per_s", "perf.tokens_per_s_iqr", "model.attention", "train.lr"):
         assert column in header, shown
     assert "params.yaml" not in header and "train.loss" not in header and "…" not in shown
 
@@ -189,21 +189,31 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path):
     set_params(root, train={"mlflow": True}, eval={"mlflow": True})
     dvc(root, "repro", "stats")  # the data stages once, in the shared cache: the experiments run train and evaluate
     commit_all(root)
-    done = run(root, sys.executable, "-m", "gpt2.cli", "grid", "-S", "model.attention=flash,manual", "--name", "attn")
-    assert "grid: [2/2]" in done.stderr
+    done = run(root, sys.executable, "-m", "gpt2.cli", "grid", "-S", "model.attention=flash,manual", "--name", "attn",
+               "--repeats", "2")
+    assert "grid: [4/4] model.attention=flash, run 2 (attn-1-2)" in done.stderr  # flash, manual, manual, flash
     table = (root / "reports/grid/attn.md").read_text()
-    assert "| experiment | model.attention | val loss | eval val loss | tokens/s |" in table and " ± " in table
+    assert table.splitlines()[2].startswith(("Noise: each setting's runs, paired with the baseline's",
+                                             "**Too noisy to read:** a setting's paired runs"))  # 2 cores, 2 workers
+    assert "| model.attention | runs | val loss (± s.e.) | eval val loss (± s.e.) | loss vs baseline |" in table
+    assert "| manual | 2/2 |" in table and " ± " in table
     exps = {e.name: e for e in experiments.finished(root)}
-    assert sorted(e.params["model"]["attention"] for e in exps.values()) == ["flash", "manual"]
+    assert sorted(exps) == ["attn-1-1", "attn-1-2", "attn-2-1", "attn-2-2"]
+    assert sorted(e.params["model"]["attention"] for e in exps.values()) == ["flash", "flash", "manual", "manual"]
 
     client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
     [parent] = [r for r in runs if r.data.tags.get("kind") == "grid"]
     assert parent.info.run_name == "attn" and parent.data.params["grid.model.attention"] == "flash,manual"
-    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"attn.md", "attn.json"}
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"attn.md", "attn.json", "attn.png"}
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert sorted(r.data.params["model.attention"] for r in children) == ["flash", "manual"]
+    assert parent.info.start_time <= min(r.info.start_time for r in children)  # it lasts as long as the grid
+    assert parent.data.metrics["grid/speedup"] > 0 and parent.inputs.dataset_inputs  # the last setting's, and its data
+    assert sorted(r.data.params["model.attention"] for r in children) == ["flash", "flash", "manual", "manual"]
     assert {r.data.tags["dvc_exp_name"] for r in children} == set(exps)
+    manual = [r for r in children if r.data.params["model.attention"] == "manual"]
+    assert all("vs_baseline/speedup" in r.data.metrics and r.data.tags["grid.setting"] == "model.attention=manual"
+               for r in manual)
     for child in children:  # evaluate logged into each training run; both name the exact data and weights
         assert "eval/val_loss" in child.data.metrics
         lock = yaml.safe_load(run(root, "git", "show", f"{exps[child.data.tags['dvc_exp_name']].rev}:dvc.lock").stdout)

@@ -53,14 +53,16 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
 @click.option("--name", default=None, help="the grid's name in the report and MLflow (default: grid MM-DD HH:MM)")
 @click.option("--target", default="evaluate", show_default=True, help="the dvc.yaml stage each experiment runs to")
 @click.option("--out", default="reports/grid", show_default=True, help="report folder (<name>.md, .json, dvc.log)")
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 1000),
+              help="runs per setting, in alternating order: 2 or more give each speed ratio an interval and a verdict")
 @click.option("--mlflow/--no-mlflow", default=None, help="a parent MLflow run (default: params.yaml train.mlflow)")
 @user_errors
-def grid(params_path: str, sets: tuple[str, ...], name: str | None, target: str, out: str,
+def grid(params_path: str, sets: tuple[str, ...], name: str | None, target: str, out: str, repeats: int,
          mlflow: bool | None) -> None:
-    """Run a grid of DVC experiments (-S key=a,b ...) one at a time; one table, one MLflow parent run."""
+    """Run a grid of DVC experiments (-S key=a,b ...) one at a time, each setting against the first, with its noise."""
     from gpt2.measure.grid import run_grid
 
-    run_grid(sets, name, target, out, mlflow, params_path)
+    run_grid(sets, name, target, out, mlflow, params_path, repeats)
 
 
 @click.command()

@@ -1,4 +1,4 @@
-"""DVC experiments driven from Python: queue them, run the queue, read the results back.
+"""DVC experiments driven from Python: run them one at a time, read the results back.
 
 Through DVC's own command line, not its Python internals: the CLI and ``dvc exp show
 --json`` are what DVC keeps stable, and every experiment made here is one a user can
@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gpt2.core.errors import Terminated, UserError
-
-_REPRODUCING = re.compile(r"Reproducing experiment '([^']+)'")
 
 
 @dataclass(frozen=True)
@@ -77,11 +74,6 @@ def pending(root: Path, states: tuple[str, ...] = ("Queued", "Running")) -> list
     return names
 
 
-def queue(root: Path, name: str, sets: dict[str, Any], target: str) -> None:
-    """``dvc exp run --queue -n NAME -S key=value ... TARGET``."""
-    dvc(root, "exp", "run", "--queue", "-n", name, *_set_args(sets), target)
-
-
 def run_now(root: Path, name: str, sets: dict[str, Any], target: str, log: Path) -> int:
     """``dvc exp run --temp -n NAME -S key=value ... TARGET``: one experiment, in a temporary workspace, now.
 
@@ -109,48 +101,6 @@ def run_now(root: Path, name: str, sets: dict[str, Any], target: str, log: Path)
 def _set_args(sets: dict[str, Any]) -> list[str]:
     """``-S key=value`` for each setting. Values are JSON, which DVC reads as YAML."""
     return [arg for key, value in sets.items() for arg in ("-S", f"{key}={json.dumps(value)}")]
-
-
-def run_queue(root: Path, on_start: Callable[[str], None], log: Path) -> int:
-    """``dvc exp run --run-all``, one at a time; ``on_start(name)`` as each experiment starts.
-
-    The whole output goes to ``log``. Returns DVC's exit status (a failed experiment does not
-    stop the others; it is missing from :func:`finished` afterwards).
-    """
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "dvc", "exp", "run", "--run-all", "--jobs", "1"],
-                                   cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
-        assert process.stdout is not None
-        try:
-            for line in process.stdout:
-                sink.write(line)
-                sink.flush()
-                match = _REPRODUCING.search(line)
-                if match:
-                    on_start(match.group(1))
-        except KeyboardInterrupt:
-            process.terminate()  # stops following; the queue's worker would go on without cancel()
-            raise
-        return process.wait()
-
-
-def run_queue_or_cancel(root: Path, on_start: Callable[[str], None], log: Path, what: str, kept: str = "") -> int:
-    """:func:`run_queue`; on Ctrl-C, :func:`cancel` and a UserError (exit 130) that says what was kept."""
-    try:
-        return run_queue(root, on_start, log)
-    except KeyboardInterrupt as interrupt:
-        cancel(root)
-        error = UserError(f"{what} interrupted: the queued runs were removed and the running one killed; finished "
-                          f"runs are kept (dvc exp show){kept}")
-        error.exit_code = 143 if isinstance(interrupt, Terminated) else 130
-        raise error from None
-
-
-def cancel(root: Path) -> None:
-    """Remove the queued experiments and kill the running one (after Ctrl-C); finished ones stay."""
-    for args in (("queue", "remove", "--queued"), ("queue", "stop", "--kill")):
-        subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True, env=_env())
 
 
 def finished(root: Path, files: tuple[str, ...] = ()) -> list[Experiment]:
@@ -184,3 +134,16 @@ def _experiments(baseline: dict[str, Any]) -> Iterator[Experiment]:
             metrics = {path: (content or {}).get("data") or {} for path, content in (data.get("metrics") or {}).items()}
             yield Experiment(name=rev.get("name") or entry.get("name") or rev["rev"][:7], rev=rev["rev"],
                              timestamp=str(data.get("timestamp") or ""), params=params, metrics=metrics)
+
+
+def workspace_dataset(root: Path) -> dict[str, Any] | None:
+    """The project's token folder as an MLflow dataset (what a grid's or a ladder's runs trained on), or None
+    where it is missing."""
+    from gpt2.core.provenance import describe_tokens
+    from gpt2.core.tokens import read_meta
+
+    tokens = root / "data" / "tokens"
+    try:
+        return describe_tokens(tokens, read_meta(tokens), root)
+    except (UserError, OSError, KeyError, ValueError):
+        return None

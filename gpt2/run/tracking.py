@@ -163,10 +163,12 @@ class MlflowTracker(Tracker):
     a training never loses a step or a checkpoint to its tracker, an evaluation never its reports."""
 
     def __init__(self, experiment: str, run_id: str | None = None, run_name: str | None = None,
-                 kept_in: str = "the reports") -> None:
+                 kept_in: str = "the reports", started_at: float | None = None) -> None:
         """Open run ``run_id`` (a resumed training, or evaluate logging into the training's run) or start
         a new one called ``run_name``. An existing run keeps its name: MLflow renames a run it reopens
-        with a name, which once made every training run in the UI "evaluate"."""
+        with a name, which once made every training run in the UI "evaluate". ``started_at`` (a time.time())
+        dates a new run back to when its work began: a grid's or a ladder's run, opened once its runs are
+        done, then lasts as long as they did."""
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         for name, value in HTTP_LIMITS.items():
             os.environ.setdefault(name, value)
@@ -179,18 +181,24 @@ class MlflowTracker(Tracker):
         if self.uri.startswith(("http://", "https://")) and not reachable(self.uri):
             self._give_up("reach the tracking server", ConnectionError("no answer within 3 s"))
             return
-        self._call("open the run", lambda: self._open(experiment, run_id, run_name))
+        self._call("open the run", lambda: self._open(experiment, run_id, run_name, started_at))
         if self.run_id:
             logger.info(f"mlflow: run {self.run_id} ({self.run.info.run_name}) in {self.uri}; "
                         + where_to_see(self.uri, self.experiment_id, self.run_id))
 
-    def _open(self, experiment: str, run_id: str | None, run_name: str | None) -> None:
+    def _open(self, experiment: str, run_id: str | None, run_name: str | None, started_at: float | None) -> None:
         mlflow = self.mlflow
         mlflow.set_tracking_uri(self.uri)
         with store_lock(self.uri):  # the first call creates (or upgrades) the store's tables
             if mlflow.get_experiment_by_name(experiment) is None:
                 mlflow.create_experiment(experiment, artifact_location=artifact_location(), tags=EXPERIMENT_TAGS)
             self.experiment_id = mlflow.set_experiment(experiment).experiment_id
+        if run_id is None and started_at is not None:  # no system metrics: its work ran in other processes
+            created = mlflow.MlflowClient().create_run(self.experiment_id, start_time=int(started_at * 1000),
+                                                        run_name=run_name)
+            self.run = mlflow.start_run(run_id=created.info.run_id, log_system_metrics=False)
+            self.run_id = self.run.info.run_id
+            return
         try:
             if run_id is None:
                 self.run = mlflow.start_run(run_name=run_name, log_system_metrics=True)
@@ -263,10 +271,12 @@ class MlflowTracker(Tracker):
         self._call(f"end the run as {status}", lambda: self.mlflow.end_run(status=status))
 
 
-def adopt(parent: MlflowTracker, dvc_exp_names: list[str], tags: dict[str, dict[str, str]] | None = None) -> int:
+def adopt(parent: MlflowTracker, dvc_exp_names: list[str], tags: dict[str, dict[str, str]] | None = None,
+          metrics: dict[str, dict[str, float | None]] | None = None) -> int:
     """Make the MLflow runs of these DVC experiments children of ``parent``: the UI nests them under it.
 
-    ``tags``: more tags per experiment name. Returns how many runs were found (0 when tracking failed)."""
+    ``tags`` and ``metrics``: more of them per experiment name (a comparison's verdict on the run).
+    Returns how many runs were found (0 when tracking failed)."""
     found: list[str] = []
 
     def nest() -> None:
@@ -276,6 +286,9 @@ def adopt(parent: MlflowTracker, dvc_exp_names: list[str], tags: dict[str, dict[
             for run in client.search_runs([parent.experiment_id], f"tags.dvc_exp_name = '{name}'"):
                 for key, value in {"mlflow.parentRunId": parent.run_id, **(tags or {}).get(name, {})}.items():
                     client.set_tag(run.info.run_id, key, value)
+                for key, value in (metrics or {}).get(name, {}).items():
+                    if value is not None:
+                        client.log_metric(run.info.run_id, key, value)
                 found.append(run.info.run_id)
 
     if parent.run_id is not None:

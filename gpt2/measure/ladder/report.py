@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gpt2.core.atomic import atomic_dir
 from gpt2.measure import experiments
+from gpt2.measure.compare import loss_shown, ratio_shown
 from gpt2.measure.ladder.spec import Resolved
 from gpt2.measure.ladder.stats import CANNOT_SHOW, NO_EFFECT, Row, noise_verdict
 from gpt2.run.compiled import flag
@@ -38,32 +39,19 @@ def table(rows: list[Row], steps: int, target: float | None = None) -> str:
         cells = [str(row.index), row.rung, row.ran or "baseline",
                  row.step_ms.shown(".1f"), row.tokens_per_s.shown(",.0f"),
                  f"{row.tokens_per_s_wall:,.0f}" if row.tokens_per_s_wall else "",
-                 _ratio(row.vs_previous, noise.get("tokens_per_s")), _ratio(row.cumulative),
+                 ratio_shown(row.vs_previous, noise.get("tokens_per_s")), ratio_shown(row.cumulative),
                  f"{row.peak_mem_gb:.2f}", f"{100 * row.mfu:.1f}%" if row.mfu is not None else "n/a",
-                 _loss(row.val_loss, row.val_loss_se),
+                 loss_shown(row.val_loss, row.val_loss_se),
                  "; ".join(filter(None, ["" if row.effect in ("acts", "baseline") else row.effect,
                                          flag(row.runtime)]))]
         if target is not None:
             reached = row.time_s.shown(".1f") if row.time_s else ""
             if row.reached < row.runs:
                 reached += f" reached {row.reached}/{row.runs}" if row.reached else "not reached"
-            cells[8:8] = [reached.strip(), _ratio(row.time_speedup, noise.get("time_s")),
+            cells[8:8] = [reached.strip(), ratio_shown(row.time_speedup, noise.get("time_s")),
                           f"{row.tokens_to_target:,.0f}" if row.tokens_to_target else ""]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def _loss(value: float | None, error: float | None) -> str:
-    """'5.938 ± 0.059': the val loss with its standard error over the scored windows, when known."""
-    if value is None:
-        return ""
-    return f"{value:.3f} ± {error:.3f}" if error is not None else f"{value:.3f}"
-
-
-def _ratio(value: float | None, inside_noise: bool = False) -> str:
-    if value is None:
-        return ""
-    return f"{value:.2f}× (inside noise)" if inside_noise else f"{value:.2f}×"
 
 
 def describe(resolved: Resolved, rows: list[Row]) -> str:
@@ -86,7 +74,8 @@ def describe(resolved: Resolved, rows: list[Row]) -> str:
 def write_report(out: Path, rows: list[Row], resolved: Resolved,
                  runs: list[list[experiments.Experiment]]) -> None:
     today = datetime.date.today().isoformat()
-    text = (f"# Optimization ladder ({today})\n\n{noise_verdict(rows, resolved.profile.repeats)}\n\n{describe(resolved, rows)}"
+    verdict = noise_verdict(rows, resolved.profile.repeats)
+    text = (f"# Optimization ladder ({today})\n\n{verdict}\n\n{describe(resolved, rows)}"
             f"\n\n{table(rows, resolved.profile.steps, resolved.profile.target)}\n"
             "Each rung adds one change to the rung above (ladder.yaml). A rung marked \"no effect on this device\" "
             "ran the same configuration as the rung above: its difference from it is this machine's run-to-run "
@@ -100,32 +89,46 @@ def write_report(out: Path, rows: list[Row], resolved: Resolved,
         (tmp / "ladder.json").write_text(json.dumps({"date": today, "device": resolved.device, "rows": [dataclasses.asdict(r) for r in rows]},
                                                     indent=2)
                                          + "\n")
-        (tmp / "ladder.png").write_bytes(render_png(rows, describe(resolved, rows)))
+        (tmp / "ladder.png").write_bytes(render_png(rows, describe(resolved, rows), verdict))
         if kept_log is not None:
             (tmp / "dvc.log").write_bytes(kept_log)
     print(text, file=sys.stdout)
 
 
-def render_png(rows: list[Row], subtitle: str) -> bytes:
+def render_png(rows: list[Row], subtitle: str, verdict: str = "") -> bytes:
+    """Cumulative speedup and peak memory per rung, the noise verdict on top. Every rung has a line: one
+    that did not run here or failed says so where its bar would be, so a gap never reads as a clean ladder."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [r for r in rows if r.runs]
-    labels = [f"{r.index} {r.rung}" for r in done][::-1]
-    fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 0.45 * len(done) + 1.8), dpi=100, sharey=True)
+    shown = rows[::-1]
+    labels = [f"{r.index} {r.rung}" for r in shown]
+    head = textwrap.fill(verdict.replace("**", ""), 150) if verdict else ""
+    lines = head.count("\n") + 1 if head else 0
+    fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 0.4 * len(rows) + 2.0 + 0.17 * lines), dpi=100,
+                                        sharey=True, gridspec_kw={"width_ratios": [3, 2]})
     colors = ["tab:gray" if r.effect == NO_EFFECT or r.inside_noise.get("tokens_per_s") else "tab:blue"
-              for r in done][::-1]  # gray: no gain that the repeats can tell from noise
-    speed.barh(labels, [r.cumulative or 0 for r in done][::-1], color=colors)
+              for r in shown]  # gray: no gain that the repeats can tell from noise
+    speed.barh(labels, [r.cumulative or 0 for r in shown], color=colors)
     speed.axvline(1.0, color="black", linewidth=0.8)
-    speed.set(xlabel="cumulative speedup (tokens/s vs baseline)", title="Speed")
-    for y, r in enumerate(done[::-1]):
-        speed.annotate(f"{r.cumulative:.2f}×", (r.cumulative or 0, y), xytext=(3, 0),
-                       textcoords="offset points", va="center", fontsize=8)
-    memory.barh(labels, [r.peak_mem_gb for r in done][::-1], color="tab:orange")
+    speed.set_xlim(0, 1.45 * max([r.cumulative or 0 for r in rows] + [1.0]))  # room for the notes
+    speed.set(xlabel="cumulative speedup (tokens/s vs baseline; gray: inside noise)", title="Speed")
+    for y, r in enumerate(shown):
+        if r.runs:
+            note = f"{r.cumulative:.2f}×" + (" (its gain: inside noise)" if r.inside_noise.get("tokens_per_s") else "")
+            speed.annotate(note, (r.cumulative or 0, y), xytext=(3, 0), textcoords="offset points", va="center",
+                           fontsize=8)
+        else:
+            why = "not run here" if r.effect.startswith(CANNOT_SHOW) else "FAILED: see dvc.log"
+            speed.annotate(why, (0, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8,
+                           color="tab:red" if why.startswith("FAILED") else "dimgray", style="italic")
+    memory.barh(labels, [r.peak_mem_gb or 0 for r in shown], color="tab:orange")
     memory.set(xlabel="peak memory (GB)", title="Memory")
-    fig.suptitle(subtitle, fontsize=8, wrap=True)
+    fig.suptitle(f"{head}\n{subtitle}" if head else subtitle, fontsize=8, wrap=True)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")

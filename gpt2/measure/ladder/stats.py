@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpt2.measure import experiments
+from gpt2.measure.compare import (Spread, noise_verdict as verdict_text, paired_ratios,
+                                    ratio_inside_noise, typical_disagreement)
 from gpt2.measure.ladder.spec import TRAIN_METRICS, TRAIN_RUN, Ladder, Resolved, Rung, flat
 
 # A rung's change that the trainer resolves on the device: the key of what really ran in summary.json's "runtime".
@@ -20,26 +22,6 @@ RESOLVED = {"dtype": "dtype", "tf32": "tf32", "keep_host_memory": "keep_host_mem
             "model.attention": "sdpa_backend"}
 NO_EFFECT = "no effect on this device"
 CANNOT_SHOW = "not run: cannot show on this device"
-
-
-@dataclass(frozen=True)
-class Spread:
-    """A figure over a rung's runs: their median, and the lowest and highest of them."""
-
-    median: float
-    low: float
-    high: float
-
-    @classmethod
-    def of(cls, values: list[float]) -> Spread:
-        return cls(statistics.median(values), min(values), max(values))
-
-    def shown(self, form: str) -> str:
-        """``110.0 (100.0–120.0)`` for ``form`` ``.1f``."""
-        return f"{self.median:{form}} ({self.low:{form}}–{self.high:{form}})"
-
-    def overlaps(self, other: Spread) -> bool:
-        return self.low <= other.high and other.low <= self.high
 
 
 @dataclass
@@ -109,7 +91,7 @@ def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Expe
         row.tokens_per_s_runs = tps
         base = base or (row if i == 0 else None)
         if previous:  # each run against the rung above's run of the same repeat: neighbours in time
-            row.paired = [a / b for a, b in zip(tps, previous.tokens_per_s_runs)]
+            row.paired = paired_ratios(tps, previous.tokens_per_s_runs)
             row.vs_previous = statistics.median(row.paired)
         row.cumulative = row.tokens_per_s.median / base.tokens_per_s.median if base else None
         if row.time_s:
@@ -155,8 +137,7 @@ def mark_noise(rows: list[Row]) -> None:
         if above is None or row.effect == NO_EFFECT:
             continue
         if row.vs_previous is not None:
-            straddles = min(row.paired) <= 1 <= max(row.paired)
-            row.inside_noise["tokens_per_s"] = straddles or abs(row.vs_previous - 1) <= floor
+            row.inside_noise["tokens_per_s"] = ratio_inside_noise(row.paired, floor)
         if row.time_vs_previous is not None:
             overlap = row.time_s.overlaps(above.time_s)
             row.inside_noise["time_s"] = overlap or abs(row.time_vs_previous - 1) <= floor
@@ -164,31 +145,19 @@ def mark_noise(rows: list[Row]) -> None:
 
 def paired_spread(rows: list[Row]) -> float:
     """How far a rung's paired tokens/s ratios typically disagree: the median of their max - min."""
-    spreads = [max(r.paired) - min(r.paired) for r in rows if r.effect != NO_EFFECT and len(r.paired) > 1]
-    return statistics.median(spreads) if spreads else 0.0
+    return typical_disagreement([r.paired for r in rows if r.effect != NO_EFFECT])
 
 
 def noise_verdict(rows: list[Row], repeats: int) -> str:
     """The report's first words: too noisy to read, or how noisy, and which rungs this device cannot show."""
     acting = [r for r in rows if r.runs and r.effect not in ("baseline", NO_EFFECT, "failed")]
     floor = max((r.noise_floor or 0.0 for r in rows if r.runs), default=0.0)
-    spread = paired_spread(rows)
     noisy = [r for r in acting if r.inside_noise.get("tokens_per_s")]
     unshown = [r for r in rows if r.effect.startswith(CANNOT_SHOW)]
     skipped = ("" if not unshown else " Not run, as this device cannot show them: " + "; ".join(
         f"{r.rung} ({r.effect.removeprefix(CANNOT_SHOW + ': ')})" for r in unshown) + ".")
-    advice = "run it on an idle machine, with more steps per run (--steps) or more repeats (--repeats)"
-    if repeats < 2:
-        return f"**One run per rung: no interval, so no gain can be told from noise.** To read it, {advice}.{skipped}"
-    if max(floor, spread) > 0.10:
-        return (f"**Too noisy to read:** a rung's paired runs disagree by {100 * spread:.0f}% (median)"
-                + (f" and a rung that changed nothing here moved tokens/s by {100 * floor:.0f}%" if floor else "")
-                + f"; {len(noisy)} of {len(acting)} rungs' gains are inside that noise. To read it, {advice}.{skipped}")
-    shown = f"; rungs that changed nothing here moved it by up to {100 * floor:.1f}%" if floor > spread else ""
-    return (f"Noise: each rung's runs, paired with the rung above's of the same repeat, agree on its tokens/s ratio "
-            f"within {100 * spread:.1f}% (median over the rungs){shown}. A gain whose paired runs disagree on its "
-            f"direction, or no larger than {100 * floor:.1f}%, is marked *inside noise*: it buys nothing this "
-            f"machine can measure ({len(noisy)} of {len(acting)} rungs).{skipped}")
+    return verdict_text(paired_spread(rows), floor, len(noisy), len(acting), repeats, "rung",
+                        "the rung above's") + skipped
 
 
 def _resolved(key: str, params: dict[str, Any], runtime: dict[str, Any]) -> Any:

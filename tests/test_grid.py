@@ -1,0 +1,66 @@
+"""gpt2 grid's judgement: settings, their order, each against the baseline with its noise (the DVC run is in
+tests/test_pipeline.py)."""
+
+from __future__ import annotations
+
+from gpt2.measure import grid
+from gpt2.measure.experiments import Experiment
+
+
+def run(name: str, tokens_per_s: float, loss: float = 6.0, se: float = 0.02, evaluated: float | None = None):
+    metrics = {grid.TRAIN: {"perf": {"tokens_per_s": tokens_per_s, "step_ms": 1e6 / tokens_per_s},
+                            "mem": {"peak_gb": 1.0}, "val": {"loss": loss, "loss_se": se}}}
+    if evaluated is not None:
+        metrics[grid.EVAL] = {"eval": {"val_loss": evaluated, "val_loss_se": se / 2}}
+    return Experiment(name, "rev", "t", {}, metrics)
+
+
+def test_settings_in_dvcs_order_and_runs_in_alternating_order():
+    sets = grid.parse_sets(("train.lr=1.0e-3,2.0e-3", "model.attention=flash,manual"))
+    combos = grid.settings(sets)
+    assert combos[0] == {"train.lr": 0.001, "model.attention": "flash"} and combos[1]["model.attention"] == "manual"
+    assert len(combos) == 4
+    assert grid.schedule(3, 2) == [(0, 0), (1, 0), (2, 0), (2, 1), (1, 1), (0, 1)]
+
+
+def test_each_setting_is_judged_against_the_baseline_run_by_run():
+    combos = [{"train.compile": False}, {"train.compile": True}, {"train.threads": 1}, {"train.lr": 9.0}]
+    names = [[f"g-{i}-{r}" for r in (1, 2, 3)] for i in range(4)]
+    found = {e.name: e for e in [
+        run("g-0-1", 100), run("g-0-2", 90), run("g-0-3", 110),  # the machine drifts: the pairs cancel it
+        run("g-1-1", 150), run("g-1-2", 135), run("g-1-3", 165),  # 1.5x in every pair: a gain
+        run("g-2-1", 104), run("g-2-2", 88), run("g-2-3", 112),  # 1.04, 0.98, 1.02: straddles 1
+        run("g-3-1", 100, loss=6.5), run("g-3-2", 90, loss=6.5)]}  # its third run failed; worse loss
+    rows = grid.judge(combos, names, found)
+    assert rows[1].speedup == 1.5 and rows[1].speed_inside_noise is False
+    assert rows[2].speed_inside_noise is True
+    assert rows[3].runs == 2 and rows[3].loss_delta == 0.5 and rows[3].loss_apart is True
+    assert rows[1].loss_apart is False  # the same loss: inside noise
+    said = grid.verdict(rows, 3)
+    assert said.startswith("Noise: each setting's runs, paired with the baseline's of the same repeat")
+    assert "Faster outside noise: train.compile=true (1.50×)" in said
+    assert "Higher val loss outside noise: train.lr=9.0 (+0.500)" in said
+
+
+def test_one_run_per_setting_decides_nothing_and_says_so(tmp_path):
+    combos = [{"train.compile": False}, {"train.compile": True}]
+    rows = grid.judge(combos, [["a"], ["b"]], {"a": run("a", 100), "b": run("b", 300)})
+    assert rows[1].speedup == 3.0 and rows[1].speed_inside_noise is True
+    said = grid.verdict(rows, 1)
+    assert said.startswith("**One run per setting: no interval")
+    assert "No setting differs from the baseline outside noise" in said
+
+
+def test_the_report_marks_noise_and_failures_and_plots_them(tmp_path):
+    combos = [{"model.attention": "flash"}, {"model.attention": "manual"}, {"model.attention": "x"}]
+    names = [["a-1", "a-2"], ["b-1", "b-2"], ["c-1", "c-2"]]
+    found = {e.name: e for e in [run("a-1", 100, evaluated=5.9), run("a-2", 100, evaluated=5.9),
+                                 run("b-1", 80, evaluated=5.95), run("b-2", 79, evaluated=5.9)]}
+    rows = grid.judge(combos, names, found)
+    text = grid.write_report(tmp_path, "attn", "attn", {"model.attention": ["flash", "manual", "x"]}, rows, 2,
+                             "evaluate")
+    # evaluate's loss (more windows) decides where both have it: 5.95 against 5.90, ± 0.01 each, is apart
+    assert "| manual | 2/2 | 6.000 ± 0.020 | 5.950 ± 0.010 | +0.050 | 80 (79–80) | 0.80× |" in text
+    assert "| x | 0/2 | failed |" in text and "Slower outside noise: model.attention=manual (0.80×)" in text
+    assert (tmp_path / "attn.png").read_bytes().startswith(b"\x89PNG")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attn.json", "attn.md", "attn.png"]
