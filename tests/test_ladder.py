@@ -252,6 +252,10 @@ def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path):
     assert len(summary) == 1 and "ladder/cumulative_speedup" in summary[0].data.metrics
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == summary[0].info.run_id]
     assert sorted(r.data.tags["ladder.rung"] for r in children) == ["baseline", "flash attention"]
+    assert summary[0].info.start_time <= min(r.info.start_time for r in children)  # it lasts as long as the ladder
+    [flash] = [r for r in children if r.data.tags["ladder.rung"] == "flash attention"]
+    assert flash.data.metrics["vs_baseline/speedup"] > 0 and "vs_previous/speed_inside_noise" in flash.data.metrics
+    assert summary[0].inputs.dataset_inputs  # the data every rung trained on
     assert {a.path for a in client.list_artifacts(summary[0].info.run_id)} >= {"ladder.md", "ladder.png"}
 
     second = run(root, *command)

@@ -137,17 +137,25 @@ def render_png(rows: list[Row], subtitle: str, verdict: str = "") -> bytes:
 
 
 def log_to_mlflow(rows: list[Row], resolved: Resolved, runs: list[list[experiments.Experiment]],
-                  out: Path) -> None:
-    """Log the ladder as a parent run (its table, plot and figures) with every rung's training runs as children.
+                  out: Path, started: float | None = None) -> None:
+    """Log the ladder as a parent run (its table, plot, figures and data), lasting from ``started`` (its first
+    run) to its report, with every rung's training runs as children, each carrying its rung's verdict.
 
     A rung's run reused from an earlier ladder moves under this one: a run has one parent."""
     from gpt2.run.tracking import MlflowTracker, adopt
 
     with MlflowTracker(resolved.sections[0]["train"]["experiment"], run_name=f"ladder {resolved.device}",
-                       kept_in=str(out)) as tracker:
+                       kept_in=str(out), started_at=started) as tracker:
         rungs = {exp.name: {"ladder.rung": row.rung, "ladder.index": str(row.index)}
                  for row, group in zip(rows, runs) for exp in group}
-        adopt(tracker, list(rungs), rungs)
+        verdicts = {exp.name: {"vs_previous/speedup": row.vs_previous,
+                               "vs_previous/speed_inside_noise": (None if row.vs_previous is None else
+                                                                  float(bool(row.inside_noise.get("tokens_per_s")))),
+                               "vs_baseline/speedup": row.cumulative}
+                    for row, group in zip(rows, runs) for exp in group}
+        adopt(tracker, list(rungs), rungs, verdicts)
+        if dataset := experiments.workspace_dataset(Path.cwd()):
+            tracker.log_dataset(dataset, context="training")
         tracker.set_tags({"kind": "ladder", "device": rows[0].runtime.get("device_name", resolved.device)})
         tracker.log_params({"ladder.steps": resolved.profile.steps, "ladder.repeats": resolved.profile.repeats,
                             "ladder.model": resolved.sections[0]["model"]["size"], "ladder.device": resolved.device})
@@ -156,7 +164,11 @@ def log_to_mlflow(rows: list[Row], resolved: Resolved, runs: list[list[experimen
                 tracker.log_metrics({"ladder/step_ms": row.step_ms.median,
                                      "ladder/tokens_per_s": row.tokens_per_s.median,
                                      "ladder/tokens_per_s_wall": row.tokens_per_s_wall,
-                                     "ladder/cumulative_speedup": row.cumulative, "ladder/peak_mem_gb":
+                                     "ladder/cumulative_speedup": row.cumulative,
+                                     "ladder/speedup_vs_previous": row.vs_previous,
+                                     "ladder/speed_inside_noise": (None if row.vs_previous is None else
+                                                                   float(bool(row.inside_noise.get("tokens_per_s")))),
+                                     "ladder/peak_mem_gb":
                                      row.peak_mem_gb, "ladder/mfu": row.mfu, "ladder/val_loss": row.val_loss,
                                      "ladder/time_to_target_s": row.time_s.median if row.time_s else None,
                                      "ladder/tokens_to_target": row.tokens_to_target},

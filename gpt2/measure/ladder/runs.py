@@ -56,7 +56,7 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
                steps: int | None = None, repeats: int | None = None, fresh: bool = False,
                mlflow: bool | None = None, target: float | None = None) -> list[Row]:
     """Measure every rung as DVC experiments (reusing ones already measured), then write the report."""
-    root = Path.cwd()
+    root, started = Path.cwd(), time.time()
     check_owned(Path(out).absolute(), LADDER_FILES, "gpt2 ladder")  # before an hour of runs, not after
     ladder = load_ladder(ladder_path)
     raw = read_yaml(params_path, "params", "--params")  # raw: the rungs override it key by key
@@ -87,7 +87,7 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
     rows = analyse(ladder, resolved, runs)
     write_report(Path(out), rows, resolved, runs)
     if resolved.sections[0]["train"]["mlflow"]:
-        log_to_mlflow(rows, resolved, runs, Path(out))
+        log_to_mlflow(rows, resolved, runs, Path(out), started)
     failed = [row.rung for row in rows if row.runs < resolved.profile.repeats and not resolved.cannot_show[row.index]]
     if failed:
         raise UserError(f"ladder: rung(s) {', '.join(failed)} did not finish every run; see {out}/dvc.log; "
