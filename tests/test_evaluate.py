@@ -284,7 +284,7 @@ def test_evaluation_logs_into_the_training_run(tmp_path, monkeypatch):
     evaluate(quick(mlflow=True), tmp_path / "ckpt.pt", tokens, tmp_path / "eval")
     client = mlflow.MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
-    assert "eval/val_loss" in run.data.metrics and "eval/unigram_loss" in run.data.metrics
+    assert "eval/val_loss" in run.data.metrics and "eval.unigram_loss" in run.data.tags
     assert {a.path for a in client.list_artifacts(run.info.run_id, "eval")} == {"eval/samples.md", "eval/summary.json"}
     artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
     assert "perf" in json.loads((artifacts / "summary.json").read_text())  # training's summary, not replaced

@@ -26,12 +26,34 @@ def test_default_uri_is_an_absolute_sqlite_db_at_the_dvc_root(monkeypatch, tmp_p
     assert tracking.tracking_uri() == "http://127.0.0.1:5000"
 
 
-def test_the_printed_link_opens_the_run_where_it_is():
+def test_the_printed_link_opens_the_run_where_it_is_and_the_runs_compared():
     server = tracking.where_to_see("http://mlflow.lab:8080/", "3", "abc")
-    assert server == "open http://mlflow.lab:8080/#/experiments/3/runs/abc?workflowType=machine_learning"
-    local = tracking.where_to_see("sqlite:////p/mlflow.db", "1", "abc")
-    assert local.startswith("see it with `mlflow ui --backend-store-uri sqlite:////p/mlflow.db`, then open "
+    assert server.startswith("open http://mlflow.lab:8080/#/experiments/3/runs/abc?workflowType=machine_learning "
+                             "(every run compared: http://mlflow.lab:8080/#/experiments/3/runs?viewStateShareKey="
+                             "gpt2-compare&workflowType=machine_learning)")
+    local = tracking.where_to_see("sqlite:////p/my runs/mlflow.db", "1", "abc")
+    assert local.startswith("see it with `mlflow ui --backend-store-uri 'sqlite:////p/my runs/mlflow.db'`, then open "
                             "http://127.0.0.1:5000/#/experiments/1/runs/abc")
+
+
+def test_a_run_is_named_after_what_it_changes_and_never_twice_the_same(tmp_path, monkeypatch):
+    before = {"train.lr": 0.001, "train.seed": 1, "eval.seed": 1, "model.attention": "flash", "train.compile": False}
+    after = {**before, "train.lr": 0.002, "train.seed": 2, "model.attention": "manual"}
+    assert tracking.changes_name(before, after) == "lr=0.002 · train.seed=2 · attention=manual"
+    assert tracking.changes_name(before, {**after, "train.compile": True}, most=2) == ("lr=0.002 · train.seed=2 · "
+                                                                                        "+2 more")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    names = []
+    for _ in range(3):  # the same change run again is another run, and reads as one
+        with tracking.MlflowTracker("gpt2", run_name="lr=0.002") as tracker:
+            names.append(tracker.run.info.run_name)
+    assert names == ["lr=0.002", "lr=0.002 (2)", "lr=0.002 (3)"]
+    import mlflow
+
+    experiment = mlflow.MlflowClient().get_experiment_by_name("gpt2")
+    view = json.loads(experiment.tags["mlflow.sharedViewState.gpt2-compare"])  # the runs list the link opens
+    assert "metrics.`summary/perf.tokens_per_s_iqr`" in view["selectedColumns"]
+    assert "metrics.`vs_baseline/speedup`" in view["selectedColumns"]
 
 
 def test_flatten():
@@ -45,6 +67,8 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("DVC_EXP_NAME", "my-exp")
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "Ada L")  # who ran it: git's author, as a teammate's commits name them
+    monkeypatch.setenv("GIT_AUTHOR_EMAIL", "ada@example.org")
     params = micro_params(mlflow=True, max_steps=6, eval_interval=3, log_interval=2)
     original = trainer.lr_at
 
@@ -65,7 +89,9 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
     assert len(runs) == 1  # the resumed training continued the same run
     run = runs[0]
-    assert run.info.status == "FINISHED" and run.info.run_name == "my-exp"
+    assert run.info.status == "FINISHED" and run.info.run_name == "my-exp"  # no baseline to compare with: DVC's name
+    assert run.data.tags["host"] and run.data.tags["mlflow.user"] == "Ada L"  # the git user, not the login (root)
+    assert run.data.tags["git_user"] == "Ada L <ada@example.org>"
     assert run.data.params["train.lr"] == "0.01" and run.data.params["model.n_layer"] == "2"
     assert run.data.tags["resume.step_4"] == "train.lr: 0.01 → 0.005"  # params are the first session's
     assert run.data.tags["dvc_exp_name"] == "my-exp"
@@ -78,14 +104,14 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
         assert client.get_metric_history(run.info.run_id, name), name
     # the warm-up step (compilation) is its own figure, not a point of the speed series
     assert [m.step for m in client.get_metric_history(run.info.run_id, "perf/step_ms")] == [2, 4, 6]
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "perf/warmup_s")] == [1, 5]  # each session
-    # the summary is the compared figures as final metrics: no booleans, no runtime details
+    assert {"perf.warmup_s", "perf.warmup_s.session_2"} <= set(run.data.tags)  # each session's, as a tag
+    # the compared figures are metrics (the runs list's columns), the rest of the summary tags: no one-point charts
     summary = sorted(k for k in run.data.metrics if k.startswith("summary/"))
-    assert summary == ["summary/mem.peak_gb", "summary/perf.mfu", "summary/perf.step_ms", "summary/perf.step_ms_iqr",
-                       "summary/perf.tokens_per_s", "summary/perf.tokens_per_s_iqr", "summary/perf.tokens_per_s_steady",
-                       "summary/perf.tokens_per_s_wall", "summary/train.loss", "summary/val.loss", "summary/val.loss_se",
-                       "summary/val.ppl",
-                       "summary/wall_s"]  # MFU against the CPU's measured peak (tests/conftest.py's stand-in)
+    assert summary == ["summary/mem.peak_gb", "summary/perf.mfu", "summary/perf.step_ms", "summary/perf.tokens_per_s",
+                       "summary/perf.tokens_per_s_iqr"]  # MFU against the CPU's measured peak (conftest's stand-in)
+    assert {"summary.train.loss", "summary.wall_s", "summary.perf.tokens_per_s_wall"} <= set(run.data.tags)
+    one_point = [k for k in run.data.metrics if len(client.get_metric_history(run.info.run_id, k)) == 1]
+    assert sorted(k.split("/")[0] for k in one_point) == ["summary"] * 5, one_point
     experiment = client.get_experiment_by_name("gpt2")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]

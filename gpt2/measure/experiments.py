@@ -74,18 +74,19 @@ def pending(root: Path, states: tuple[str, ...] = ("Queued", "Running")) -> list
     return names
 
 
-def run_now(root: Path, name: str, sets: dict[str, Any], target: str, log: Path) -> int:
+def run_now(root: Path, name: str, sets: dict[str, Any], target: str, log: Path, run_name: str | None = None) -> int:
     """``dvc exp run --temp -n NAME -S key=value ... TARGET``: one experiment, in a temporary workspace, now.
 
     The same experiment a queued one would be (``dvc exp show`` lists it) without the queue's
     worker, which costs seconds before and after every run. DVC's output is appended to ``log``.
     Returns DVC's exit status. On Ctrl-C DVC, which gets the signal too, is waited for: it removes
-    its temporary workspace and keeps the experiments that finished."""
+    its temporary workspace and keeps the experiments that finished. ``run_name``: the experiment's
+    MLflow run name (the trainer reads it from ``GPT2_RUN_NAME``)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as sink:
         process = subprocess.Popen([sys.executable, "-m", "dvc", "exp", "run", "--temp", "-n", name,
                                     *_set_args(sets), target], cwd=root, stdout=sink, stderr=subprocess.STDOUT,
-                                   env=_env())
+                                   env={**_env(), **({"GPT2_RUN_NAME": run_name} if run_name else {})})
         try:
             return process.wait()
         except KeyboardInterrupt as interrupt:

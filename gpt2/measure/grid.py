@@ -105,7 +105,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
     logger.info(f"grid {name!r}: {len(combos)} settings × {repeats} run(s) ({', '.join(grid)}), one at a time; "
                 f"the first, {describe(combos[0])}, is the baseline")
     out = Path(out)
-    _run(root, combos, names, order, target, out)
+    _run(root, name, combos, names, order, target, out)
     found = {e.name: e for e in experiments.finished(root)}
     rows = judge(combos, names, found)
     report = write_report(out, slug, name, grid, rows, repeats, target)
@@ -138,18 +138,20 @@ def _free(name: str, taken: set[str]) -> str:
     return candidate
 
 
-def _run(root: Path, combos: list[dict[str, Any]], names: list[list[str]], order: list[tuple[int, int]],
-         target: str, out: Path) -> None:
+def _run(root: Path, grid_name: str, combos: list[dict[str, Any]], names: list[list[str]],
+         order: list[tuple[int, int]], target: str, out: Path) -> None:
     """Each run in ``order``, one at a time, with a progress line and an ETA; DVC's output goes to dvc.log."""
     log_path = out / "dvc.log"
     log_path.unlink(missing_ok=True)
     durations: list[float] = []
+    repeats = len(names[0])
     for done, (i, r) in enumerate(order):
         eta = f", ETA {clock(statistics.median(durations) * (len(order) - done))}" if durations else ""
         logger.info(f"grid: [{done + 1}/{len(order)}] {describe(combos[i])}, run {r + 1} ({names[i][r]}){eta}")
         tick = time.perf_counter()
         try:
-            code = experiments.run_now(root, names[i][r], combos[i], target, log_path)
+            code = experiments.run_now(root, names[i][r], combos[i], target, log_path,
+                                       f"{grid_name} · {describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else ""))
         except KeyboardInterrupt as interrupt:
             error = UserError("grid interrupted: the running experiment was stopped; finished runs are kept "
                               "(dvc exp show)")

@@ -10,6 +10,7 @@ copy of the repo) write to the same DB as a plain ``dvc repro``.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import subprocess
@@ -46,12 +47,38 @@ def artifact_location() -> str | None:
     return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
 
 
+# The runs list as a comparison opens it: a view of MLflow's own "Share" kind, kept as an experiment tag
+# (mlflow.sharedViewState.<key>) that the runs page loads from ``?viewStateShareKey=<key>``. Its columns are
+# the compared figures with their noise, the verdicts of a grid or a ladder, and the params people vary;
+# the run names say what each experiment changed. MLflow's own default shows no metric or param at all.
+COMPARE_VIEW_KEY = "gpt2-compare"
+COMPARE_VIEW = {
+    "selectedColumns": [
+        *(f"metrics.`{m}`" for m in ("val/loss", "val/loss_se", "eval/val_loss", "eval/val_loss_se",
+                                     "summary/perf.tokens_per_s", "summary/perf.tokens_per_s_iqr", "summary/perf.step_ms",
+                                     "vs_baseline/speedup", "vs_baseline/speed_inside_noise", "vs_previous/speedup",
+                                     "vs_previous/speed_inside_noise", "summary/perf.mfu", "summary/mem.peak_gb",
+                                     "summary/target.time_s")),
+        *(f"params.`{p}`" for p in ("model.size", "train.max_steps", "train.lr", "train.optimizer", "train.dtype",
+                                    "train.compile", "model.attention", "train.micro_batch_size")),
+        *(f"tags.`{t}`" for t in ("dvc_exp_name", "git_commit", "host")),
+    ],
+    "orderByKey": "attributes.start_time",
+    "orderByAsc": False,
+}
+
+
 def where_to_see(uri: str, experiment_id: str, run_id: str) -> str:
-    """How to open a run: a tracking server serves it at its own address; a local store needs `mlflow ui`."""
+    """How to open a run, and the runs compared: a tracking server serves them at its own address; a local
+    store needs `mlflow ui`."""
+    import shlex
+
     page = f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+    compared = f"#/experiments/{experiment_id}/runs?viewStateShareKey={COMPARE_VIEW_KEY}&workflowType=machine_learning"
     if uri.startswith(("http://", "https://")):
-        return f"open {uri.rstrip('/')}/{page}"
-    return f"see it with `mlflow ui --backend-store-uri {uri}`, then open http://127.0.0.1:5000/{page}"
+        return f"open {uri.rstrip('/')}/{page} (every run compared: {uri.rstrip('/')}/{compared})"
+    return (f"see it with `mlflow ui --backend-store-uri {shlex.quote(uri)}`, then open http://127.0.0.1:5000/{page} "
+            f"(every run compared: http://127.0.0.1:5000/{compared})")
 
 
 @contextlib.contextmanager
@@ -98,6 +125,73 @@ def git_commit() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None
+
+
+RUN_NAME_ENV = "GPT2_RUN_NAME"  # set by gpt2 grid and gpt2 ladder for each experiment they run
+
+
+def experiment_run_name(params_path: str | Path = "params.yaml") -> str | None:
+    """What a DVC experiment's MLflow run is called: what its params change from its baseline commit's
+    (``lr=0.02 · max_steps=40``), where DVC alone would show a random name (``dusky-oast``, kept as the
+    tag ``dvc_exp_name``). ``GPT2_RUN_NAME`` (a grid's or a ladder's name for the run) comes first.
+    DVC's name where the params cannot be read; None outside ``dvc exp``."""
+    if os.environ.get(RUN_NAME_ENV):
+        return os.environ[RUN_NAME_ENV]
+    rev, dvc_name = os.environ.get("DVC_EXP_BASELINE_REV"), os.environ.get("DVC_EXP_NAME")
+    if not dvc_name or not rev:
+        return dvc_name
+    try:
+        import yaml
+
+        out = subprocess.run(["git", "show", f"{rev}:params.yaml"], cwd=project_root(), capture_output=True,
+                             text=True, timeout=10)
+        before = yaml.safe_load(out.stdout) if out.returncode == 0 else None
+        after = yaml.safe_load(Path(params_path).read_text())
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return dvc_name
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return dvc_name
+    return changes_name(flatten(before), flatten(after)) or "params as committed"
+
+
+def changes_name(before: dict[str, Any], after: dict[str, Any], most: int = 4) -> str:
+    """``lr=0.02 · model.attention=manual``: the dotted keys whose values differ, a key shown without its
+    section where no other section has it; past ``most`` keys, how many more."""
+    changed = [k for k in after if k in before and before[k] != after[k]]
+    leaves = [k.rsplit(".", 1)[-1] for k in after]
+
+    def shown(key: str) -> str:
+        leaf = key.rsplit(".", 1)[-1]
+        value = after[key]
+        text = f"{value:g}" if isinstance(value, float) else json_value(value)
+        return f"{leaf if leaves.count(leaf) == 1 else key}={text}"
+
+    parts = [shown(k) for k in changed[:most]] + ([f"+{len(changed) - most} more"] if len(changed) > most else [])
+    return " · ".join(parts)
+
+
+def json_value(value: Any) -> str:
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def who() -> dict[str, str]:
+    """Who ran it and where: the git user (not the login, ``root`` on every container) and the host."""
+    import re
+    import socket
+
+    tags = {"host": socket.gethostname()}
+    try:  # git's own answer: GIT_AUTHOR_NAME/EMAIL, then the config
+        out = subprocess.run(["git", "var", "GIT_AUTHOR_IDENT"], cwd=project_root(), capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return tags
+    found = re.match(r"(.*?) <(.*?)> \d+ [+-]\d+$", out.stdout.strip()) if out.returncode == 0 else None
+    if found:
+        name, email = found.groups()
+        tags |= {"mlflow.user": name or email, "git_user": f"{name} <{email}>"}
+    return tags
 
 
 class Tracker:
@@ -192,10 +286,17 @@ class MlflowTracker(Tracker):
         with store_lock(self.uri):  # the first call creates (or upgrades) the store's tables
             if mlflow.get_experiment_by_name(experiment) is None:
                 mlflow.create_experiment(experiment, artifact_location=artifact_location(), tags=EXPERIMENT_TAGS)
-            self.experiment_id = mlflow.set_experiment(experiment).experiment_id
+            found = mlflow.set_experiment(experiment)
+            self.experiment_id = found.experiment_id
+            view = json.dumps(COMPARE_VIEW)
+            if found.tags.get(f"mlflow.sharedViewState.{COMPARE_VIEW_KEY}") != view:  # new, or an older view
+                mlflow.MlflowClient().set_experiment_tag(self.experiment_id,
+                                                         f"mlflow.sharedViewState.{COMPARE_VIEW_KEY}", view)
+        if run_id is None and run_name:
+            run_name = self._unique(run_name)
         if run_id is None and started_at is not None:  # no system metrics: its work ran in other processes
             created = mlflow.MlflowClient().create_run(self.experiment_id, start_time=int(started_at * 1000),
-                                                        run_name=run_name)
+                                                        run_name=run_name, tags=who())
             self.run = mlflow.start_run(run_id=created.info.run_id, log_system_metrics=False)
             self.run_id = self.run.info.run_id
             return
@@ -210,6 +311,22 @@ class MlflowTracker(Tracker):
             logger.info(f"mlflow: run {run_id} from the checkpoint is not in {self.uri}; starting a new run")
             self.run = mlflow.start_run(run_name=run_name, log_system_metrics=True)
         self.run_id = self.run.info.run_id
+        if run_id is None:
+            mlflow.set_tags(who())
+
+    def _unique(self, name: str) -> str:
+        """``name``, or ``name (2)``, ``(3)`` … where runs of this experiment already have it: a second run of
+        the same change is another run, and the runs list must tell them apart."""
+        client = self.mlflow.MlflowClient()
+        quoted = name.replace("'", "\\'")
+        taken = {r.info.run_name for r in client.search_runs([self.experiment_id],
+                                                              f"attributes.run_name LIKE '{quoted}%'", max_results=500)}
+        if name not in taken:
+            return name
+        n = 2
+        while f"{name} ({n})" in taken:
+            n += 1
+        return f"{name} ({n})"
 
     def _call(self, what: str, call: Callable[[], Any]) -> None:
         """Run one tracking call, retrying a failing store within the budget; past it, stop tracking."""
@@ -233,6 +350,10 @@ class MlflowTracker(Tracker):
         logger.warning(f"MLflow could not {what} in {self.uri} ({exc.__class__.__name__}: {first}); tracking is "
                        f"off for the rest of this run, which goes on: its figures are in {self.kept_in}")
         self.failed = True
+        # MLflow's own threads (system metrics) may still be inside a call to the failing store: each failure
+        # would print a traceback after the one line above. Tracking is off: nothing they say helps any more.
+        for name in (*STORE_LOGGERS, "mlflow.system_metrics"):
+            logging.getLogger(name).setLevel(logging.CRITICAL + 1)
         if self.run_id:  # stop MLflow's system-metrics thread, which would go on failing against the store
             from mlflow.tracking import fluent
 

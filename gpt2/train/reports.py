@@ -71,6 +71,13 @@ COMPARED = {"train": ("loss",), "val": ("loss", "loss_se", "ppl"),
             "mem": ("peak_gb",), "target": ("reached", "time_s", "tokens", "steps"), "wall_s": None}
 
 
+# The compared figures MLflow keeps as metrics (``summary/perf.tokens_per_s`` …): what the runs list and the
+# compare page show side by side. Every other figure of the summary is a tag (``summary.train.loss``), so a
+# run's charts are its curves, not a page of one-point charts.
+TRACKED = ("perf.tokens_per_s", "perf.tokens_per_s_iqr", "perf.step_ms", "perf.mfu", "mem.peak_gb", "target.time_s",
+           "target.tokens")
+
+
 def warmup_s(history: History, steps: int) -> float:
     """Seconds spent in the untimed first steps of every session: compilation and autotuning, mostly."""
     return round(sum(t for t, warm in zip(history.step_s, history.warm(steps)) if warm), 3)

@@ -174,7 +174,8 @@ class StepLog:
             self.synced = True
         if step == self.warm_until:  # this session's warm-up
             session = self.history.step_s[self.session_start:self.session_start + self.cfg.timing_warmup_steps]
-            self.tracker.log_metrics({"perf/warmup_s": round(sum(session), 3)}, step=step)
+            n = len(self.history.sessions)  # one figure per session: a tag, not a one-point chart
+            self.tracker.set_tags({"perf.warmup_s" + (f".session_{n}" if n > 1 else ""): round(sum(session), 3)})
         return stopping
 
     def count_steady(self, step: int, now: float) -> None:
@@ -201,7 +202,7 @@ class StepLog:
         if self.cfg.optimizer == "muon":
             record["train/muon_lr"] = s.optimizers[0].param_groups[0]["lr"]
         # warm-up steps (compilation, autotuning) stay out of the speed series: one 30 s step would flatten
-        # every plot of step time; their total is its own measure, perf/warmup_s
+        # every plot of step time; their total is its own figure, the tag perf.warmup_s
         dt = self.history.step_s[-1]
         tokens_per_s = s.throughput.tokens_per_s(dt)
         if step > self.warm_until and (warning := above_peak(s, tokens_per_s)):

@@ -118,7 +118,8 @@ def _measure(root: Path, ladder: Ladder, resolved: Resolved, todo: list[tuple[in
                     f"{resolved.profile.repeats} ({name}){eta}")
         started = time.perf_counter()
         try:
-            code = experiments.run_now(root, name, resolved.sets[i], "train", log_path)
+            code = experiments.run_now(root, name, resolved.sets[i], "train", log_path,
+                                       f"ladder · {i:02d} {ladder.rungs[i].name} · run {r + 1}")
         except KeyboardInterrupt as interrupt:
             error = UserError("ladder interrupted: the running experiment was stopped; finished runs are kept "
                               "(dvc exp show) and reused by the next `gpt2 ladder`")
