@@ -326,22 +326,27 @@ def log_parent(name: str, grid: dict[str, list[Any]], rows: list[Row], out: Path
         tracker.set_tags({"kind": "grid", "grid.baseline": describe(rows[0].setting)})
         tracker.log_params({f"grid.{k}": ",".join(map(str, v)) for k, v in grid.items()})
         for i, row in enumerate(rows):
-            tracker.log_metrics({"grid/tokens_per_s": row.tokens_per_s.median if row.tokens_per_s else None,
-                                 "grid/speedup": 1.0 if i == 0 and row.runs else row.speedup,
+            tracker.log_metrics({"grid/tokens_per_s": round(row.tokens_per_s.median, 1) if row.tokens_per_s else None,
+                                 "grid/speedup": 1.0 if i == 0 and row.runs else _round(row.speedup),
                                  "grid/speed_inside_noise": _flag(row.speed_inside_noise),
-                                 "grid/val_loss": row.val_loss, "grid/val_loss_delta": row.loss_delta,
+                                 "grid/val_loss": _round(row.val_loss), "grid/val_loss_delta": _round(row.loss_delta),
                                  "grid/loss_apart": _flag(row.loss_apart)}, step=i)
         if dataset := experiments.workspace_dataset(Path.cwd()):
             tracker.log_dataset(dataset, context="training")
         for suffix in (".md", ".json", ".png"):
             tracker.log_artifact(out / f"{slug}{suffix}")
+        tracker.describe((out / f"{slug}.md").read_text())
         children = {n: {"grid.setting": describe(row.setting), "grid.run": str(r + 1)}
                     for row in rows for r, n in enumerate(row.experiments)}
-        verdicts = {n: {"vs_baseline/speedup": 1.0 if i == 0 else row.speedup,
+        verdicts = {n: {"vs_baseline/speedup": 1.0 if i == 0 else _round(row.speedup),
                         "vs_baseline/speed_inside_noise": _flag(row.speed_inside_noise),
-                        "vs_baseline/val_loss_delta": 0.0 if i == 0 else row.loss_delta}
+                        "vs_baseline/val_loss_delta": 0.0 if i == 0 else _round(row.loss_delta)}
                     for i, row in enumerate(rows) for n in row.experiments}
         adopt(tracker, list(children), children, verdicts)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def _flag(value: bool | None) -> float | None:

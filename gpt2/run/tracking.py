@@ -66,6 +66,7 @@ COMPARE_VIEW = {
     "orderByKey": "attributes.start_time",
     "orderByAsc": False,
 }
+COMPARE_VIEW["columnOrder"] = COMPARE_VIEW["selectedColumns"]  # as listed: the loss first, not alphabetical
 
 
 def where_to_see(uri: str, experiment_id: str, run_id: str) -> str:
@@ -151,7 +152,17 @@ def experiment_run_name(params_path: str | Path = "params.yaml") -> str | None:
         return dvc_name
     if not isinstance(before, dict) or not isinstance(after, dict):
         return dvc_name
-    return changes_name(flatten(before), flatten(after)) or "params as committed"
+    return changes_name(flatten(_checked(before)), flatten(_checked(after))) or "params as committed"
+
+
+def _checked(raw: dict[str, Any]) -> dict[str, Any]:
+    """Params as the stages read them (DVC rewrites ``"off"`` as a bare ``off``, which YAML reads as false)."""
+    from gpt2.core.config import Params, build, to_dict
+
+    try:
+        return to_dict(build(Params, raw, ""))
+    except UserError:
+        return raw
 
 
 def changes_name(before: dict[str, Any], after: dict[str, Any], most: int = 4) -> str:
@@ -218,6 +229,8 @@ class Tracker:
     def log_artifact(self, path: str | Path, folder: str | None = None) -> None: ...
 
     def log_dataset(self, dataset: dict[str, Any], context: str) -> None: ...
+
+    def describe(self, markdown: str) -> None: ...
 
     def end(self, status: str = "FINISHED") -> None: ...
 
@@ -387,6 +400,10 @@ class MlflowTracker(Tracker):
         """``dataset`` (gpt2.core.provenance.describe_tokens) as the run's input, so MLflow's dataset column
         tells runs on different corpora or splits apart. ``context``: training or evaluation."""
         self._call("log the dataset", lambda: self.mlflow.log_input(token_dataset(dataset), context=context))
+
+    def describe(self, markdown: str) -> None:
+        """The run's description, the first thing its page shows (a grid's or a ladder's verdict and table)."""
+        self._call("set the description", lambda: self.mlflow.set_tag("mlflow.note.content", markdown))
 
     def end(self, status: str = "FINISHED") -> None:
         self._call(f"end the run as {status}", lambda: self.mlflow.end_run(status=status))

@@ -175,3 +175,4 @@ def log_to_mlflow(rows: list[Row], resolved: Resolved, runs: list[list[experimen
                                     step=row.index)
         for name in ("ladder.md", "ladder.png", "ladder.json"):
             tracker.log_artifact(out / name)
+        tracker.describe((out / "ladder.md").read_text())
