@@ -260,7 +260,7 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ro
             "as a DVC experiment; the first setting is the baseline. A speed ratio is the median of each run's "
             "tokens/s over the baseline's run of the same repeat. Val losses: the median run's, ± its standard error "
             "over the scored windows; two differ outside noise when more than 2 × √(se₁² + se₂²) apart (evaluate's "
-            "where both have it). Speeds: median (min–max) over the runs.\n\n" + table(grid, rows, repeats))
+            "where both have it; README, \"Compare optimizations\"). Speeds: median (min–max) over the runs.\n\n" + table(grid, rows, repeats))
     data = {"name": name, "grid": grid, "repeats": repeats, "target": target,
             "rows": [dataclasses.asdict(r) for r in rows]}
     write_files(out, {f"{slug}.md": text, f"{slug}.json": json.dumps(data, indent=2) + "\n",
