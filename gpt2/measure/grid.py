@@ -79,7 +79,7 @@ class Row:
     paired: list[float] = field(default_factory=list)  # tokens/s over the baseline's of the same repeat
     speedup: float | None = None  # the median paired ratio
     speed_inside_noise: bool | None = None
-    loss_delta: float | None = None  # val loss minus the baseline's (evaluate's where both have it)
+    loss_delta: float | None = None  # val loss minus the baseline's (evaluate's where every setting has it)
     loss_apart: bool | None = None  # beyond 2 × the standard error of the difference
 
 
@@ -184,14 +184,14 @@ def judge(combos: list[dict[str, Any]], names: list[list[str]],
                 row.eval_val_loss = scored[len(scored) // 2]["val_loss"]
                 row.eval_val_loss_se = scored[len(scored) // 2].get("val_loss_se")
         rows.append(row)
-    base = rows[0]
+    base, by_eval = rows[0], evaluated(rows)
     floor_pairs = []
     for row in rows[1:]:
         pairs = [(a, b) for a, b in zip(row.tokens_per_s_runs, base.tokens_per_s_runs) if a and b]
         row.paired = paired_ratios([a for a, _ in pairs], [b for _, b in pairs])
         row.speedup = statistics.median(row.paired) if row.paired else None
         floor_pairs.append(row.paired)
-        mine, theirs = quality(row), quality(base)
+        mine, theirs = quality(row, by_eval), quality(base, by_eval)
         if mine[0] is not None and theirs[0] is not None:
             row.loss_delta = mine[0] - theirs[0]
             row.loss_apart = losses_apart(*mine, *theirs)
@@ -202,11 +202,15 @@ def judge(combos: list[dict[str, Any]], names: list[list[str]],
     return rows
 
 
-def quality(row: Row) -> tuple[float | None, float | None]:
-    """The val loss a setting is judged by, with its standard error: evaluate's (more windows) where it ran."""
-    if row.eval_val_loss is not None:
-        return row.eval_val_loss, row.eval_val_loss_se
-    return row.val_loss, row.val_loss_se
+def evaluated(rows: list[Row]) -> bool:
+    """Whether every setting that ran has evaluate's val loss: then the settings are judged by it (more
+    windows), else all by training's, never one against the other."""
+    return all(r.eval_val_loss is not None for r in rows if r.runs)
+
+
+def quality(row: Row, by_eval: bool) -> tuple[float | None, float | None]:
+    """The val loss a setting is judged by, with its standard error over the scored windows."""
+    return (row.eval_val_loss, row.eval_val_loss_se) if by_eval else (row.val_loss, row.val_loss_se)
 
 
 def verdict(rows: list[Row], repeats: int) -> str:
@@ -260,7 +264,7 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ro
             "as a DVC experiment; the first setting is the baseline. A speed ratio is the median of each run's "
             "tokens/s over the baseline's run of the same repeat. Val losses: the median run's, ± its standard error "
             "over the scored windows; two differ outside noise when more than 2 × √(se₁² + se₂²) apart (evaluate's "
-            "where both have it; README, \"Compare optimizations\"). Speeds: median (min–max) over the runs.\n\n" + table(grid, rows, repeats))
+            "where every setting has it; README, \"Compare optimizations\"). Speeds: median (min–max) over the runs.\n\n" + table(grid, rows, repeats))
     data = {"name": name, "grid": grid, "repeats": repeats, "target": target,
             "rows": [dataclasses.asdict(r) for r in rows]}
     write_files(out, {f"{slug}.md": text, f"{slug}.json": json.dumps(data, indent=2) + "\n",
@@ -277,7 +281,7 @@ def render_png(rows: list[Row], title: str, said: str) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = rows[::-1]
+    shown, by_eval = rows[::-1], evaluated(rows)
     labels = [textwrap.shorten(describe(r.setting), 48) for r in shown]
     head = textwrap.fill(said.replace("**", "").replace("\n\n", " "), 140)
     fig, (speed, loss) = plt.subplots(1, 2, figsize=(11, 0.45 * len(rows) + 2.0 + 0.17 * (head.count("\n") + 1)),
@@ -296,7 +300,7 @@ def render_png(rows: list[Row], title: str, said: str) -> bytes:
                    capsize=3)
         note = "baseline" if row is rows[0] else f"{ratio:.2f}×" + (" (inside noise)" if gray else "")
         speed.annotate(note, (high, y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
-        value, error = quality(row)
+        value, error = quality(row, by_eval)
         if value is not None:
             apart = row is not rows[0] and row.loss_apart
             loss.errorbar(value, y, xerr=2 * error if error else None, fmt="o", capsize=3,
@@ -306,7 +310,8 @@ def render_png(rows: list[Row], title: str, said: str) -> bytes:
     speed.set_ylim(-0.6, len(shown) - 0.4)
     speed.set_xlim(0, 1.3 * max([max(r.paired) for r in rows if r.paired] + [1.0]))
     speed.set(xlabel="tokens/s vs the baseline (median of paired runs, min–max)", title="Speed")
-    loss.set(xlabel="val loss (± 2 standard errors; blue: apart from the baseline)", title="Quality")
+    loss.set(xlabel=f"{'evaluate' if by_eval else 'training'}'s val loss (± 2 standard errors; blue: apart from the "
+                    "baseline)", title="Quality")
     fig.suptitle(f"{title}\n{head}", fontsize=8)
     fig.tight_layout()
     buffer = io.BytesIO()
