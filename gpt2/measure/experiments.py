@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -97,6 +99,42 @@ def run_now(root: Path, name: str, sets: dict[str, Any], target: str, log: Path,
             except subprocess.TimeoutExpired:
                 process.kill()
             raise
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One experiment to run: its DVC name, its ``-S`` settings, how the progress line names it, its MLflow run."""
+
+    name: str
+    sets: dict[str, Any]
+    label: str
+    run_name: str
+
+
+def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what: str, kept: str = "") -> None:
+    """Run ``planned`` one at a time, in its order, with a progress line and an ETA; DVC's output goes to ``log``.
+    A failed experiment is said and skipped (it is missing from :func:`finished`); Ctrl-C or SIGTERM stops the
+    running one and ends with a UserError that says what is kept. ``what``: the command (``grid``)."""
+    from gpt2.core import log as logs
+    from gpt2.core.progress import clock
+
+    logger = logs.get(what)
+    log.unlink(missing_ok=True)
+    durations: list[float] = []
+    for done, run in enumerate(planned):
+        eta = f", ETA {clock(statistics.median(durations) * (len(planned) - done))}" if durations else ""
+        logger.info(f"{what}: [{done + 1}/{len(planned)}] {run.label} ({run.name}){eta}")
+        started = time.perf_counter()
+        try:
+            code = run_now(root, run.name, run.sets, target, log, run.run_name)
+        except KeyboardInterrupt as interrupt:
+            error = UserError(f"{what} interrupted: the running experiment was stopped; finished runs are kept "
+                              f"(dvc exp show){kept}")
+            error.exit_code = 143 if isinstance(interrupt, Terminated) else 130
+            raise error from None
+        durations.append(time.perf_counter() - started)
+        if code != 0:
+            logger.info(f"{what}: {run.name} failed (dvc exit {code}); its output is in {log}")
 
 
 def _set_args(sets: dict[str, Any]) -> list[str]:

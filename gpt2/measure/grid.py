@@ -27,8 +27,7 @@ from typing import Any
 from gpt2.core import log
 from gpt2.core.atomic import write_files
 from gpt2.core.config import read_yaml
-from gpt2.core.errors import Terminated, UserError
-from gpt2.core.progress import clock
+from gpt2.core.errors import UserError
 from gpt2.measure import experiments
 from gpt2.measure.compare import (Spread, loss_shown, losses_apart, noise_verdict, paired_ratios, ratio_inside_noise,
                                   ratio_shown, typical_disagreement)
@@ -105,7 +104,10 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
     logger.info(f"grid {name!r}: {len(combos)} settings × {repeats} run(s) ({', '.join(grid)}), one at a time; "
                 f"the first, {describe(combos[0])}, is the baseline")
     out = Path(out)
-    _run(root, name, combos, names, order, target, out)
+    experiments.run_in_turn(root, [experiments.Planned(
+        names[i][r], combos[i], f"{describe(combos[i])}, run {r + 1}",
+        f"{name} · {describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else "")) for i, r in order],
+        target, out / "dvc.log", "grid")
     found = {e.name: e for e in experiments.finished(root)}
     rows = judge(combos, names, found)
     report = write_report(out, slug, name, grid, rows, repeats, target)
@@ -136,30 +138,6 @@ def _free(name: str, taken: set[str]) -> str:
         candidate = f"{name}-{n}"
     taken.add(candidate)
     return candidate
-
-
-def _run(root: Path, grid_name: str, combos: list[dict[str, Any]], names: list[list[str]],
-         order: list[tuple[int, int]], target: str, out: Path) -> None:
-    """Each run in ``order``, one at a time, with a progress line and an ETA; DVC's output goes to dvc.log."""
-    log_path = out / "dvc.log"
-    log_path.unlink(missing_ok=True)
-    durations: list[float] = []
-    repeats = len(names[0])
-    for done, (i, r) in enumerate(order):
-        eta = f", ETA {clock(statistics.median(durations) * (len(order) - done))}" if durations else ""
-        logger.info(f"grid: [{done + 1}/{len(order)}] {describe(combos[i])}, run {r + 1} ({names[i][r]}){eta}")
-        tick = time.perf_counter()
-        try:
-            code = experiments.run_now(root, names[i][r], combos[i], target, log_path,
-                                       f"{grid_name} · {describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else ""))
-        except KeyboardInterrupt as interrupt:
-            error = UserError("grid interrupted: the running experiment was stopped; finished runs are kept "
-                              "(dvc exp show)")
-            error.exit_code = 143 if isinstance(interrupt, Terminated) else 130
-            raise error from None
-        durations.append(time.perf_counter() - tick)
-        if code != 0:
-            logger.info(f"grid: {names[i][r]} failed (dvc exit {code}); its output is in {log_path}")
 
 
 def judge(combos: list[dict[str, Any]], names: list[list[str]],

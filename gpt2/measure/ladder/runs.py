@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -10,8 +9,7 @@ from typing import Any
 from gpt2.core import log
 from gpt2.core.atomic import check_owned
 from gpt2.core.config import ModelParams, TrainConfig, build, read_yaml, to_dict
-from gpt2.core.errors import Terminated, UserError
-from gpt2.core.progress import clock
+from gpt2.core.errors import UserError
 from gpt2.measure import experiments
 from gpt2.measure.ladder.report import LADDER_FILES, log_to_mlflow, write_report
 from gpt2.measure.ladder.spec import EXP_PREFIX, TRAIN_METRICS, TRAIN_RUN, Ladder, Resolved, load_ladder, resolve
@@ -104,27 +102,15 @@ def resolve_device(device: str) -> str:
 def _measure(root: Path, ladder: Ladder, resolved: Resolved, todo: list[tuple[int, int]], taken: set[str],
              out: Path) -> None:
     """Run ``todo`` one experiment at a time, in its order (the repeats' alternation is the point)."""
-    log_path = out / "dvc.log"
-    log_path.unlink(missing_ok=True)
-    durations: list[float] = []
-    for done, (i, r) in enumerate(todo):
+    planned = []
+    for i, r in todo:
         n = 1
         while f"{EXP_PREFIX}{i:02d}-{ladder.rungs[i].slug}-{n}" in taken:
             n += 1
         name = f"{EXP_PREFIX}{i:02d}-{ladder.rungs[i].slug}-{n}"
         taken.add(name)
-        eta = f", ETA {clock(statistics.median(durations) * (len(todo) - done))}" if durations else ""
-        logger.info(f"ladder: [{done + 1}/{len(todo)}] rung {i} {ladder.rungs[i].name!r}, repeat {r + 1}/"
-                    f"{resolved.profile.repeats} ({name}){eta}")
-        started = time.perf_counter()
-        try:
-            code = experiments.run_now(root, name, resolved.sets[i], "train", log_path,
-                                       f"ladder · {i:02d} {ladder.rungs[i].name} · run {r + 1}")
-        except KeyboardInterrupt as interrupt:
-            error = UserError("ladder interrupted: the running experiment was stopped; finished runs are kept "
-                              "(dvc exp show) and reused by the next `gpt2 ladder`")
-            error.exit_code = 143 if isinstance(interrupt, Terminated) else 130
-            raise error from None
-        durations.append(time.perf_counter() - started)
-        if code != 0:
-            logger.info(f"ladder: {name} failed (dvc exit {code}); its output is in {log_path}")
+        planned.append(experiments.Planned(name, resolved.sets[i], f"rung {i} {ladder.rungs[i].name!r}, repeat "
+                                           f"{r + 1}/{resolved.profile.repeats}",
+                                           f"ladder · {i:02d} {ladder.rungs[i].name} · run {r + 1}"))
+    experiments.run_in_turn(root, planned, "train", out / "dvc.log", "ladder",
+                            " and reused by the next `gpt2 ladder`")
