@@ -66,6 +66,11 @@ def losses_apart(loss: float | None, se: float | None, other: float | None, othe
     return abs(loss - other) > 2 * math.hypot(se, other_se)
 
 
+def as_metric(verdict: bool | None) -> float | None:
+    """A yes/no verdict as an MLflow metric (1.0 or 0.0; None where there is none), so a runs list can show it."""
+    return None if verdict is None else float(verdict)
+
+
 def ratio_shown(value: float | None, inside_noise: bool = False) -> str:
     if value is None:
         return ""

@@ -29,8 +29,9 @@ from gpt2.core.atomic import write_files
 from gpt2.core.config import read_yaml
 from gpt2.core.errors import UserError
 from gpt2.measure import experiments
-from gpt2.measure.compare import (Spread, loss_shown, losses_apart, noise_verdict, paired_ratios, ratio_inside_noise,
-                                  ratio_shown, typical_disagreement)
+from gpt2.measure.compare import (Spread, as_metric, loss_shown, losses_apart, noise_verdict, paired_ratios,
+                                  ratio_inside_noise, ratio_shown, typical_disagreement)
+from gpt2.run.tracking import json_value
 
 logger = log.get("grid")
 
@@ -123,11 +124,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
 
 def describe(setting: dict[str, Any]) -> str:
     """``train.lr=0.002 · model.attention=manual``: a setting as people read it."""
-    return " · ".join(f"{key}={_value(value)}" for key, value in setting.items())
-
-
-def _value(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
+    return " · ".join(f"{key}={json_value(value)}" for key, value in setting.items())
 
 
 def _free(name: str, taken: set[str]) -> str:
@@ -163,17 +160,15 @@ def judge(combos: list[dict[str, Any]], names: list[list[str]],
                 row.eval_val_loss_se = scored[len(scored) // 2].get("val_loss_se")
         rows.append(row)
     base, by_eval = rows[0], evaluated(rows)
-    floor_pairs = []
     for row in rows[1:]:
         pairs = [(a, b) for a, b in zip(row.tokens_per_s_runs, base.tokens_per_s_runs) if a and b]
         row.paired = paired_ratios([a for a, _ in pairs], [b for _, b in pairs])
         row.speedup = statistics.median(row.paired) if row.paired else None
-        floor_pairs.append(row.paired)
         mine, theirs = quality(row, by_eval), quality(base, by_eval)
         if mine[0] is not None and theirs[0] is not None:
             row.loss_delta = mine[0] - theirs[0]
             row.loss_apart = losses_apart(*mine, *theirs)
-    floor = typical_disagreement(floor_pairs)
+    floor = typical_disagreement([row.paired for row in rows[1:]])
     for row in rows[1:]:
         if row.speedup is not None:
             row.speed_inside_noise = ratio_inside_noise(row.paired, floor)
@@ -218,7 +213,7 @@ def table(grid: dict[str, list[Any]], rows: list[Row], repeats: int) -> str:
             "peak mem (GB)", "experiments"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, row in enumerate(rows):
-        cells = [_value(row.setting[k]) for k in grid] + [f"{row.runs}/{repeats}"]
+        cells = [json_value(row.setting[k]) for k in grid] + [f"{row.runs}/{repeats}"]
         if not row.runs:
             cells += ["failed"] + [""] * (len(head) - len(cells) - 2) + [", ".join(row.experiments)]
             lines.append("| " + " | ".join(cells) + " |")
@@ -311,9 +306,9 @@ def log_parent(name: str, grid: dict[str, list[Any]], rows: list[Row], out: Path
         for i, row in enumerate(rows):
             tracker.log_metrics({"grid/tokens_per_s": round(row.tokens_per_s.median, 1) if row.tokens_per_s else None,
                                  "grid/speedup": 1.0 if i == 0 and row.runs else _round(row.speedup),
-                                 "grid/speed_inside_noise": _flag(row.speed_inside_noise),
+                                 "grid/speed_inside_noise": as_metric(row.speed_inside_noise),
                                  "grid/val_loss": _round(row.val_loss), "grid/val_loss_delta": _round(row.loss_delta),
-                                 "grid/loss_apart": _flag(row.loss_apart)}, step=i)
+                                 "grid/loss_apart": as_metric(row.loss_apart)}, step=i)
         if dataset := experiments.workspace_dataset(Path.cwd()):
             tracker.log_dataset(dataset, context="training")
         for suffix in (".md", ".json", ".png"):
@@ -322,7 +317,7 @@ def log_parent(name: str, grid: dict[str, list[Any]], rows: list[Row], out: Path
         children = {n: {"grid.setting": describe(row.setting), "grid.run": str(r + 1)}
                     for row in rows for r, n in enumerate(row.experiments)}
         verdicts = {n: {"vs_baseline/speedup": 1.0 if i == 0 else _round(row.speedup),
-                        "vs_baseline/speed_inside_noise": _flag(row.speed_inside_noise),
+                        "vs_baseline/speed_inside_noise": as_metric(row.speed_inside_noise),
                         "vs_baseline/val_loss_delta": 0.0 if i == 0 else _round(row.loss_delta)}
                     for i, row in enumerate(rows) for n in row.experiments}
         adopt(tracker, list(children), children, verdicts)
@@ -332,5 +327,3 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def _flag(value: bool | None) -> float | None:
-    return None if value is None else float(value)

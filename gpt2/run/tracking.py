@@ -182,8 +182,7 @@ def changes_name(before: dict[str, Any], after: dict[str, Any], most: int = 4) -
 
 
 def json_value(value: Any) -> str:
-    import json
-
+    """A param's value as people write it: text bare, the rest as JSON (``true``, ``0.002``, ``[0.9, 0.95]``)."""
     return value if isinstance(value, str) else json.dumps(value)
 
 

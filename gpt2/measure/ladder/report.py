@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpt2.core.atomic import atomic_dir
 from gpt2.measure import experiments
-from gpt2.measure.compare import loss_shown, ratio_shown
+from gpt2.measure.compare import as_metric, loss_shown, ratio_shown
 from gpt2.measure.ladder.spec import Resolved
 from gpt2.measure.ladder.stats import CANNOT_SHOW, NO_EFFECT, Row, noise_verdict
 from gpt2.run.compiled import flag
@@ -149,8 +149,7 @@ def log_to_mlflow(rows: list[Row], resolved: Resolved, runs: list[list[experimen
         rungs = {exp.name: {"ladder.rung": row.rung, "ladder.index": str(row.index)}
                  for row, group in zip(rows, runs) for exp in group}
         verdicts = {exp.name: {"vs_previous/speedup": row.vs_previous,
-                               "vs_previous/speed_inside_noise": (None if row.vs_previous is None else
-                                                                  float(bool(row.inside_noise.get("tokens_per_s")))),
+                               "vs_previous/speed_inside_noise": as_metric(row.inside_noise.get("tokens_per_s")),
                                "vs_baseline/speedup": row.cumulative}
                     for row, group in zip(rows, runs) for exp in group}
         adopt(tracker, list(rungs), rungs, verdicts)
@@ -166,8 +165,7 @@ def log_to_mlflow(rows: list[Row], resolved: Resolved, runs: list[list[experimen
                                      "ladder/tokens_per_s_wall": row.tokens_per_s_wall,
                                      "ladder/cumulative_speedup": row.cumulative,
                                      "ladder/speedup_vs_previous": row.vs_previous,
-                                     "ladder/speed_inside_noise": (None if row.vs_previous is None else
-                                                                   float(bool(row.inside_noise.get("tokens_per_s")))),
+                                     "ladder/speed_inside_noise": as_metric(row.inside_noise.get("tokens_per_s")),
                                      "ladder/peak_mem_gb":
                                      row.peak_mem_gb, "ladder/mfu": row.mfu, "ladder/val_loss": row.val_loss,
                                      "ladder/time_to_target_s": row.time_s.median if row.time_s else None,
