@@ -39,7 +39,7 @@ def main() -> None:
     if args.fault and int(os.environ["RANK"]) == args.fault_rank:
         original = trainer.lr_at
 
-        def lr_at(step, cfg, total):
+        def lr_at(step, cfg, *rest):
             if step == args.fault_step:
                 if args.fault == "signal":
                     os.kill(os.getpid(), signal.SIGTERM)
@@ -47,7 +47,7 @@ def main() -> None:
                     time.sleep(args.hang_s)
                 else:
                     os._exit(3)
-            return original(step, cfg, total)
+            return original(step, cfg, *rest)
 
         trainer.lr_at = lr_at
     user_errors(trainer.train)(load_params(args.params), args.tokens, args.ckpt, args.out)

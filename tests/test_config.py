@@ -123,7 +123,12 @@ def test_a_model_switch_in_its_old_train_place_names_the_new_key(tmp_path, key):
     ("eval:\n  top_p: 0.0\n", r"eval.top_p = 0.0.*a number in \(0, 1\] \(1.0 = off\)"),
     ("train:\n  grad_clip: -1.0\n", r"train.grad_clip = -1.0.*a number >= 0 \(0 = off\)"),
     ("train:\n  min_lr: 0.5\n", r"train.min_lr = 0.5.*\[0, train.lr\]"),
-    ("train:\n  max_tokens: 100\n", r"exactly one of train.max_steps and train.max_tokens"),
+    ("train:\n  max_tokens: 100\n", r"train.max_tokens = 100.*exactly one of train.max_steps, train.max_tokens and "
+                                      r"train.time_budget_s set .*max_steps and max_tokens are both set"),
+    ("train:\n  time_budget_s: 60.0\n", r"train.time_budget_s = 60.0.*max_steps and time_budget_s are both set"),
+    ("train:\n  max_steps: null\n  time_budget_s: 0.0\n", r"train.time_budget_s = 0.0.*a number > 0"),
+    ("train:\n  max_steps: null\n", r"train.max_steps = None.*exactly one of"),
+    ("train:\n  price_per_hour: -1.0\n", r"train.price_per_hour = -1.0.*a number >= 0"),
 ])
 def test_declared_ranges_and_cross_checks_name_the_key(tmp_path, text, match):
     with pytest.raises(ParamError, match=match):

@@ -72,11 +72,11 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     params = micro_params(mlflow=True, max_steps=6, eval_interval=3, log_interval=2)
     original = trainer.lr_at
 
-    def lr_at(step, cfg, total):  # interrupt once, at step 3, to check that resuming reuses the run
+    def lr_at(step, cfg, *rest):  # interrupt once, at step 3, to check that resuming reuses the run
         if step == 3 and not os.environ.get("STOPPED"):
             os.environ["STOPPED"] = "1"
             os.kill(os.getpid(), signal.SIGINT)
-        return original(step, cfg, total)
+        return original(step, cfg, *rest)
 
     monkeypatch.setattr(trainer, "lr_at", lr_at)
     monkeypatch.delenv("STOPPED", raising=False)
@@ -190,7 +190,7 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_or_reports(tmp_path,
     monkeypatch.setattr(utils.sql, "text", lambda s, *a: text(s.replace("busy_timeout = 20000", "busy_timeout = 1000")))
     original, held = trainer.lr_at, []
 
-    def lr_at(step, cfg, total):
+    def lr_at(step, cfg, *rest):
         if step == 3 and not held and fault == "locked":  # as a long query in the UI or a script would
             lock = sqlite3.connect(db, isolation_level=None)
             lock.execute("BEGIN EXCLUSIVE")
@@ -198,7 +198,7 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_or_reports(tmp_path,
         elif step == 3 and not held and fault == "deleted":
             db.unlink()
             held.append(None)
-        return original(step, cfg, total)
+        return original(step, cfg, *rest)
 
     monkeypatch.setattr(trainer, "lr_at", lr_at)
     summary = train(micro_params(mlflow=True, checkpoint_interval=4), tokens, tmp_path / "ckpt.pt", tmp_path / "r")

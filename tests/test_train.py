@@ -44,10 +44,10 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
     assert json.loads((report / "summary.json").read_text()) == metrics
     # DVC's metrics file keeps only the figures people compare (dvc exp show stays readable)
     compared = json.loads((report / "metrics.json").read_text())
-    assert sorted(flatten(compared)) == ["mem.peak_gb", "perf.mfu", "perf.step_ms", "perf.step_ms_iqr",
+    assert sorted(flatten(compared)) == ["cost.device_hours", "cost.usd", "mem.peak_gb", "perf.mfu", "perf.step_ms", "perf.step_ms_iqr",
                                          "perf.tokens_per_s", "perf.tokens_per_s_iqr", "perf.tokens_per_s_steady",
-                                         "perf.tokens_per_s_wall", "train.loss", "val.loss", "val.loss_se", "val.ppl",
-                                         "wall_s"]
+                                         "perf.tokens_per_s_wall", "train.loss", "train_s", "val.loss", "val.loss_se",
+                                         "val.ppl", "wall_s"]
     # wall-clock throughput: every token over the whole run's time, evals and model build included; the steady
     # state: the 29 steps after the warm-up over their wall time (evals included), between the two
     wall = metrics["wall_s"]  # rounded to 10 ms: the bounds allow for it
@@ -109,10 +109,10 @@ def interrupt_at(monkeypatch, step_to_stop: int, sig=signal.SIGINT):
     """Send ``sig`` to this process while step ``step_to_stop`` runs, as Ctrl-C or a scheduler would."""
     original = trainer.lr_at
 
-    def lr_at(step, cfg, total):
+    def lr_at(step, cfg, *rest):
         if step == step_to_stop:
             os.kill(os.getpid(), sig)
-        return original(step, cfg, total)
+        return original(step, cfg, *rest)
 
     monkeypatch.setattr(trainer, "lr_at", lr_at)
 
@@ -296,13 +296,13 @@ def test_the_memory_peak_is_the_runs_peak_not_its_end(tmp_path, tokens, monkeypa
 
     original = trainer.lr_at
 
-    def lr_at(step, cfg, total):
+    def lr_at(step, cfg, *rest):
         if step == 3:  # 400 MB held for a moment, then returned to the system
             block = mmap.mmap(-1, 400 * 2**20)
             for page in range(0, len(block), mmap.PAGESIZE):
                 block[page] = 1
             block.close()
-        return original(step, cfg, total)
+        return original(step, cfg, *rest)
 
     monkeypatch.setattr(trainer, "lr_at", lr_at)
     mem = run(tmp_path, tokens, micro_params(max_steps=6))["mem"]

@@ -140,6 +140,9 @@ class TrainConfig:
     # length and schedule
     max_steps: int | None = param(320, "optimizer steps; or null, with max_tokens set", ge=1, le=10**9)
     max_tokens: int | None = param(None, "tokens to train on, rounded up to whole steps; or null", ge=1, le=10**14)
+    time_budget_s: float | None = param(
+        None, "train for this many seconds of training steps instead (compile included; evals, checkpoints and the "
+              "build before the first step not), the lr decaying over the budget; or null", gt=0)
     lr: float = param(1.0e-3, "peak learning rate", gt=0, le=10)
     lr_schedule: Literal["cosine", "constant"] = param(
         "cosine", "cosine (linear warmup, cosine decay to min_lr) | constant (after warmup)")
@@ -173,6 +176,9 @@ class TrainConfig:
     target_val_loss: float | None = param(None, "time to target: the first eval at or below it records time, "
                                                 "tokens and steps", gt=0)
     stop_at_target: bool = param(True, "... and ends the run there")
+    price_per_hour: float | None = param(
+        None, "USD per device-hour, for each run's cost", ge=0,
+        note="null = the assumed price of a known GPU (gpt2 plan's), no cost on a CPU")
     peak_tflops: float | None = param(
         None, "this device's dense bf16 peak for MFU; null = a GPU's data sheet, a CPU's measured matmul peak "
               "(gpt2 peak)", gt=0)
@@ -192,8 +198,11 @@ class TrainConfig:
     experiment: str = param("gpt2", "the MLflow experiment")
 
     def check(self, at: str) -> None:
-        require((self.max_steps is None) != (self.max_tokens is None), f"{at}.max_steps", self.max_steps,
-                "exactly one of train.max_steps and train.max_tokens set (the other null)")
+        lengths = {"max_steps": self.max_steps, "max_tokens": self.max_tokens, "time_budget_s": self.time_budget_s}
+        given = [k for k, v in lengths.items() if v is not None]
+        require(len(given) == 1, f"{at}.{given[-1] if given else 'max_steps'}", lengths[given[-1]] if given else None,
+                "exactly one of train.max_steps, train.max_tokens and train.time_budget_s set (the others null)"
+                + (f"; {' and '.join(given)} are both set" if len(given) > 1 else ""))
         require(self.min_lr <= self.lr, f"{at}.min_lr", self.min_lr, "a number in [0, train.lr]")
         require(bool(self.init_from.strip()), f"{at}.init_from", self.init_from,
                 "scratch, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a path")

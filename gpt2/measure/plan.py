@@ -14,6 +14,7 @@ from typing import Any
 from gpt2.core.errors import UserError
 from gpt2.core.memory_model import Shape, largest_micro_batch, memory, shape
 from gpt2.core.sizes import SIZES
+from gpt2.run.cost import ASSUMED_PRICE_PER_HOUR
 from gpt2.run.flops import PEAK_TFLOPS, device_key, flops_per_token
 
 
@@ -24,18 +25,22 @@ class Device:
     price_per_hour: float  # assumed on-demand USD per GPU-hour; --price-per-hour sets yours
 
 
+def _device(name: str, memory_gb: float, price: float | None = None) -> Device:
+    return Device(name, memory_gb, ASSUMED_PRICE_PER_HOUR[name] if price is None else price)
+
+
 DEVICES: dict[str, Device] = {
-    "h100": Device("H100", 80, 2.50),
-    "h100-pcie": Device("H100 PCIe", 80, 2.20),
-    "h100-nvl": Device("H100 NVL", 94, 2.50),
-    "h200": Device("H200", 141, 3.50),
-    "h200-nvl": Device("H200 NVL", 141, 3.50),
-    "b200": Device("B200", 180, 5.00),
-    "l40s": Device("L40S", 48, 1.00),
-    "a100": Device("A100", 80, 1.50),
-    "a100-40gb": Device("A100", 40, 1.20),
-    "l4": Device("L4", 24, 0.80),
-    "v100": Device("V100", 32, 0.60),
+    "h100": _device("H100", 80),
+    "h100-pcie": _device("H100 PCIe", 80),
+    "h100-nvl": _device("H100 NVL", 94),
+    "h200": _device("H200", 141),
+    "h200-nvl": _device("H200 NVL", 141),
+    "b200": _device("B200", 180),
+    "l40s": _device("L40S", 48),
+    "a100": _device("A100", 80),
+    "a100-40gb": _device("A100", 40, 1.20),
+    "l4": _device("L4", 24),
+    "v100": _device("V100", 32),
     "cpu": Device("cpu", 0, 0.0),  # memory: this machine's RAM; peak FLOP/s: --peak-tflops
 }
 

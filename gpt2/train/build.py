@@ -55,7 +55,7 @@ class Setup:
     val_data: TokenSplit
     seq_len: int
     tokens_per_step: int  # of the whole job: micro-batch × seq_len × accumulation × world size
-    total_steps: int
+    total_steps: int | None  # None: the run ends when train.time_budget_s is spent (train/length.py)
     throughput: Throughput  # tokens/s and MFU, from the step time
     mfu_against: str  # where MFU's peaks come from
     meta: dict[str, Any]
@@ -115,7 +115,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     BatchSampler(val_data, batch.micro, seq_len, cfg.seed, cfg.batching, runtime.device)  # length check
     tokens_per_step = batch.micro * seq_len * batch.accum * dist_info.world
     peaks = mfu_peaks(runtime, cfg.peak_tflops, dist_info.main)
-    total = cfg.max_steps or math.ceil(cfg.max_tokens / tokens_per_step)
+    total = cfg.max_steps or (math.ceil(cfg.max_tokens / tokens_per_step) if cfg.max_tokens else None)
     eval_model = model
     if cfg.compile:
         eval_model = torch.compile(model, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)
@@ -257,7 +257,8 @@ def run_name(s: Setup) -> str:
     switches = [s.runtime.dtype, s.model_cfg.attention] + ["compile"] * cfg.compile
     if s.dist.world > 1:
         switches.append(f"{cfg.distributed}×{s.dist.world}")
-    return f"{s.params.model.size} {s.total_steps} steps {' '.join(switches)} {time.strftime('%m-%d %H:%M')}"
+    length = f"{s.total_steps} steps" if s.total_steps else f"{cfg.time_budget_s:g} s"
+    return f"{s.params.model.size} {length} {' '.join(switches)} {time.strftime('%m-%d %H:%M')}"
 
 
 CPU_MICRO_BATCHES_WARNING = 64  # micro-batches per step that make a CPU step last minutes

@@ -158,14 +158,17 @@ def total(value: torch.Tensor, d: Dist) -> torch.Tensor:
     return value
 
 
-def step_consensus(losses: list[torch.Tensor], stop: bool, d: Dist) -> tuple[list[float], bool]:
-    """(each step's loss averaged over ranks, whether any rank must stop), in one all-reduce at a
-    sync point: a signal that reached one rank stops every rank after the same step."""
-    both = torch.stack([*(loss.detach().float() for loss in losses), torch.tensor(float(stop), device=losses[0].device)])
+def step_consensus(losses: list[torch.Tensor], stop: bool, clock_s: float, d: Dist) -> tuple[list[float], bool, float]:
+    """(each step's loss averaged over ranks, whether any rank must stop, the ranks' mean of ``clock_s``), in one
+    all-reduce at a sync point: a signal that reached one rank stops every rank after the same step, and a time
+    budget is read from one clock."""
+    device = losses[0].device
+    extra = torch.tensor([float(stop), clock_s], device=device)  # fp32: MPS has no fp64; 0.01 s in a day
+    both = torch.cat([torch.stack([loss.detach().float() for loss in losses]), extra])
     if d.world > 1:
         dist.all_reduce(both, op=dist.ReduceOp.SUM)
     values = both.tolist()  # the one read of the device between sync points
-    return [v / d.world for v in values[:-1]], values[-1] > 0
+    return [v / d.world for v in values[:-2]], values[-2] > 0, values[-1] / d.world
 
 
 def gather(obj: object, d: Dist) -> list[object]:

@@ -13,6 +13,7 @@ from gpt2.core import log
 from gpt2.run.tracking import Tracker
 from gpt2.train import distributed
 from gpt2.train.build import Setup
+from gpt2.train.length import Budget, Steps
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.reports import History
 
@@ -63,13 +64,15 @@ class Evaluator:
     """Scores the val split every ``eval_interval`` steps and at the end; notes when it first reaches
     ``target_val_loss`` (time from the run's start, earlier sessions included, tokens and steps)."""
 
-    def __init__(self, s: Setup, history: History, tracker: Tracker, elapsed_s: Callable[[], float]) -> None:
+    def __init__(self, s: Setup, history: History, tracker: Tracker, elapsed_s: Callable[[], float],
+                 length: Steps | Budget) -> None:
         self.s, self.cfg, self.history, self.tracker, self.elapsed_s = s, s.params.train, history, tracker, elapsed_s
+        self.length = length
         self.compiles = self.cfg.compile  # this session's first eval compiles the eval graph
 
-    def due(self, step: int) -> bool:
+    def due(self, step: int, last: bool) -> bool:
         """Every ``eval_interval`` steps; the last step only with ``final_eval`` (even on the interval)."""
-        if step == self.s.total_steps:
+        if last:
             return self.cfg.final_eval
         return step % self.cfg.eval_interval == 0
 
@@ -85,12 +88,14 @@ class Evaluator:
         with self.s.compile_watch.phase("eval"):
             val, se = estimate_loss(self.s, self.s.val_data)
         compiling, self.compiles = self.compiles, False
-        self.history.val.append({"step": step, "val/loss": val, "val/loss_se": se})
+        # with the training time and tokens so far: the curve a comparison at equal quality reads (measure/compare.py)
+        self.history.val.append({"step": step, "val/loss": val, "val/loss_se": se,
+                                 "train_s": round(self.history.train_s, 3), "tokens": step * self.s.tokens_per_step})
         best = min(self.history.val, key=lambda r: r["val/loss"])
         # MLflow's runs table shows each metric's last value: the best so far is a metric of its own
         self.tracker.log_metrics({"val/loss": val, "val/loss_se": se, "val/ppl": math.exp(min(val, 50)),
                                   "val/best_loss": best["val/loss"], "val/best_step": best["step"]}, step=step)
-        logger.info(f"step {step}/{self.s.total_steps} | val loss {val:.4f} ± {se:.4f}")
+        logger.info(f"step {self.length.shown(step)} | val loss {val:.4f} ± {se:.4f}")
         self.check_target(step, val)
         return time.perf_counter() - started if compiling else 0.0
 
@@ -102,6 +107,6 @@ class Evaluator:
         self.history.target = {"time_s": round(self.elapsed_s(), 3), "tokens": step * self.s.tokens_per_step,
                                "steps": step}
         self.tracker.log_metrics({f"target/{k}": v for k, v in self.history.target.items()}, step=step)
-        logger.info(f"step {step}/{self.s.total_steps} | reached the target val loss {target} in "
+        logger.info(f"step {self.length.shown(step)} | reached the target val loss {target} in "
                     f"{self.history.target['time_s']:.1f} s, {self.history.target['tokens']:,} tokens"
                     + ("; stopping (train.stop_at_target)" if self.cfg.stop_at_target else ""))

@@ -53,13 +53,15 @@ def set_lr(optimizers: list[torch.optim.Optimizer], scale: float) -> None:
             group["lr"] = group["peak_lr"] * scale
 
 
-def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
-    """Linear warmup from lr/warmup (never 0) to lr, then cosine decay to min_lr at total_steps."""
+def lr_at(step: int, cfg: TrainConfig, total_steps: int | None, progress: float | None = None) -> float:
+    """Linear warmup from lr/warmup (never 0) to lr, then cosine decay to min_lr at total_steps, or over
+    ``progress`` (0 to 1) where the run's end is not a step (a time budget: train/length.py)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if cfg.lr_schedule == "constant":
         return cfg.lr
-    if step >= total_steps:
-        return cfg.min_lr
-    progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+    if progress is None:
+        if step >= total_steps:
+            return cfg.min_lr
+        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)

@@ -19,6 +19,7 @@ from typing import Any
 
 from gpt2.core import log
 from gpt2.core.atomic import json_text, write_files
+from gpt2.run.cost import cost_figures
 from gpt2.run.flops import Throughput
 
 
@@ -40,6 +41,12 @@ class History:
     eval_warmup_s: float = 0.0  # the first eval of each compiled session (it compiles), left out of steady_s
     run_uid: str = field(default_factory=lambda: uuid.uuid4().hex)  # this run, over all its sessions: an
     # evaluation records the run it scored, so a report never passes another run's figures for its own
+    budget_warm_s: float | None = None  # under train.time_budget_s: the time spent when the lr's decay began
+
+    @property
+    def train_s(self) -> float:
+        """The training time so far: every step's time, compilation included, evals and checkpoints not."""
+        return sum(self.step_s)
 
     def warm(self, warmup_steps: int) -> list[bool]:
         """Which of ``step_s`` are warm-up steps: the first ``warmup_steps`` of every session (a resumed
@@ -60,7 +67,8 @@ PLOT_COLUMNS = {
     "train.tsv": {"step": ("step",), "loss": ("train/loss",), "lr": ("train/lr",), "grad_norm": ("train/grad_norm",),
                   "step_ms": ("perf/step_ms",), "tokens_per_s": ("perf/tokens_per_s",), "mfu": ("perf/mfu",),
                   "mem_gb": ("mem/allocated_gb", "mem/rss_gb")},
-    "val.tsv": {"step": ("step",), "val_loss": ("val/loss",), "val_loss_se": ("val/loss_se",)},
+    "val.tsv": {"step": ("step",), "val_loss": ("val/loss",), "val_loss_se": ("val/loss_se",),
+                "train_s": ("train_s",), "tokens": ("tokens",)},
 }
 
 # What metrics.json (DVC metrics: `dvc exp show`, `dvc metrics show`) keeps: the figures people compare.
@@ -68,14 +76,15 @@ PLOT_COLUMNS = {
 COMPARED = {"train": ("loss",), "val": ("loss", "loss_se", "ppl"),
             "perf": ("step_ms", "step_ms_iqr", "tokens_per_s", "tokens_per_s_iqr", "tokens_per_s_steady",
                      "tokens_per_s_wall", "mfu"),
-            "mem": ("peak_gb",), "target": ("reached", "time_s", "tokens", "steps"), "wall_s": None}
+            "mem": ("peak_gb",), "target": ("reached", "time_s", "tokens", "steps"), "cost": ("device_hours", "usd"),
+            "wall_s": None, "train_s": None}
 
 
 # The compared figures MLflow keeps as metrics (``summary/perf.tokens_per_s`` …): what the runs list and the
 # compare page show side by side. Every other figure of the summary is a tag (``summary.train.loss``), so a
 # run's charts are its curves, not a page of one-point charts.
 TRACKED = ("perf.tokens_per_s", "perf.tokens_per_s_iqr", "perf.step_ms", "perf.mfu", "mem.peak_gb", "target.time_s",
-           "target.tokens")
+           "target.tokens", "cost.device_hours", "cost.usd")
 
 
 def warmup_s(history: History, steps: int) -> float:
@@ -93,14 +102,17 @@ def iqr(values: list[float]) -> float:
 
 def summarize(history: History, step: int, wall_s: float, first_step: int, *, throughput: Throughput,
               timing_warmup_steps: int, target_val_loss: float | None, num_params: int,
-              memory: dict[str, float]) -> dict[str, Any]:
+              memory: dict[str, float], run_wall_s: float | None = None,
+              price: tuple[float | None, str] = (None, "")) -> dict[str, Any]:
     """The run's figures. ``tokens_per_s`` is the median step's. ``tokens_per_s_steady`` divides the
     steps after the warm-up by their wall time (evals and checkpoints included), the figure to hold
     against the median; ``tokens_per_s_wall`` divides the tokens of this session (steps
     ``first_step``..``step``) by its whole wall time: model build and compilation included too.
     ``mfu`` divides by the bf16 yardstick, ``mfu_dtype`` (where it differs) by the run's own dtype's
     peak. ``step_ms_iqr`` and ``tokens_per_s_iqr`` are the
-    interquartile ranges over the timed steps: how much single steps vary."""
+    interquartile ranges over the timed steps: how much single steps vary. ``train_s``: the training time,
+    every session's steps (what a time budget counts). ``cost``: the device-hours of the run's wall time over its
+    sessions (``run_wall_s``), and their price (gpt2/run/cost.py)."""
     timed = history.timed_s(timing_warmup_steps)
     step_s = statistics.median(timed)
     tokens_per_step, world = throughput.tokens_per_step, throughput.world
@@ -137,6 +149,9 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, th
         "params": num_params,
         "fp16_skipped_steps": history.fp16_skipped,
         "wall_s": round(wall_s, 2),
+        "train_s": round(history.train_s, 3),
+        "cost": {**cost_figures(wall_s if run_wall_s is None else run_wall_s, world, price[0]),
+                 "price_per_hour": price[0], "price_source": price[1]},
         "run_uid": history.run_uid,
     }
 

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shutil
 from pathlib import Path
@@ -46,7 +47,7 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
     if s.params.train.resume == "never":
         return None
     state = checkpoint.load(path) if path.exists() else None
-    if state is None or state["step"] >= state["total_steps"] or state.get("metrics") is not None:  # or at target
+    if state is None or state.get("metrics") is not None or state["step"] >= (state["total_steps"] or math.inf):
         if state is not None and same_run(state, s) and state.get("metrics") is not None:
             return state  # finished with these params and data: its reports are rebuilt, nothing retrains
         kept = kept_interrupted(s)

@@ -37,10 +37,11 @@ class StopRequest:
     def asked(self) -> bool:
         return self.signum is not None
 
-    def interrupted(self, step: int, total: int, saved: str) -> TrainingInterrupted:
-        """The error that ends the run; a peer's signal (this rank got none) counts as SIGTERM."""
+    def interrupted(self, step: str, saved: str) -> TrainingInterrupted:
+        """The error that ends the run; a peer's signal (this rank got none) counts as SIGTERM. ``step``: where
+        it stopped, as the log shows it (``12/320``)."""
         signum = self.signum or signal.SIGTERM
-        error = TrainingInterrupted(f"interrupted by {signal.Signals(signum).name} at step {step}/{total}; {saved}")
+        error = TrainingInterrupted(f"interrupted by {signal.Signals(signum).name} at step {step}; {saved}")
         error.exit_code = 128 + signum
         return error
 

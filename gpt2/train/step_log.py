@@ -26,6 +26,7 @@ from gpt2.run.device import Runtime
 from gpt2.run.tracking import Tracker
 from gpt2.train import distributed
 from gpt2.train.build import Setup, above_peak
+from gpt2.train.length import Budget, Steps
 from gpt2.train.reports import History
 
 logger = log.get("train")
@@ -126,8 +127,8 @@ class StepLog:
     """Owns the step clock, the losses not yet read, and when to log."""
 
     def __init__(self, s: Setup, history: History, tracker: Tracker, last_checkpoint: Callable[[], str],
-                 first_step: int = 0) -> None:
-        self.s, self.cfg, self.history, self.tracker = s, s.params.train, history, tracker
+                 length: Steps | Budget, first_step: int = 0) -> None:
+        self.s, self.cfg, self.history, self.tracker, self.length = s, s.params.train, history, tracker, length
         self.warm_until = first_step + self.cfg.timing_warmup_steps  # this session's untimed steps end here
         self.session_start = len(history.step_s)
         history.sessions.append(self.session_start)
@@ -147,20 +148,22 @@ class StepLog:
         self.pending.append(loss)
         self.history.fp16_skipped += fp16_skipped
 
-    def due(self, step: int) -> bool:
+    def due(self, step: int, last: bool) -> bool:
         """A log step: the first, every ``log_interval``-th and the last."""
-        return step % self.cfg.log_interval == 0 or step == self.s.total_steps or step == 1
+        return step % self.cfg.log_interval == 0 or last or step == 1
 
     def must_sync(self, step: int) -> bool:
         """Whether the step times and losses must be read now (the loop also syncs for evals and checkpoints)."""
-        return self.every_step or self.due(step) or step == self.warm_until
+        return self.every_step or self.due(step, False) or step == self.warm_until
 
     def sync(self, step: int, stop_here: bool) -> bool:
         """Read the pending step times and losses; raise if a loss is not finite. Returns whether any
-        rank was asked to stop. Every rank calls this at the same steps."""
+        rank was asked to stop. Every rank calls this at the same steps; they agree on the training time here."""
         self.timer.mark()
         self.history.step_s.extend(self.timer.durations())
-        self.losses, stopping = distributed.step_consensus(self.pending, stop_here, self.s.dist)
+        self.losses, stopping, spent_s = distributed.step_consensus(self.pending, stop_here, self.history.train_s,
+                                                                    self.s.dist)
+        self.length.agree(step, spent_s)
         self.count_steady(step, time.perf_counter())  # the device is synchronized: the losses were read
         first = step - len(self.pending) + 1
         self.pending.clear()
@@ -218,10 +221,10 @@ class StepLog:
         record |= memory_gb(s.runtime)
         self.history.train.append({"step": step, **record})
         self.tracker.log_metrics(record, step=step)
-        eta_s = (s.total_steps - step) * statistics.median(self.history.step_s[-20:])
+        eta_s = self.length.eta_s(step, statistics.median(self.history.step_s[-20:]))
         shown = f" | MFU {100 * utilization:.1f}%" if utilization is not None else ""
         kind = "tf32" if s.runtime.dtype == "fp32" and s.runtime.tf32 else s.runtime.dtype
         shown += f" ({100 * own:.0f}% of the {kind} peak)" if own is not None else ""
-        logger.info(f"step {step}/{s.total_steps} | loss {record['train/loss']:.4f} | lr {lr:.2e} | "
+        logger.info(f"step {self.length.shown(step)} | loss {record['train/loss']:.4f} | lr {lr:.2e} | "
                     f"norm {record['train/grad_norm']:.2f} | {1000 * dt:.0f} ms | {tokens_per_s / 1000:.1f}K tok/s"
                     f"{shown} | ETA {clock(eta_s)}")

@@ -28,11 +28,13 @@ from gpt2.core.config import Params, to_dict
 from gpt2.core.provenance import checkpoint_hashes, describe_tokens
 from gpt2.run import checkpoint
 from gpt2.run.compiled import compile_caches
+from gpt2.run.cost import price_per_hour
 from gpt2.run.tracking import MlflowTracker, Tracker, experiment_run_name, flatten, git_commit
 from gpt2.train import distributed
 from gpt2.train.build import Setup, above_peak, build, inert_switch_warnings, run_name, what_runs
 from gpt2.train.determinism import reproducible
 from gpt2.train.evaluator import Evaluator
+from gpt2.train.length import length_of
 from gpt2.train.oom import out_of_memory_error
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.reports import TRACKED, History, compared_figures, summarize, write_reports
@@ -49,16 +51,18 @@ logger = log.get("train")
 
 def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, tracker: Tracker,
         finish: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
-    """Train from ``step`` to the last step (or the target loss); return the run's summary, ``finish(step)``."""
+    """Train from ``step`` to the last step, the end of the time budget or the target loss; return the run's
+    summary, ``finish(step)``."""
     cfg = s.params.train
-    step_log = StepLog(s, history, tracker, last_checkpoint=checkpointer.last_good, first_step=step)
-    evaluator = Evaluator(s, history, tracker, elapsed_s=checkpointer.elapsed_s)
+    length = length_of(cfg.time_budget_s, s.total_steps, cfg.warmup_steps, history, step)
+    step_log = StepLog(s, history, tracker, checkpointer.last_good, length, first_step=step)
+    evaluator = Evaluator(s, history, tracker, checkpointer.elapsed_s, length)
     batches = iter(s.sampler.next, None)
     s.step_model.train()
     with stop_on_signals() as signals, checkpointer:
         vote = StopVote(signals, s.dist.world, step_log.every_step, cfg.dist_timeout_s)
-        while step < s.total_steps:
-            lr = lr_at(step, cfg, s.total_steps)
+        while not length.ends(step):
+            lr = lr_at(step, cfg, s.total_steps, length.decay_progress(step))
             set_lr(s.optimizers, lr / cfg.lr)
             step_log.step_started()
             loss = backward_micro_batches(s.step_model, batches, s.batch.accum, s.runtime, s.scaler)
@@ -66,21 +70,22 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
             step += 1
             step_log.step_done(loss, skipped)
             checkpointer.settle()  # a failed background save stops the run here
-            last = step == s.total_steps
             asked = vote.after_step()  # a stop signal is acted on now, not at the next log step
-            if not (last or asked or step_log.must_sync(step) or evaluator.due(step) or checkpointer.due(step)):
+            if not (length.may_end(step) or asked or step_log.must_sync(step) or evaluator.due(step, False)
+                    or checkpointer.due(step)):
                 continue  # no host sync: the GPU keeps working while the host queues the next step
-            stopping = step_log.sync(step, signals.asked)  # every rank, at the same steps
-            if step_log.due(step):
+            stopping = step_log.sync(step, signals.asked)  # every rank, at the same steps: the clock agreed
+            last = length.ends(step)
+            if step_log.due(step, last):
                 step_log.log(step, grad_norm)
-            if evaluator.due(step):
+            if evaluator.due(step, last):
                 step_log.set_aside(evaluator.evaluate(step))  # a compiled run's first eval compiles: not steady
             done = last or evaluator.stop
             summary = finish(step) if done else None
             if done or stopping or checkpointer.due(step):
                 checkpointer.save(step, summary)
             if stopping:
-                raise signals.interrupted(step, s.total_steps, checkpointer.what_was_saved())
+                raise signals.interrupted(length.shown(step), checkpointer.what_was_saved())
             if done:
                 return summary
     return finish(step)  # resumed past a lowered max_steps: nothing left to train
@@ -127,7 +132,8 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
     if state is not None:
         step, history, run_id = restore(s, state)
         changes = changed_settings(state, s)
-        logger.info(f"train: resuming at step {step}/{s.total_steps}")
+        logger.info(f"train: resuming at step {step}/{s.total_steps}" if s.total_steps else
+                    f"train: resuming at step {step}, {history.train_s:.1f} s of the {cfg.time_budget_s:g} s budget spent")
     del state
     info = what_runs(s)
     logger.info("train: " + ", ".join(f"{k}={v}" for k, v in info.items()))
@@ -157,7 +163,8 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
         summary = summarize(history, last_step, time.perf_counter() - started, first_step,
                             throughput=s.throughput, timing_warmup_steps=cfg.timing_warmup_steps,
                             target_val_loss=cfg.target_val_loss, num_params=s.model.num_params(),
-                            memory=memory_gb(s.runtime))
+                            memory=memory_gb(s.runtime), run_wall_s=earlier_s + time.perf_counter() - started,
+                            price=price_per_hour(cfg.price_per_hour, s.runtime.device.type, s.runtime.device_name))
         return {**summary, "runtime": {**runtime, **s.compile_watch.figures()}}
 
     checkpointer = Checkpointer(s, ckpt_path, history, tracker, step=step,

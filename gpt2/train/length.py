@@ -1,0 +1,97 @@
+"""When a run ends: after a number of steps, or when a budget of training time is spent.
+
+A time budget (``train.time_budget_s``) counts the time of the training steps, the first step's
+compilation included, and not the evals, the checkpoints or the build before the first step. So a
+budget buys the same training whatever ``eval_interval`` is, and a compile that costs a minute
+costs it from the budget, as it would cost a user. The learning rate decays over the share of the
+budget spent after the warm-up, so a budget run ends decayed like a run of fixed length. A resumed
+run continues its budget: the time spent is the sum of the step times its history keeps.
+
+Every rank must use the same learning rate at every step and stop after the same step, without
+reading another rank's clock at every step. So the clock is agreed where the loop already syncs
+(the mean over the ranks, in the all-reduce that reads the losses), and between sync points the
+time spent is extrapolated from the rate agreed at the last two. When the extrapolation says the
+budget is spent, the loop syncs to know.
+"""
+
+from __future__ import annotations
+
+from gpt2.train.reports import History
+
+
+class Steps:
+    """A run of ``total`` steps (train.max_steps, or train.max_tokens in whole steps)."""
+
+    budget_s: float | None = None
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+
+    def decay_progress(self, step: int) -> float | None:
+        """None: the schedule decays over the steps."""
+        return None
+
+    def ends(self, step: int) -> bool:
+        return step >= self.total
+
+    def may_end(self, step: int) -> bool:
+        return step >= self.total
+
+    def agree(self, step: int, spent_s: float) -> None:
+        pass
+
+    def shown(self, step: int) -> str:
+        return f"{step}/{self.total}"
+
+    def eta_s(self, step: int, step_s: float) -> float:
+        return (self.total - step) * step_s
+
+
+class Budget:
+    """A run that trains until ``budget_s`` seconds of training steps are spent (module docstring)."""
+
+    total = None
+
+    def __init__(self, budget_s: float, warmup_steps: int, history: History, step: int) -> None:
+        self.budget_s, self.warmup_steps, self.history = budget_s, warmup_steps, history
+        self.spent_s = history.train_s  # agreed at the last sync point (a resumed run: its earlier sessions)
+        self.at_step = step
+        self.rate_s = 0.0  # seconds per step between the last two sync points
+
+    def spent_at(self, step: int) -> float:
+        """The time spent after ``step``: agreed at the last sync point, extrapolated since."""
+        return self.spent_s + (step - self.at_step) * self.rate_s
+
+    def decay_progress(self, step: int) -> float:
+        """The share of the budget left after the warm-up that is spent before ``step``: 0 to 1."""
+        if step < self.warmup_steps:
+            return 0.0
+        if self.history.budget_warm_s is None:  # the first step after the warm-up: where the decay begins
+            self.history.budget_warm_s = self.spent_at(step)
+        warm = self.history.budget_warm_s
+        return min(1.0, max(0.0, (self.spent_at(step) - warm) / max(self.budget_s - warm, 1e-9)))
+
+    def ends(self, step: int) -> bool:
+        """Whether the budget is spent after ``step``: known at a sync point only."""
+        return self.at_step == step and self.spent_s >= self.budget_s
+
+    def may_end(self, step: int) -> bool:
+        """Whether the budget may be spent after ``step``: the loop must sync to know."""
+        return self.spent_at(step) >= self.budget_s
+
+    def agree(self, step: int, spent_s: float) -> None:
+        """At a sync point: the time spent, agreed by the ranks."""
+        if step > self.at_step:
+            self.rate_s = max(0.0, (spent_s - self.spent_s) / (step - self.at_step))
+        self.spent_s, self.at_step = spent_s, step
+
+    def shown(self, step: int) -> str:
+        return f"{step} ({self.spent_at(step):.0f}/{self.budget_s:g} s)"
+
+    def eta_s(self, step: int, step_s: float) -> float:
+        return max(0.0, self.budget_s - self.spent_at(step))
+
+
+def length_of(budget_s: float | None, total_steps: int | None, warmup_steps: int, history: History,
+              step: int) -> Steps | Budget:
+    return Budget(budget_s, warmup_steps, history, step) if budget_s is not None else Steps(total_steps)
