@@ -3,6 +3,10 @@ tests/test_pipeline.py)."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from gpt2.measure import grid
 from gpt2.measure.experiments import Experiment
 
@@ -57,10 +61,55 @@ def test_the_report_marks_noise_and_failures_and_plots_them(tmp_path):
     found = {e.name: e for e in [run("a-1", 100, evaluated=5.9), run("a-2", 100, evaluated=5.9),
                                  run("b-1", 80, evaluated=5.95), run("b-2", 79, evaluated=5.9)]}
     rows = grid.judge(combos, names, found)
-    text = grid.write_report(tmp_path, "attn", "attn", {"model.attention": ["flash", "manual", "x"]}, rows, 2,
-                             "evaluate")
+    text, data = grid.write_report(tmp_path, "attn", "attn", {"model.attention": ["flash", "manual", "x"]}, rows, 2,
+                                   "evaluate")
     # evaluate's loss (more windows) decides where both have it: 5.95 against 5.90, ± 0.01 each, is apart
     assert "| manual | 2/2 | 6.000 ± 0.020 | 5.950 ± 0.010 | +0.050 | 80 (79–80) | 0.80× |" in text
     assert "| x | 0/2 | failed |" in text and "Slower outside noise: model.attention=manual (0.80×)" in text
     assert (tmp_path / "attn.png").read_bytes().startswith(b"\x89PNG")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attn.json", "attn.md", "attn.png"]
+    assert data["failed"] == ["c-1", "c-2"] and data["apply"] == {}
+    assert json.loads((tmp_path / "attn.json").read_text()) == data
+
+
+def curve(seconds_per_eval: float, losses: list[float]):
+    return [(seconds_per_eval * (i + 1), 1000.0 * (i + 1), loss) for i, loss in enumerate(losses)]
+
+
+def test_settings_compare_at_the_baseline_s_final_loss_and_the_winner_is_decided(tmp_path):
+    """Equal quality: each run's curve is read where it first reaches its repeat's baseline's final val loss."""
+    combos = [{"train.lr": lr, "train.compile": compile} for lr, compile in ((1.0e-3, False), (2.0e-3, False),
+                                                                          (1.0e-3, True))]
+    names = [[f"g-{i}-{r}" for r in (1, 2)] for i in range(3)]
+    found = {e.name: e for e in [run("g-0-1", 100), run("g-0-2", 100), run("g-1-1", 100), run("g-1-2", 101),
+                                 run("g-2-1", 130), run("g-2-2", 131, loss=6.5)]}
+    curves = {"g-0-1": curve(10, [7.0, 6.5, 6.0]), "g-0-2": curve(10, [7.0, 6.4, 6.1]),  # baseline: 30 s to its end
+              "g-1-1": curve(10, [6.5, 6.0, 5.5]), "g-1-2": curve(10, [6.4, 5.9, 5.4]),  # 20 s; 16.7 s to 6.1
+              "g-2-1": curve(8, [7.5, 7.2, 7.0]), "g-2-2": curve(8, [7.5, 7.2, 7.0])}  # faster steps, never there
+    rows = grid.judge(combos, names, found, curves)
+    assert rows[0].quality.speedup == 1.0 and rows[0].quality.time_s.median == 30.0
+    higher = rows[1].quality
+    assert higher.paired == pytest.approx([1.5, 30 / (10 + 10 * 0.3 / 0.5)]) and higher.reached == 2 and not higher.inside_noise
+    assert higher.tokens == pytest.approx(1000 * (2 + 1.6) / 2)
+    assert rows[2].quality.reached == 0 and rows[2].quality.speedup is None
+    changes = grid.decide(rows, None, tmp_path / "lr.md")
+    assert [(c.key, c.value) for c in changes] == [("train.lr", 2.0e-3), ("train.compile", False)]  # compile: faster
+    # steps, a worse loss
+    assert "sooner to the baseline's val loss, outside noise" in changes[0].why and "lr.md" in changes[0].why
+    said = grid.verdict(rows, 2, None, changes)
+    assert "Sooner to the baseline's val loss outside noise: train.lr=0.002" in said
+    assert "The winner, which `--apply` writes into params.yaml: train.lr=0.002, train.compile=false." in said
+    text, _ = grid.write_report(tmp_path, "lr", "lr", {"train.lr": [1.0e-3, 2.0e-3], "train.compile": [False, True]},
+                                rows, 2, "train", None, changes)
+    assert "| 30.0 (30.0–30.0) | baseline |" in text and "not reached (0/2)" in text
+
+
+def test_at_equal_time_the_lower_loss_outside_noise_wins():
+    combos = [{"train.lr": 1.0e-3}, {"train.lr": 3.0e-3}, {"train.lr": 9.0e-3}]
+    names = [["a"], ["b"], ["c"]]
+    found = {"a": run("a", 100, loss=6.0), "b": run("b", 100, loss=5.8), "c": run("c", 200, loss=5.99)}
+    rows = grid.judge(combos, names, found)
+    changes = grid.decide(rows, 60.0, "r.md")
+    assert [(c.key, c.value) for c in changes] == [("train.lr", 3.0e-3)]  # c is faster, but not better at 60 s
+    assert "val loss -0.200 at equal time (60 s)" in changes[0].why
+    assert "Lower val loss at equal time (60 s) outside noise: train.lr=0.003 (-0.200)" in grid.verdict(rows, 1, 60.0)

@@ -56,13 +56,17 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 1000),
               help="runs per setting, in alternating order: 2 or more give each speed ratio an interval and a verdict")
 @click.option("--mlflow/--no-mlflow", default=None, help="a parent MLflow run (default: params.yaml train.mlflow)")
+@click.option("--time-budget", "time_budget_s", default=None, type=Finite(min=0, min_open=True), metavar="SECONDS",
+              help="every run trains this long (train.time_budget_s): val losses compare at equal time")
+@click.option("--apply", is_flag=True, help="write the winning setting into params.yaml (a committed one only)")
+@click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON on stdout (logs stay on stderr)")
 @user_errors
 def grid(params_path: str, sets: tuple[str, ...], name: str | None, target: str, out: str, repeats: int,
-         mlflow: bool | None) -> None:
+         mlflow: bool | None, time_budget_s: float | None, apply: bool, as_json: bool) -> None:
     """Run a grid of DVC experiments (-S key=a,b ...) one at a time, each setting against the first, with its noise."""
     from gpt2.measure.grid import run_grid
 
-    run_grid(sets, name, target, out, mlflow, params_path, repeats)
+    run_grid(sets, name, target, out, mlflow, params_path, repeats, time_budget_s, apply, as_json)
 
 
 @click.command()

@@ -7,13 +7,19 @@ the paired ratios disagree on its direction, or when it is no larger than the no
 far paired ratios typically disagree on this machine (the median over the settings of their
 max - min), or a move that a setting which changed nothing made. Val losses differ beyond noise
 when they are more than 2 × √(se₁² + se₂²) apart, the standard errors being over the scored windows.
+
+At equal quality, each run's val curve (val loss against training time, measured every
+``eval_interval`` steps of a run that trains its whole length) is read where it first reaches the
+val loss its repeat's baseline run ends with, interpolated between the two evals around it; the
+speedup is the baseline's time to that loss over the setting's, paired and judged as the tokens/s
+ratio is. Every run trains its whole length: none stops at the mark, which would end a run on its luckiest eval.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ADVICE = "run it on an idle machine, with more steps per run (--steps) or more repeats (--repeats)"
 TOO_NOISY = 0.10  # paired ratios that disagree by more than this: no gain of that size can be read
@@ -101,3 +107,78 @@ def noise_verdict(spread: float, floor: float, noisy: int, compared: int, repeat
             f"{100 * spread:.1f}% (median over the {what}s){shown}. A gain whose paired runs disagree on its "
             f"direction, or no larger than {100 * floor:.1f}%, is marked *inside noise*: it buys nothing this "
             f"machine can measure ({noisy} of {compared} {what}s).")
+
+
+Curve = list[tuple[float, float, float]]  # a run's val curve: (training seconds, tokens, val loss) per eval
+
+
+def reaches(curve: Curve, loss: float) -> tuple[float, float] | None:
+    """The training time and tokens at which a val curve first reaches ``loss``: interpolated linearly between
+    the two evals around it (the first eval's figures when it is already there); None when it never does."""
+    before = None
+    for time_s, tokens, value in curve:
+        if value <= loss:
+            if before is None or before[2] <= value:
+                return time_s, tokens
+            share = (before[2] - loss) / (before[2] - value)
+            return before[0] + share * (time_s - before[0]), before[1] + share * (tokens - before[1])
+        before = (time_s, tokens, value)
+    return None
+
+
+@dataclass
+class AtQuality:
+    """What a setting took to reach the val loss the baseline ends with, run by run (the same repeat's
+    baseline run sets each run's mark), and how that compares with the baseline's own time to it."""
+
+    reached: int  # runs that reached their mark
+    runs: int
+    time_s: Spread | None = None  # training time to the mark (compile included, evals not)
+    tokens: float | None = None  # median tokens to the mark
+    cost_usd: float | None = None  # median cost of that time, at the run's price per device-hour
+    paired: list[float] = field(default_factory=list)  # the baseline's time over this one's, same repeat
+    speedup: float | None = None  # their median: above 1, this setting gets there sooner
+    inside_noise: bool | None = None
+
+
+def at_baseline_quality(curves: list[list[Curve | None]],
+                        prices: list[list[float | None]] | None = None) -> list[AtQuality | None]:
+    """Per setting (the first is the baseline), given each run's val curve by repeat (None where a run failed or
+    has no curve) and each run's price per hour of its time (USD; None: no cost): time and tokens to the
+    baseline's final val loss, and the speedup with its noise. None for a setting with no curve at all."""
+    marks = [curve[-1][2] if curve else None for curve in curves[0]]
+    found: list[list[tuple[float, float] | None]] = [
+        [reaches(curve, mark) if curve and mark is not None else None for curve, mark in zip(runs, marks)]
+        for runs in curves]
+    out: list[AtQuality | None] = []
+    for i, (runs, hits) in enumerate(zip(curves, found)):
+        ran = [c for c in runs if c]
+        if not ran:
+            out.append(None)
+            continue
+        got = [(h, (prices[i][r] if prices else None)) for r, h in enumerate(hits) if h]
+        figures = AtQuality(reached=len(got), runs=len(ran))
+        if got:
+            figures.time_s = Spread.of([h[0] for h, _ in got])
+            figures.tokens = statistics.median(h[1] for h, _ in got)
+            costs = [h[0] * price / 3600 for h, price in got if price is not None]
+            figures.cost_usd = statistics.median(costs) if costs else None
+        figures.paired = [b[0] / h[0] for b, h in zip(found[0], hits) if b and h and h[0] > 0]
+        figures.speedup = statistics.median(figures.paired) if figures.paired else None
+        out.append(figures)
+    floor = typical_disagreement([f.paired for f in out[1:] if f])
+    for f in out[1:]:
+        if f and f.speedup is not None:
+            f.inside_noise = ratio_inside_noise(f.paired, floor)
+    return out
+
+
+def quality_shown(figures: AtQuality | None) -> tuple[str, str]:
+    """(time to the baseline's loss, its ratio to the baseline's) as a table shows them."""
+    if figures is None:
+        return "", ""
+    if not figures.reached:
+        return f"not reached (0/{figures.runs})", ""
+    time = figures.time_s.shown(".1f") + (f" reached {figures.reached}/{figures.runs}"
+                                          if figures.reached < figures.runs else "")
+    return time, ratio_shown(figures.speedup, bool(figures.inside_noise))

@@ -151,6 +151,27 @@ def finished(root: Path, files: tuple[str, ...] = ()) -> list[Experiment]:
     return [replace(exp, files={path: _json_at(root, exp.rev, path) for path in files}) for exp in exps]
 
 
+VAL_CURVE = "reports/train/plots/val.tsv"
+
+
+def val_curve(root: Path, rev: str) -> list[tuple[float, float, float]] | None:
+    """An experiment's val curve, (training seconds, tokens, val loss) per eval, from its committed val.tsv; None
+    where it has none (a run without evals, or from a version that did not record the training time)."""
+    out = subprocess.run(["git", "show", f"{rev}:{VAL_CURVE}"], cwd=root, capture_output=True, text=True)
+    lines = out.stdout.splitlines() if out.returncode == 0 else []
+    if not lines:
+        return None
+    head = lines[0].split("\t")
+    if not {"train_s", "tokens", "val_loss"} <= set(head):
+        return None
+    try:
+        rows = [dict(zip(head, line.split("\t"))) for line in lines[1:]]
+        curve = [(float(r["train_s"]), float(r["tokens"]), float(r["val_loss"])) for r in rows]
+    except (KeyError, ValueError):
+        return None
+    return curve or None
+
+
 def _json_at(root: Path, rev: str, path: str) -> Any:
     """A JSON file as committed in ``rev`` (an experiment's commit), or None where it is missing or unreadable."""
     out = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True)

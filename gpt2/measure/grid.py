@@ -29,13 +29,15 @@ from gpt2.core.atomic import write_files
 from gpt2.core.config import read_yaml
 from gpt2.core.errors import UserError
 from gpt2.measure import experiments
-from gpt2.measure.compare import (Spread, as_metric, loss_shown, losses_apart, noise_verdict, paired_ratios,
-                                  ratio_inside_noise, ratio_shown, typical_disagreement)
+from gpt2.measure.apply import Change
+from gpt2.measure.compare import (AtQuality, Curve, Spread, as_metric, at_baseline_quality, loss_shown, losses_apart,
+                                  noise_verdict, paired_ratios, quality_shown, ratio_inside_noise, ratio_shown,
+                                  typical_disagreement)
 from gpt2.run.tracking import json_value
 
 logger = log.get("grid")
 
-TRAIN, EVAL = "reports/train/metrics.json", "reports/eval/metrics.json"
+TRAIN, EVAL, SUMMARY = "reports/train/metrics.json", "reports/eval/metrics.json", "reports/train/summary.json"
 
 
 def parse_sets(sets: tuple[str, ...]) -> dict[str, list[Any]]:
@@ -81,16 +83,31 @@ class Row:
     speed_inside_noise: bool | None = None
     loss_delta: float | None = None  # val loss minus the baseline's (evaluate's where every setting has it)
     loss_apart: bool | None = None  # beyond 2 × the standard error of the difference
+    quality: AtQuality | None = None  # time and tokens to the val loss the baseline ends with
+    cost_usd: float | None = None  # a run's cost, median over the runs (None without a price)
+    device_hours: float | None = None  # a run's device-hours, median over the runs
 
 
 def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "evaluate", out: str | Path = "reports/grid",
-             mlflow: bool | None = None, params_path: str | Path = "params.yaml", repeats: int = 1) -> list[Row]:
+             mlflow: bool | None = None, params_path: str | Path = "params.yaml", repeats: int = 1,
+             time_budget_s: float | None = None, apply: bool = False, as_json: bool = False) -> dict[str, Any]:
     """Run every setting ``repeats`` times as DVC experiments, write ``<out>/<name>.md``, ``.json`` and ``.png``,
-    and group the experiments under one MLflow run that holds the comparison."""
+    and group the experiments under one MLflow run that holds the comparison. ``time_budget_s``: every run
+    trains for that long (train.time_budget_s), so the settings compare at equal time. ``apply``: write the
+    winner into params.yaml. Returns the comparison as the report's JSON holds it; ``as_json`` prints it on stdout
+    (also when a run failed, before the error)."""
     root, started = Path.cwd(), time.time()
     grid = parse_sets(sets)
     if not grid:
         raise UserError("gpt2 grid needs at least one -S section.key=value[,value...]")
+    if apply:  # before an hour of runs, not after
+        from gpt2.measure.apply import refuse_uncommitted
+
+        refuse_uncommitted(Path(params_path))
+    fixed = ({"train.time_budget_s": time_budget_s, "train.max_steps": None, "train.max_tokens": None}
+             if time_budget_s else {})
+    if clash := [k for k in grid if k in fixed]:
+        raise UserError(f"-S {clash[0]} and --time-budget both set the run's length; give one")
     experiments.check_repo(root)
     if waiting := experiments.pending(root):
         raise UserError(f"{len(waiting)} DVC experiment(s) already queued or running ({', '.join(waiting[:5])}); "
@@ -106,20 +123,60 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
                 f"the first, {describe(combos[0])}, is the baseline")
     out = Path(out)
     experiments.run_in_turn(root, [experiments.Planned(
-        names[i][r], combos[i], f"{describe(combos[i])}, run {r + 1}",
+        names[i][r], {**combos[i], **fixed}, f"{describe(combos[i])}, run {r + 1}",
         f"{name} · {describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else "")) for i, r in order],
         target, out / "dvc.log", "grid")
-    found = {e.name: e for e in experiments.finished(root)}
-    rows = judge(combos, names, found)
-    report = write_report(out, slug, name, grid, rows, repeats, target)
+    found = {e.name: e for e in experiments.finished(root, (SUMMARY,))}
+    mine = {n for exps in names for n in exps}
+    curves = {n: experiments.val_curve(root, e.rev) for n, e in found.items() if n in mine}
+    rows = judge(combos, names, found, curves)
+    changes = decide(rows, time_budget_s, out / f"{slug}.md")
+    report, data = write_report(out, slug, name, grid, rows, repeats, target, time_budget_s, changes)
     raw = read_yaml(params_path, "params", "--params") or {}
     if (raw.get("train") or {}).get("mlflow", True) if mlflow is None else mlflow:
         log_parent(name, grid, rows, out, slug, (raw.get("train") or {}).get("experiment", "gpt2"), started)
     logger.info(f"grid: {out / (slug + '.md')}\n{report}")
-    failed = [n for row in rows for n in row.experiments if n not in found]
+    if as_json:
+        print(json.dumps(data, indent=2), flush=True)
+    failed = data["failed"]
     if failed:
-        raise UserError(f"grid: {', '.join(failed)} did not finish; see {out}/dvc.log")
-    return rows
+        raise UserError(f"grid: {', '.join(failed)} did not finish; see {out}/dvc.log"
+                        + ("; nothing applied" if apply else ""))
+    if apply:
+        from gpt2.measure.apply import apply as write
+
+        logger.info(f"grid: {write(changes, params_path)}")
+    return data
+
+
+def decide(rows: list[Row], time_budget_s: float | None, report: Path) -> list[Change]:
+    """The settings to apply: those of the best setting that wins outside noise and loses nowhere outside it.
+
+    At equal time (a budget), a win is a lower val loss. Otherwise it is speed: more tokens/s, or the
+    baseline's val loss reached sooner; and a faster setting that ends with a higher val loss, or reaches the
+    baseline's later, loses. Nothing wins where one run per setting gives no interval."""
+    def score(row: Row) -> float | None:
+        worse_loss = row.loss_apart and row.loss_delta > 0
+        quality = row.quality
+        later = quality is not None and quality.speedup is not None and not quality.inside_noise and quality.speedup < 1
+        slower = row.speedup is not None and not row.speed_inside_noise and row.speedup < 1
+        if time_budget_s:
+            return -row.loss_delta if row.loss_apart and row.loss_delta < 0 else None
+        if worse_loss or later or slower:
+            return None
+        if quality is not None and quality.speedup is not None and not quality.inside_noise:
+            return quality.speedup
+        return row.speedup if row.speedup is not None and not row.speed_inside_noise else None
+
+    scored = [(s, row) for row in rows[1:] if row.runs and (s := score(row)) is not None]
+    if not scored:
+        return []
+    _, best = max(scored, key=lambda pair: pair[0])
+    why = (f"val loss {best.loss_delta:+.3f} at equal time ({time_budget_s:g} s), outside noise" if time_budget_s
+           else f"{best.quality.speedup:.2f}× sooner to the baseline's val loss, outside noise"
+           if best.quality and best.quality.speedup is not None and not best.quality.inside_noise
+           else f"{best.speedup:.2f}× the baseline's tokens/s, outside noise")
+    return [Change(key, value, f"{why} ({report})") for key, value in best.setting.items()]
 
 
 def describe(setting: dict[str, Any]) -> str:
@@ -137,9 +194,10 @@ def _free(name: str, taken: set[str]) -> str:
     return candidate
 
 
-def judge(combos: list[dict[str, Any]], names: list[list[str]],
-          found: dict[str, experiments.Experiment]) -> list[Row]:
-    """Each setting's figures, and its comparison with the baseline, run paired with run of the same repeat."""
+def judge(combos: list[dict[str, Any]], names: list[list[str]], found: dict[str, experiments.Experiment],
+          curves: dict[str, Curve | None] | None = None) -> list[Row]:
+    """Each setting's figures, and its comparison with the baseline, run paired with run of the same repeat;
+    with the runs' val ``curves`` (by experiment name), also at the baseline's final val loss."""
     rows = []
     for setting, exps in zip(combos, names):
         row = Row(setting=setting, experiments=exps)
@@ -151,6 +209,8 @@ def judge(combos: list[dict[str, Any]], names: list[list[str]],
             row.tokens_per_s = Spread.of([m["perf"]["tokens_per_s"] for m in done])
             row.step_ms = Spread.of([m["perf"]["step_ms"] for m in done])
             row.peak_mem_gb = max((m.get("mem") or {}).get("peak_gb") or 0.0 for m in done)
+            row.cost_usd = _median([(m.get("cost") or {}).get("usd") for m in done])
+            row.device_hours = _median([(m.get("cost") or {}).get("device_hours") for m in done])
             median = sorted(done, key=lambda m: (m.get("val") or {}).get("loss") or 0.0)[len(done) // 2]
             row.val_loss, row.val_loss_se = (median.get("val") or {}).get("loss"), (median.get("val") or {}).get("loss_se")
             scored = [(found[n].metrics.get(EVAL) or {}).get("eval") or {} for n in exps if n in found]
@@ -172,7 +232,24 @@ def judge(combos: list[dict[str, Any]], names: list[list[str]],
     for row in rows[1:]:
         if row.speedup is not None:
             row.speed_inside_noise = ratio_inside_noise(row.paired, floor)
+    if curves is not None:
+        runs = [[curves.get(n) if n in found else None for n in exps] for exps in names]
+        prices = [[_price(found.get(n)) for n in exps] for exps in names]
+        for row, figures in zip(rows, at_baseline_quality(runs, prices)):
+            row.quality = figures
     return rows
+
+
+def _price(exp: experiments.Experiment | None) -> float | None:
+    """What a run's device time cost per second of training, all its devices together (USD; None: no price)."""
+    summary = (exp.files.get(SUMMARY) or {}) if exp else {}
+    price = (summary.get("cost") or {}).get("price_per_hour")
+    return None if price is None else price * ((summary.get("perf") or {}).get("world_size") or 1)
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def evaluated(rows: list[Row]) -> bool:
@@ -186,31 +263,45 @@ def quality(row: Row, by_eval: bool) -> tuple[float | None, float | None]:
     return (row.eval_val_loss, row.eval_val_loss_se) if by_eval else (row.val_loss, row.val_loss_se)
 
 
-def verdict(rows: list[Row], repeats: int) -> str:
-    """The noise verdict, then what the grid decides: which settings are faster or better outside noise."""
+def verdict(rows: list[Row], repeats: int, time_budget_s: float | None = None,
+            changes: list[Change] | None = None) -> str:
+    """The noise verdict, then what the grid decides: which settings are faster, sooner to the baseline's val loss
+    or better outside noise, and what ``--apply`` writes."""
     compared = [r for r in rows[1:] if r.speedup is not None]
     spread = typical_disagreement([r.paired for r in compared])
     noisy = [r for r in compared if r.speed_inside_noise]
     text = noise_verdict(spread, spread, len(noisy), len(compared), repeats, "setting", "the baseline's")
     faster = [r for r in compared if not r.speed_inside_noise and r.speedup > 1]
     slower = [r for r in compared if not r.speed_inside_noise and r.speedup < 1]
+    timed = [r for r in rows[1:] if r.quality and r.quality.speedup is not None and not r.quality.inside_noise]
+    sooner, later = [r for r in timed if r.quality.speedup > 1], [r for r in timed if r.quality.speedup < 1]
     better = [r for r in rows[1:] if r.loss_apart and r.loss_delta < 0]
     worse = [r for r in rows[1:] if r.loss_apart and r.loss_delta > 0]
+    when = f" at equal time ({time_budget_s:g} s)" if time_budget_s else ""
     parts = [f"{label}: " + "; ".join(f"{describe(r.setting)} ({how(r)})" for r in group)
              for label, group, how in (("Faster outside noise", faster, lambda r: f"{r.speedup:.2f}×"),
                                        ("Slower outside noise", slower, lambda r: f"{r.speedup:.2f}×"),
-                                       ("Lower val loss outside noise", better, lambda r: f"{r.loss_delta:+.3f}"),
-                                       ("Higher val loss outside noise", worse, lambda r: f"{r.loss_delta:+.3f}"))
+                                       ("Sooner to the baseline's val loss outside noise", sooner,
+                                        lambda r: f"{r.quality.speedup:.2f}×"),
+                                       ("Later to the baseline's val loss outside noise", later,
+                                        lambda r: f"{r.quality.speedup:.2f}×"),
+                                       (f"Lower val loss{when} outside noise", better, lambda r: f"{r.loss_delta:+.3f}"),
+                                       (f"Higher val loss{when} outside noise", worse, lambda r: f"{r.loss_delta:+.3f}"))
              if group]
     decided = ". ".join(parts) if parts else "No setting differs from the baseline outside noise, in speed or val loss"
-    return f"{text}\n\n{decided}."
+    applied = ("The winner, which `--apply` writes into params.yaml: " + ", ".join(
+        f"{c.key}={json_value(c.value)}" for c in changes) + "." if changes else
+               "Nothing for `--apply` to write: no setting wins outside noise without losing elsewhere.")
+    return f"{text}\n\n{decided}.\n\n{applied}"
 
 
 def table(grid: dict[str, list[Any]], rows: list[Row], repeats: int) -> str:
     evaluated = any(r.eval_val_loss is not None for r in rows)
+    priced = any(r.cost_usd is not None for r in rows)
     head = [*grid, "runs", "val loss (± s.e.)", *(["eval val loss (± s.e.)"] if evaluated else []),
-            "loss vs baseline", "tokens/s median (min–max)", "speed vs baseline", "ms/step median (min–max)",
-            "peak mem (GB)", "experiments"]
+            "loss vs baseline", "tokens/s median (min–max)", "speed vs baseline", "time to the baseline's loss (s)",
+            "vs baseline at equal loss", "ms/step median (min–max)", "peak mem (GB)", "device-hours",
+            *(["cost per run (USD)", "cost to the baseline's loss (USD)"] if priced else []), "experiments"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, row in enumerate(rows):
         cells = [json_value(row.setting[k]) for k in grid] + [f"{row.runs}/{repeats}"]
@@ -221,28 +312,47 @@ def table(grid: dict[str, list[Any]], rows: list[Row], repeats: int) -> str:
         loss = ("baseline" if i == 0 else "" if row.loss_delta is None else f"{row.loss_delta:+.3f}"
                 + (" (inside noise)" if not row.loss_apart else ""))
         speed = "baseline" if i == 0 else ratio_shown(row.speedup, bool(row.speed_inside_noise))
+        time_to, at_loss = quality_shown(row.quality)
+        cost = [_usd(row.cost_usd), _usd(row.quality.cost_usd if row.quality else None)] if priced else []
         cells += [loss_shown(row.val_loss, row.val_loss_se),
                   *([loss_shown(row.eval_val_loss, row.eval_val_loss_se)] if evaluated else []),
-                  loss, row.tokens_per_s.shown(",.0f"), speed, row.step_ms.shown(".1f"),
-                  f"{row.peak_mem_gb:.2f}", ", ".join(row.experiments)]
+                  loss, row.tokens_per_s.shown(",.0f"), speed, time_to, "baseline" if i == 0 and time_to else at_loss,
+                  row.step_ms.shown(".1f"), f"{row.peak_mem_gb:.2f}",
+                  f"{row.device_hours:.4f}" if row.device_hours is not None else "", *cost, ", ".join(row.experiments)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
+def _usd(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}" if value < 1 else f"{value:,.2f}"
+
+
 def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], rows: list[Row], repeats: int,
-                 target: str) -> str:
-    """``<slug>.md`` (verdict and table), ``<slug>.json`` and ``<slug>.png``, written as one; returns the markdown."""
-    text = (f"# {name}\n\n{verdict(rows, repeats)}\n\n"
+                 target: str, time_budget_s: float | None = None,
+                 changes: list[Change] | None = None) -> tuple[str, dict[str, Any]]:
+    """``<slug>.md`` (verdict and table), ``<slug>.json`` and ``<slug>.png``, written as one; returns the markdown
+    and the JSON's content (what ``--json`` prints)."""
+    said = verdict(rows, repeats, time_budget_s, changes)
+    length = (f"each run trains for {time_budget_s:g} s of training steps (train.time_budget_s), so val losses "
+              "compare at equal time" if time_budget_s else "each run trains the steps params.yaml sets")
+    text = (f"# {name}\n\n{said}\n\n"
             f"{len(rows)} settings × {repeats} run(s), one at a time, in alternating order, each the `{target}` stage "
-            "as a DVC experiment; the first setting is the baseline. A speed ratio is the median of each run's "
-            "tokens/s over the baseline's run of the same repeat. Val losses: the median run's, ± its standard error "
-            "over the scored windows; two differ outside noise when more than 2 × √(se₁² + se₂²) apart (evaluate's "
-            "where every setting has it; README, \"Compare optimizations\"). Speeds: median (min–max) over the runs.\n\n" + table(grid, rows, repeats))
-    data = {"name": name, "grid": grid, "repeats": repeats, "target": target,
+            f"as a DVC experiment; {length}; the first setting is the baseline. A speed ratio is the median of each "
+            "run's tokens/s over the baseline's run of the same repeat. Val losses: the median run's, ± its standard "
+            "error over the scored windows; two differ outside noise when more than 2 × √(se₁² + se₂²) apart "
+            "(evaluate's where every setting has it; README, \"Compare optimizations\"). Time to the baseline's loss: "
+            "the training time (compile included, evals not) at which a run's val curve first reaches the val loss "
+            "its repeat's baseline run ends with, interpolated between evals; its ratio is the baseline's time over "
+            "the setting's, paired by repeat. Speeds and times: median (min–max) over the runs; costs at each run's "
+            "price per device-hour (train.price_per_hour).\n\n" + table(grid, rows, repeats))
+    data = {"name": name, "report": str(out / f"{slug}.md"), "grid": grid, "repeats": repeats, "target": target,
+            "time_budget_s": time_budget_s, "verdict": said,
+            "apply": {c.key: c.value for c in changes or []}, "apply_why": {c.key: c.why for c in changes or []},
+            "failed": [n for row in rows for n, ran in zip(row.experiments, row.tokens_per_s_runs) if ran is None],
             "rows": [dataclasses.asdict(r) for r in rows]}
     write_files(out, {f"{slug}.md": text, f"{slug}.json": json.dumps(data, indent=2) + "\n",
-                      f"{slug}.png": render_png(rows, name, verdict(rows, repeats))})
-    return text
+                      f"{slug}.png": render_png(rows, name, said)})
+    return text, data
 
 
 def render_png(rows: list[Row], title: str, said: str) -> bytes:

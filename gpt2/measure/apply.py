@@ -1,0 +1,136 @@
+"""``--apply``: the settings a comparison found better outside noise, written into params.yaml.
+
+Only a params.yaml that git holds as committed is changed, so nothing a user typed is lost: DVC's own
+``dvc exp apply`` replaces the workspace's params.yaml whole, uncommitted edits and all. Each changed
+line keeps its comment; the file is checked as the stages load it before it replaces the old one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpt2.core.atomic import write_files
+from gpt2.core.config import load_params
+from gpt2.core.errors import UserError
+
+
+@dataclass(frozen=True)
+class Change:
+    """One params.yaml line to write, and why: the figure outside noise and the report that holds it."""
+
+    key: str  # section.key
+    value: Any
+    why: str
+
+
+def apply(changes: list[Change], params_path: str | Path = "params.yaml") -> str:
+    """Write ``changes`` into params.yaml (only those that change a value); return what was done, diff included."""
+    path = Path(params_path)
+    text = path.read_text()
+    data = yaml.safe_load(text) or {}
+    todo = [c for c in changes if _get(data, c.key) != c.value]
+    if not changes:
+        return "nothing to apply: no setting is better than the baseline outside noise; params.yaml is unchanged"
+    if not todo:
+        return "params.yaml already holds every winning setting: " + "; ".join(f"{c.key}={_scalar(c.value)}"
+                                                                             for c in changes)
+    refuse_uncommitted(path)
+    new = text
+    for change in todo:
+        new = set_line(new, change.key, change.value)
+    check(new, data, todo, path)
+    write_files(path.parent, {path.name: new})
+    diff = "".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), f"a/{path.name}",
+                                        f"b/{path.name}", n=0))
+    reasons = "\n".join(f"  {c.key}={_scalar(c.value)}: {c.why}" for c in todo)
+    return f"applied to {path} (commit it, or `git checkout {path.name}` to undo):\n{diff}\nwhy:\n{reasons}"
+
+
+def refuse_uncommitted(path: Path) -> None:
+    """A params.yaml with edits git has not committed is never overwritten."""
+    status = subprocess.run(["git", "status", "--porcelain", "--", path.name], cwd=path.parent or ".",
+                            capture_output=True, text=True)
+    if status.returncode != 0:
+        raise UserError(f"--apply needs {path} in a git repository (to never overwrite an edit): {status.stderr.strip()}")
+    if status.stdout.strip():
+        raise UserError(f"{path} has uncommitted edits; --apply never overwrites them: commit them (git commit "
+                        f"{path.name}) or set them aside (git stash), then apply again")
+
+
+def set_line(text: str, key: str, value: Any) -> str:
+    """``text`` with ``section.key`` set to ``value`` on its own line, keeping the line's comment; a key that is
+    missing is added at the end of its section (and the section at the end of the file)."""
+    section, _, name = key.partition(".")
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if re.match(rf"{re.escape(section)}:\s*(#.*)?$", line)), None)
+    if start is None:
+        return text.rstrip("\n") + f"\n\n{section}:\n  {name}: {_scalar(value)}\n"
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].strip() and not lines[i][0].isspace()
+                and not lines[i].startswith("#")), len(lines))
+    pattern = re.compile(rf"([ \t]+){re.escape(name)}:([ \t]*)([^#\n]*?)([ \t]*#.*)?(\n?)$")
+    for i in range(start + 1, end):
+        match = pattern.match(lines[i])
+        if match:
+            indent, gap, old, comment, newline = match.groups()
+            shown = _scalar(value)
+            if comment:  # keep the comments' column where the new value leaves room
+                comment = " " * max(1, len(old) + len(comment) - len(comment.lstrip()) - len(shown)) + comment.lstrip()
+            lines[i] = f"{indent}{name}:{gap or ' '}{shown}{comment or ''}{newline or chr(10)}"
+            following = i + 1  # a block value (a list on the lines below) goes with the old one
+            while not old and following < end and _indent(lines[following]) > len(indent):
+                del lines[following]
+                end -= 1
+            return "".join(lines)
+    last = max(i for i in range(start, end) if lines[i].strip())
+    lines.insert(last + 1, f"  {name}: {_scalar(value)}\n")
+    return "".join(lines)
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip()) if line.strip() else 10**6
+
+
+def _scalar(value: Any) -> str:
+    """A value as params.yaml writes it: floats with a dot before the exponent (YAML reads 1e-05 as text)."""
+    if isinstance(value, float):
+        text = repr(value)
+        mantissa, e, exponent = text.partition("e")
+        return f"{mantissa}.0e{exponent}" if e and "." not in mantissa else text
+    if isinstance(value, str) and yaml.safe_load(value) == value and ":" not in value and "#" not in value:
+        return value
+    return json.dumps(value)
+
+
+def _get(data: dict[str, Any], key: str) -> Any:
+    section, _, name = key.partition(".")
+    return (data.get(section) or {}).get(name, _MISSING)
+
+
+_MISSING = object()
+
+
+def check(new: str, old: dict[str, Any], changes: list[Change], path: Path) -> None:
+    """The new file reads as the old one with the changes, and the stages accept it."""
+    expected = yaml.safe_load(yaml.safe_dump(old))
+    for change in changes:
+        section, _, name = change.key.partition(".")
+        expected.setdefault(section, {})[name] = change.value
+    if yaml.safe_load(new) != expected:
+        raise UserError(f"--apply could not write {', '.join(c.key for c in changes)} into {path} line by line; "
+                        "set them by hand")
+    scratch = path.with_name(f".{path.name}.apply")
+    try:
+        scratch.write_text(new)
+        load_params(scratch)
+    except UserError as exc:
+        raise UserError(f"--apply: {exc} (params.yaml left as it was)") from None
+    finally:
+        scratch.unlink(missing_ok=True)

@@ -1,0 +1,70 @@
+"""--apply: the winning settings written into a committed params.yaml, line by line, comments kept."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+from conftest import ROOT
+
+from gpt2.core.errors import UserError
+from gpt2.measure.apply import Change, apply, set_line
+
+
+def git(root, *args):
+    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
+
+
+@pytest.fixture
+def committed(tmp_path):
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "params.yaml")
+    git(tmp_path, "commit", "-qm", "params")
+    return tmp_path / "params.yaml"
+
+
+def test_each_line_keeps_its_comment_and_the_file_reads_as_the_changes(committed):
+    before = committed.read_text()
+    done = apply([Change("train.compile", True, "1.30× the baseline's tokens/s, outside noise (reports/grid/c.md)"),
+                  Change("train.min_lr", 2.0e-5, "x"), Change("model.attention", "manual", "y"),
+                  ], committed)
+    after = committed.read_text()
+    assert "-  compile: false          # torch.compile the model" in done
+    assert "+  compile: true           # torch.compile the model" in done  # the comment stays in its column
+    assert "train.compile=true: 1.30× the baseline's tokens/s, outside noise (reports/grid/c.md)" in done
+    assert "  min_lr: 2.0e-05" in after  # a dot before the exponent: YAML reads 2e-05 as text
+    data, old = yaml.safe_load(after), yaml.safe_load(before)
+    old["train"].update(compile=True, min_lr=2.0e-5)
+    old["model"]["attention"] = "manual"
+    assert data == old and len(after.splitlines()) == len(before.splitlines())
+
+
+def test_nothing_to_apply_changes_nothing_and_says_why(committed):
+    before = committed.read_text()
+    assert "nothing to apply: no setting is better than the baseline outside noise" in apply([], committed)
+    assert "already holds every winning setting" in apply([Change("train.lr", 1.0e-3, "x")], committed)
+    assert committed.read_text() == before
+
+
+def test_uncommitted_edits_and_bad_values_are_never_written(committed):
+    committed.write_text(committed.read_text().replace("seed: 1337 ", "seed: 7    ", 1))
+    edited = committed.read_text()
+    with pytest.raises(UserError, match="params.yaml has uncommitted edits; --apply never overwrites them: commit"):
+        apply([Change("train.compile", True, "x")], committed)
+    assert committed.read_text() == edited
+    git(committed.parent, "commit", "-qam", "seed")
+    with pytest.raises(UserError, match=r"--apply: params: train.lr = -1.0 .*left as it was"):
+        apply([Change("train.lr", -1.0, "x")], committed)
+    assert committed.read_text() == edited
+
+
+def test_a_missing_key_or_section_is_added_and_a_block_value_replaced():
+    text = "train:\n  lr: 1.0  # peak\neval:\n  prompts:\n    - a\n    - b\n  top_k: 3\n"
+    assert yaml.safe_load(set_line(text, "train.compile", True))["train"] == {"lr": 1.0, "compile": True}
+    assert yaml.safe_load(set_line(text, "eval.prompts", ["c"]))["eval"] == {"prompts": ["c"], "top_k": 3}
+    assert yaml.safe_load(set_line(text, "model.attention", "manual"))["model"] == {"attention": "manual"}
