@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core.errors import UserError
-from gpt2.core.memory_model import Shape, largest_micro_batch, memory, shape
+from gpt2.core.memory_model import largest_micro_batch, memory, shape
 from gpt2.core.sizes import SIZES
 from gpt2.run.cost import ASSUMED_PRICE_PER_HOUR
 from gpt2.run.flops import PEAK_TFLOPS, device_key, flops_per_token

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from gpt2.core import log
-from gpt2.core.errors import Stopped, UserError
+from gpt2.core.errors import Stopped
 
 logger = log.get("train")
 
