@@ -258,12 +258,25 @@ def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path):
     assert summary[0].inputs.dataset_inputs  # the data every rung trained on
     assert {a.path for a in client.list_artifacts(summary[0].info.run_id)} >= {"ladder.md", "ladder.png"}
 
-    second = run(root, *command)
-    assert "0 to run, 2 reused" in second.stderr  # nothing queued: the experiments above are the ones it read
+    baseline, flash = rows[0]["quality"], rows[2]["quality"]  # each run read where it reaches the baseline's end
+    assert baseline["speedup"] == 1.0 and baseline["reached"] == 1 and baseline["time_s"]["median"] > 0
+    assert flash["runs"] == 1 and ("not reached" in table or flash["time_s"]["median"] > 0)
+    assert "time to the baseline's loss (s)" in table and "device-hours" in table
+    assert "ladder/time_to_baseline_loss_s" in summary[0].data.metrics
 
+    dirty = (root / "params.yaml").read_text()
+    (root / "params.yaml").write_text(dirty + "# an edit\n")
+    refused = run(root, *command, "--apply", check=False)
+    assert refused.returncode == 2 and "params.yaml has uncommitted edits; --apply never overwrites" in refused.stderr
+    (root / "params.yaml").write_text(dirty)
     dvc(root, "exp", "run", "--queue", "-n", "waiting", "train")
-    third = run(root, *command)  # a queued experiment is neither run nor waited for: the ladder runs its own now
-    assert "0 to run, 2 reused" in third.stderr and "waiting" in dvc(root, "queue", "status").stdout
+    second = run(root, *command, "--json", "--apply")  # a queued experiment is neither run nor waited for
+    assert "0 to run, 2 reused" in second.stderr  # the experiments above are the ones it read
+    assert "waiting" in dvc(root, "queue", "status").stdout
+    said = json.loads(second.stdout)  # stdout holds the JSON alone, the logs went to stderr
+    assert said["apply"] == {} and said["verdict"].startswith("**One run per rung")  # one run: nothing is a win
+    assert "nothing to apply: no setting is better than the baseline outside noise" in second.stderr
+    assert (root / "params.yaml").read_text() == dirty
 
 
 def test_the_ladder_refuses_to_time_beside_a_running_experiment(tmp_path, monkeypatch):

@@ -37,13 +37,19 @@ class Finite(click.FloatRange):
 @click.option("--mlflow/--no-mlflow", default=None, help="log to MLflow (default: params.yaml train.mlflow)")
 @click.option("--target", default=None, type=Finite(min=0, min_open=True),
               help="val loss: every run trains to it (steps is the cap); the table adds time and tokens to target")
+@click.option("--time-budget", "time_budget_s", default=None, type=Finite(min=0, min_open=True), metavar="SECONDS",
+              help="every run trains this long (train.time_budget_s) instead of --steps: val losses at equal time")
+@click.option("--apply", is_flag=True, help="write the winning rungs' changes into params.yaml (a committed one only)")
+@click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON on stdout (logs stay on stderr)")
 @user_errors
 def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str | None, steps: int | None,
-           repeats: int | None, fresh: bool, mlflow: bool | None, target: float | None) -> None:
+           repeats: int | None, fresh: bool, mlflow: bool | None, target: float | None, time_budget_s: float | None,
+           apply: bool, as_json: bool) -> None:
     """Measure what each optimization buys: every rung of ladder.yaml as DVC experiments, then a table and plot."""
     from gpt2.measure.ladder import run_ladder
 
-    run_ladder(ladder_path, params_path, out, device, model, steps, repeats, fresh, mlflow, target)
+    run_ladder(ladder_path, params_path, out, device, model, steps, repeats, fresh, mlflow, target, time_budget_s,
+               apply, as_json)
 
 
 @click.command()

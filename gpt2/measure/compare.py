@@ -133,6 +133,7 @@ class AtQuality:
 
     reached: int  # runs that reached their mark
     runs: int
+    times: list[float | None] = field(default_factory=list)  # each run's time to its mark, by repeat (None: not)
     time_s: Spread | None = None  # training time to the mark (compile included, evals not)
     tokens: float | None = None  # median tokens to the mark
     cost_usd: float | None = None  # median cost of that time, at the run's price per device-hour
@@ -147,6 +148,8 @@ def at_baseline_quality(curves: list[list[Curve | None]],
     has no curve) and each run's price per hour of its time (USD; None: no cost): time and tokens to the
     baseline's final val loss, and the speedup with its noise. None for a setting with no curve at all."""
     marks = [curve[-1][2] if curve else None for curve in curves[0]]
+    if all(mark is None for mark in marks):  # the baseline has no curve: there is no quality to reach
+        return [None] * len(curves)
     found: list[list[tuple[float, float] | None]] = [
         [reaches(curve, mark) if curve and mark is not None else None for curve, mark in zip(runs, marks)]
         for runs in curves]
@@ -157,7 +160,7 @@ def at_baseline_quality(curves: list[list[Curve | None]],
             out.append(None)
             continue
         got = [(h, (prices[i][r] if prices else None)) for r, h in enumerate(hits) if h]
-        figures = AtQuality(reached=len(got), runs=len(ran))
+        figures = AtQuality(reached=len(got), runs=len(ran), times=[h[0] if h else None for h in hits])
         if got:
             figures.time_s = Spread.of([h[0] for h, _ in got])
             figures.tokens = statistics.median(h[1] for h, _ in got)

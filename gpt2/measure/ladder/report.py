@@ -8,21 +8,30 @@ import io
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from gpt2.core.atomic import atomic_dir
 from gpt2.measure import experiments
-from gpt2.measure.compare import as_metric, loss_shown, ratio_shown
+from gpt2.measure.apply import Change
+from gpt2.measure.compare import as_metric, loss_shown, quality_shown, ratio_shown
 from gpt2.measure.ladder.spec import Resolved
 from gpt2.measure.ladder.stats import CANNOT_SHOW, NO_EFFECT, Row, noise_verdict
 from gpt2.run.compiled import flag
+from gpt2.run.tracking import json_value
 
 LADDER_FILES = ("ladder.*", "dvc.log")  # what the report folder holds: refused if it holds more
 
 
-def table(rows: list[Row], steps: int, target: float | None = None) -> str:
+def table(rows: list[Row], steps: int, target: float | None = None, time_budget_s: float | None = None) -> str:
+    ending = (f"val loss after {time_budget_s:g} s (± s.e.)" if time_budget_s else
+              f"val loss after {steps} steps (± s.e.)" if target is None else "val loss at the end (± s.e.)")
+    quality = any(r.quality for r in rows)
+    priced = any(r.cost_usd is not None for r in rows)
     head = ["#", "rung", "what ran", "ms/step median (min–max)", "tokens/s median (min–max)", "wall tokens/s",
-            "vs previous", "cumulative", "peak mem (GB)", "MFU",
-            f"val loss after {steps} steps (± s.e.)" if target is None else "val loss at the end (± s.e.)", "note"]
+            "vs previous", "cumulative", "peak mem (GB)", "MFU", ending, "loss vs previous",
+            *(["time to the baseline's loss (s)", "vs baseline at equal loss", "vs previous at equal loss"]
+              if quality else []),
+            "device-hours", *(["cost per run (USD)"] if priced else []), "note"]
     if target is not None:
         head[8:8] = [f"time to {target} (s)", "time speedup", "tokens to target"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -36,12 +45,19 @@ def table(rows: list[Row], steps: int, target: float | None = None) -> str:
             lines.append("| " + " | ".join(cells) + " |")
             continue
         noise = row.inside_noise
+        time_to, at_loss = quality_shown(row.quality)
+        loss_move = ("" if row.loss_vs_previous is None else f"{row.loss_vs_previous:+.3f}"
+                     + ("" if row.loss_apart else " (inside noise)"))
         cells = [str(row.index), row.rung, row.ran or "baseline",
                  row.step_ms.shown(".1f"), row.tokens_per_s.shown(",.0f"),
                  f"{row.tokens_per_s_wall:,.0f}" if row.tokens_per_s_wall else "",
                  ratio_shown(row.vs_previous, noise.get("tokens_per_s")), ratio_shown(row.cumulative),
                  f"{row.peak_mem_gb:.2f}", f"{100 * row.mfu:.1f}%" if row.mfu is not None else "n/a",
-                 loss_shown(row.val_loss, row.val_loss_se),
+                 loss_shown(row.val_loss, row.val_loss_se), loss_move,
+                 *([time_to, "baseline" if row.index == 0 and time_to else at_loss,
+                    ratio_shown(row.quality_vs_previous, noise.get("quality"))] if quality else []),
+                 f"{row.device_hours:.4f}" if row.device_hours is not None else "",
+                 *([f"{row.cost_usd:.4f}" if row.cost_usd is not None else ""] if priced else []),
                  "; ".join(filter(None, ["" if row.effect in ("acts", "baseline") else row.effect,
                                          flag(row.runtime)]))]
         if target is not None:
@@ -63,36 +79,56 @@ def describe(resolved: Resolved, rows: list[Row]) -> str:
     seq = sequence_length(model["size"], model["block_size"], train["block_size"])
     return (f"Device: {runtime.get('device_name', resolved.device)} ({resolved.device}), torch {runtime.get('torch', '?')}. "
             f"Model {model['size']}, micro-batch {train['micro_batch_size']} × {seq} tokens, "
-            f"{resolved.profile.steps} steps per run (the first {train['timing_warmup_steps']} untimed), "
-            f"{resolved.profile.repeats} run(s) per rung in alternating order; speedups compare tokens/s"
+            + (f"{train['time_budget_s']:g} s of training steps per run (train.time_budget_s: val losses compare at "
+               f"equal time; the first {train['timing_warmup_steps']} steps untimed), " if train.get("time_budget_s")
+               else f"{resolved.profile.steps} steps per run (the first {train['timing_warmup_steps']} untimed), ")
+            + f"{resolved.profile.repeats} run(s) per rung in alternating order; speedups compare tokens/s"
             + (f"; MFU against {runtime['mfu_against']}" if runtime.get("mfu_against") else "")
             + (f"; with a target val loss of {resolved.profile.target}, every run trains until its val loss (measured "
                f"every {train['eval_interval']} steps) reaches it, or {resolved.profile.steps} steps: time to target is "
                "wall clock from the start of the run, compile and evals included." if resolved.profile.target else "."))
 
 
-def write_report(out: Path, rows: list[Row], resolved: Resolved,
-                 runs: list[list[experiments.Experiment]]) -> None:
+def decision(changes: list[Change]) -> str:
+    if not changes:
+        return "Nothing for `--apply` to write: no rung wins outside noise without losing elsewhere."
+    return ("What `--apply` writes into params.yaml, the changes of the rungs that win outside noise: "
+            + ", ".join(f"{c.key}={json_value(c.value)}" for c in changes) + ".")
+
+
+def write_report(out: Path, rows: list[Row], resolved: Resolved, runs: list[list[experiments.Experiment]],
+                 changes: list[Change] | None = None, as_json: bool = False) -> dict[str, Any]:
+    """ladder.md, .json and .png, written as one; the table on stdout (unless ``as_json``: the caller prints
+    the JSON). Returns the JSON's content."""
     today = datetime.date.today().isoformat()
+    budget = resolved.sections[0]["train"].get("time_budget_s")
     verdict = noise_verdict(rows, resolved.profile.repeats)
-    text = (f"# Optimization ladder ({today})\n\n{verdict}\n\n{describe(resolved, rows)}"
-            f"\n\n{table(rows, resolved.profile.steps, resolved.profile.target)}\n"
+    text = (f"# Optimization ladder ({today})\n\n{verdict}\n\n{decision(changes or [])}\n\n{describe(resolved, rows)}"
+            f"\n\n{table(rows, resolved.profile.steps, resolved.profile.target, budget)}\n"
             "Each rung adds one change to the rung above (ladder.yaml). A rung marked \"no effect on this device\" "
             "ran the same configuration as the rung above: its difference from it is this machine's run-to-run "
             "noise, the floor under every other figure. Experiments: "
             + "; ".join(f"{row.rung}: {', '.join(row.experiments) or 'none'}" for row in rows)
-            + ". Inspect them with `dvc exp show`.\n")
+            + ". Inspect them with `dvc exp show`. Loss vs previous: outside noise when more than 2 × √(se₁² + "
+            "se₂²) apart. Time to the baseline's loss: the training time (compile included, evals not) at which a "
+            "run's val curve first reaches the val loss its repeat's baseline run ends with, interpolated between "
+            "evals; its ratios pair runs of the same repeat.\n")
+    data = {"date": today, "device": resolved.device, "report": str(out / "ladder.md"), "time_budget_s": budget,
+            "verdict": verdict, "apply": {c.key: c.value for c in changes or []},
+            "apply_why": {c.key: c.why for c in changes or []},
+            "failed": [r.rung for r in rows if not r.runs and not r.effect.startswith(CANNOT_SHOW)],
+            "rows": [dataclasses.asdict(r) for r in rows]}
     log = out / "dvc.log"
     kept_log = log.read_bytes() if log.exists() else None
     with atomic_dir(out, owns=LADDER_FILES, command="gpt2 ladder") as tmp:
         (tmp / "ladder.md").write_text(text)
-        (tmp / "ladder.json").write_text(json.dumps({"date": today, "device": resolved.device, "rows": [dataclasses.asdict(r) for r in rows]},
-                                                    indent=2)
-                                         + "\n")
+        (tmp / "ladder.json").write_text(json.dumps(data, indent=2) + "\n")
         (tmp / "ladder.png").write_bytes(render_png(rows, describe(resolved, rows), verdict))
         if kept_log is not None:
             (tmp / "dvc.log").write_bytes(kept_log)
-    print(text, file=sys.stdout)
+    if not as_json:
+        print(text, file=sys.stdout)
+    return data
 
 
 def render_png(rows: list[Row], subtitle: str, verdict: str = "") -> bytes:
@@ -169,7 +205,11 @@ def log_to_mlflow(rows: list[Row], resolved: Resolved, runs: list[list[experimen
                                      "ladder/peak_mem_gb":
                                      row.peak_mem_gb, "ladder/mfu": row.mfu, "ladder/val_loss": row.val_loss,
                                      "ladder/time_to_target_s": row.time_s.median if row.time_s else None,
-                                     "ladder/tokens_to_target": row.tokens_to_target},
+                                     "ladder/tokens_to_target": row.tokens_to_target,
+                                     "ladder/time_to_baseline_loss_s": (row.quality.time_s.median
+                                                                        if row.quality and row.quality.time_s else None),
+                                     "ladder/speedup_at_equal_loss": row.quality.speedup if row.quality else None,
+                                     "ladder/cost_usd": row.cost_usd},
                                     step=row.index)
         for name in ("ladder.md", "ladder.png", "ladder.json"):
             tracker.log_artifact(out / name)

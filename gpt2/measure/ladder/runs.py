@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from gpt2.core.errors import UserError
 from gpt2.measure import experiments
 from gpt2.measure.ladder.report import LADDER_FILES, log_to_mlflow, write_report
 from gpt2.measure.ladder.spec import EXP_PREFIX, TRAIN_METRICS, TRAIN_RUN, Ladder, Resolved, load_ladder, resolve
-from gpt2.measure.ladder.stats import Row, analyse
+from gpt2.measure.ladder.stats import Row, analyse, decide
 
 logger = log.get("ladder")
 
@@ -52,16 +53,23 @@ def schedule(repeats: int, have: list[int]) -> list[tuple[int, int]]:
 def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path = "params.yaml",
                out: str | Path = "reports/ladder", device: str = "auto", model: str | None = None,
                steps: int | None = None, repeats: int | None = None, fresh: bool = False,
-               mlflow: bool | None = None, target: float | None = None) -> list[Row]:
-    """Measure every rung as DVC experiments (reusing ones already measured), then write the report."""
+               mlflow: bool | None = None, target: float | None = None, time_budget_s: float | None = None,
+               apply: bool = False, as_json: bool = False) -> list[Row]:
+    """Measure every rung as DVC experiments (reusing ones already measured), then write the report.
+    ``time_budget_s``: every run trains that long, and rungs compare val loss at equal time. ``apply``: write
+    the winning rungs' changes into params.yaml. ``as_json``: the comparison on stdout as JSON, not the table."""
     root, started = Path.cwd(), time.time()
     check_owned(Path(out).absolute(), LADDER_FILES, "gpt2 ladder")  # before an hour of runs, not after
+    if apply:
+        from gpt2.measure.apply import refuse_uncommitted
+
+        refuse_uncommitted(Path(params_path))
     ladder = load_ladder(ladder_path)
     raw = read_yaml(params_path, "params", "--params")  # raw: the rungs override it key by key
     if not isinstance(raw, dict):
         raise UserError(f"params file {str(params_path)!r} must be a mapping of sections")
     device = resolve_device(device)
-    resolved = resolve(ladder, raw, device, model, steps, repeats, mlflow, target)
+    resolved = resolve(ladder, raw, device, model, steps, repeats, mlflow, target, time_budget_s)
     experiments.check_repo(root)
     running = experiments.pending(root, ("Running",))
     if running:
@@ -82,14 +90,22 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
         _measure(root, ladder, resolved, todo, {e.name for e in existing}, Path(out))
         existing = experiments.finished(root, (TRAIN_RUN,))
     runs = [[] if resolved.cannot_show[i] else r[:resolved.profile.repeats] for i, r in enumerate(measured(resolved, existing))]
-    rows = analyse(ladder, resolved, runs)
-    write_report(Path(out), rows, resolved, runs)
+    curves = {e.name: experiments.val_curve(root, e.rev) for group in runs for e in group}
+    rows = analyse(ladder, resolved, runs, curves)
+    changes = decide(rows, resolved, time_budget_s, str(Path(out) / "ladder.md"))
+    data = write_report(Path(out), rows, resolved, runs, changes, as_json)
     if resolved.sections[0]["train"]["mlflow"]:
         log_to_mlflow(rows, resolved, runs, Path(out), started)
     failed = [row.rung for row in rows if row.runs < resolved.profile.repeats and not resolved.cannot_show[row.index]]
+    if as_json:
+        print(json.dumps(data, indent=2), flush=True)
     if failed:
         raise UserError(f"ladder: rung(s) {', '.join(failed)} did not finish every run; see {out}/dvc.log; "
-                        "the report marks them")
+                        "the report marks them" + ("; nothing applied" if apply else ""))
+    if apply:
+        from gpt2.measure.apply import apply as write
+
+        logger.info(f"ladder: {write(changes, params_path)}")
     return rows
 
 

@@ -128,19 +128,22 @@ def flat(sections: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def resolve(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str | None = None,
             steps: int | None = None, repeats: int | None = None, mlflow: bool | None = None,
-            target: float | None = None) -> Resolved:
+            target: float | None = None, time_budget_s: float | None = None) -> Resolved:
     """Each rung's complete model and train params on ``device`` (cpu, cuda or mps), validated.
 
-    With a target val loss, ``steps`` is the cap, the val loss is measured 20 times over it (over
-    params.yaml's ``eval_windows``, not the profile's), and a run stops at the first
-    measurement at or below the target."""
+    Every run measures its val loss 6 times over ``steps``, a curve to read at the baseline's final
+    val loss. With a target val loss, ``steps`` is the cap, the val loss is measured 20 times over it
+    (over params.yaml's ``eval_windows``, not the profile's), and a run stops at the first measurement
+    at or below the target. With a time budget every run trains that long instead of ``steps`` (which
+    then only spaces the evals)."""
     profile = ladder.profiles.get(device) or ladder.profiles["cpu"]
     profile = dataclasses.replace(profile, steps=steps or profile.steps, repeats=repeats or profile.repeats,
                                   target=target or profile.target)
     model_set = {**profile.model, **({"size": model} if model else {})}
-    fixed = {**profile.train, "device": device, "max_steps": profile.steps, "max_tokens": None,
+    fixed = {**profile.train, "device": device, "max_steps": None if time_budget_s else profile.steps,
+             "max_tokens": None, "time_budget_s": time_budget_s,
              "batch_tokens": None,  # the rungs set the batch as micro-batch × accumulation (its own rung)
-             "eval_interval": max(1, profile.steps // 20) if profile.target else profile.steps,
+             "eval_interval": max(1, profile.steps // (20 if profile.target else 6)),
              "checkpoint_interval": profile.steps, "save_checkpoint": False, "resume": "never",
              "log_interval": max(1, profile.steps // 5), "target_val_loss": profile.target, "stop_at_target": True}
     if profile.target:  # the val figure at the size whose noise was measured (params.yaml), not the profile's glance

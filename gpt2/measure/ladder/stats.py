@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpt2.measure import experiments
-from gpt2.measure.compare import (Spread, noise_verdict as verdict_text, paired_ratios,
-                                    ratio_inside_noise, typical_disagreement)
+from gpt2.measure.apply import Change
+from gpt2.measure.compare import (AtQuality, Curve, Spread, at_baseline_quality, losses_apart,
+                                  noise_verdict as verdict_text, paired_ratios, ratio_inside_noise, typical_disagreement)
 from gpt2.measure.ladder.spec import TRAIN_METRICS, TRAIN_RUN, Ladder, Resolved, Rung, flat
 
 # A rung's change that the trainer resolves on the device: the key of what really ran in summary.json's "runtime".
@@ -57,9 +58,19 @@ class Row:
     paired: list[float] = field(default_factory=list)  # tokens/s ratio to the rung above, run by run (same repeat)
     inside_noise: dict[str, bool] = field(default_factory=dict)  # per figure: a gain the repeats cannot tell apart
     noise_floor: float | None = None
+    loss_vs_previous: float | None = None  # val loss minus the rung above's
+    loss_apart: bool | None = None  # beyond 2 × the standard error of the difference
+    quality: AtQuality | None = None  # time and tokens to the val loss the baseline (rung 0) ends with
+    quality_paired: list[float] = field(default_factory=list)  # the rung above's time to it over this one's, by repeat
+    quality_vs_previous: float | None = None  # their median: above 1, this rung gets there sooner
+    cost_usd: float | None = None  # a run's cost (median; None without a price)
+    device_hours: float | None = None
 
 
-def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Experiment]]) -> list[Row]:
+def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Experiment]],
+            curves: dict[str, Curve | None] | None = None) -> list[Row]:
+    """Every rung's figures and comparisons; with the runs' val ``curves`` (by experiment name), also at the
+    baseline's final val loss."""
     rows: list[Row] = []
     base: Row | None = None
     previous: Row | None = None
@@ -85,6 +96,13 @@ def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Expe
         row.mfu = statistics.median(mfus) if mfus else None
         row.val_loss = statistics.median(losses) if losses else None
         row.val_loss_se = statistics.median(errors) if errors else None
+        costs = [m.get("cost") or {} for m in metrics]
+        row.cost_usd = _median([c.get("usd") for c in costs])
+        row.device_hours = _median([c.get("device_hours") for c in costs])
+        if previous:
+            row.loss_vs_previous = (row.val_loss - previous.val_loss
+                                    if None not in (row.val_loss, previous.val_loss) else None)
+            row.loss_apart = losses_apart(row.val_loss, row.val_loss_se, previous.val_loss, previous.val_loss_se)
         row.ran = _what_ran(rung, flat(resolved.sections[i]), row.runtime)
         if resolved.profile.target is not None:
             _add_target_figures(row, metrics)
@@ -101,8 +119,36 @@ def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Expe
         row.effect = _effect(rung, flat(resolved.sections[i]), row.runtime, previous) if i else "baseline"
         row.previous = previous.index if previous else None
         previous = row
+    if curves is not None:
+        add_quality(rows, runs, curves)
     mark_noise(rows)
     return rows
+
+
+def add_quality(rows: list[Row], runs: list[list[experiments.Experiment]], curves: dict[str, Curve | None]) -> None:
+    """Each rung's time to the baseline's final val loss, and its ratio to the rung above's, run by run."""
+    by_rung = [[curves.get(e.name) for e in group] for group in runs]
+    prices = [[_price(e) for e in group] for group in runs]
+    for row, figures in zip(rows, at_baseline_quality(by_rung, prices)):
+        row.quality = figures
+    measured = {r.index: r for r in rows}
+    for row in rows:
+        above = measured.get(row.previous) if row.previous is not None else None
+        if row.quality and above is not None and above.quality:
+            row.quality_paired = [a / t for a, t in zip(above.quality.times, row.quality.times) if a and t]
+            row.quality_vs_previous = statistics.median(row.quality_paired) if row.quality_paired else None
+
+
+def _price(exp: experiments.Experiment) -> float | None:
+    """USD per hour of a run's training time, all its devices together (None: no price)."""
+    summary = exp.files.get(TRAIN_RUN) or {}
+    price = (summary.get("cost") or {}).get("price_per_hour")
+    return None if price is None else price * ((summary.get("perf") or {}).get("world_size") or 1)
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def _add_target_figures(row: Row, metrics: list[dict[str, Any]]) -> None:
@@ -141,6 +187,8 @@ def mark_noise(rows: list[Row]) -> None:
         if row.time_vs_previous is not None:
             overlap = row.time_s.overlaps(above.time_s)
             row.inside_noise["time_s"] = overlap or abs(row.time_vs_previous - 1) <= floor
+        if row.quality_vs_previous is not None:
+            row.inside_noise["quality"] = ratio_inside_noise(row.quality_paired, floor)
 
 
 def paired_spread(rows: list[Row]) -> float:
@@ -158,6 +206,42 @@ def noise_verdict(rows: list[Row], repeats: int) -> str:
         f"{r.rung} ({r.effect.removeprefix(CANNOT_SHOW + ': ')})" for r in unshown) + ".")
     return verdict_text(paired_spread(rows), floor, len(noisy), len(acting), repeats, "rung",
                         "the rung above's") + skipped
+
+
+def decide(rows: list[Row], resolved: Resolved, time_budget_s: float | None, report: str) -> list[Change]:
+    """The changes of the rungs that win outside noise against the rung above, and lose nowhere outside it.
+
+    At equal time (a budget) a win is a lower val loss. Otherwise it is more tokens/s, unless the rung ends
+    with a higher val loss or reaches the baseline's val loss later than the rung above (a larger batch
+    can raise tokens/s and still take longer to get anywhere). Later rungs' values win where two set a key."""
+    changes: dict[str, Change] = {}
+    for row in rows:
+        if not row.runs or row.effect in ("baseline", NO_EFFECT, "failed") or row.previous is None:
+            continue
+        noise = row.inside_noise
+        if time_budget_s:
+            wins = bool(row.loss_apart and row.loss_vs_previous < 0)
+            why = f"val loss {row.loss_vs_previous:+.3f} against the rung above at equal time ({time_budget_s:g} s)"
+        else:
+            later = row.quality_vs_previous is not None and not noise.get("quality") and row.quality_vs_previous < 1
+            worse = bool(row.loss_apart and row.loss_vs_previous > 0)
+            wins = (row.vs_previous is not None and row.vs_previous > 1 and not noise.get("tokens_per_s")
+                    and not later and not worse)
+            why = f"{row.vs_previous:.2f}× the rung above's tokens/s" if row.vs_previous else ""
+        if wins:
+            section = flat(resolved.sections[row.index])
+            for key in ladder_changes(resolved, row.previous, row.index):
+                full = key if key.startswith("model.") else f"train.{key}"
+                changes[full] = Change(full, section[key], f"rung {row.index} {row.rung!r}: {why}, outside noise "
+                                                           f"({report})")
+    return list(changes.values())
+
+
+def ladder_changes(resolved: Resolved, above: int, index: int) -> list[str]:
+    """The keys rung ``index`` changes from the measured rung above it, as it ran (``grad_accum_steps: target``
+    resolved)."""
+    before, after = flat(resolved.sections[above]), flat(resolved.sections[index])
+    return [k for k in after if before.get(k) != after[k]]
 
 
 def _resolved(key: str, params: dict[str, Any], runtime: dict[str, Any]) -> Any:
