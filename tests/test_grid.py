@@ -3,6 +3,7 @@ tests/test_pipeline.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -108,6 +109,9 @@ def test_at_equal_time_the_lower_loss_outside_noise_wins():
     combos = [{"train.lr": 1.0e-3}, {"train.lr": 3.0e-3}, {"train.lr": 9.0e-3}]
     names = [["a"], ["b"], ["c"]]
     found = {"a": run("a", 100, loss=6.0), "b": run("b", 100, loss=5.8), "c": run("c", 200, loss=5.99)}
+    assert grid.decide(grid.judge(combos, names, found), 60.0, "r.md") == []  # one run each: no winner
+    names = [[n, n + "2"] for n in "abc"]
+    found |= {n + "2": dataclasses.replace(e, name=n + "2") for n, e in found.items()}
     rows = grid.judge(combos, names, found)
     changes = grid.decide(rows, 60.0, "r.md")
     assert [(c.key, c.value) for c in changes] == [("train.lr", 3.0e-3)]  # c is faster, but not better at 60 s

@@ -187,15 +187,25 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path):
     dvc(root, "repro", "stats")  # the data stages once, in the shared cache: the experiments run train and evaluate
     commit_all(root)
     # one run per setting: the repeats' order and pairing are tests/test_grid.py's, on figures it chooses
-    done = run(root, sys.executable, "-m", "gpt2.cli", "grid", "-S", "model.attention=flash,manual", "--name", "attn")
+    done = run(root, sys.executable, "-m", "gpt2.cli", "grid", "-S", "model.attention=flash,manual", "--name", "attn",
+               "--time-budget", "0.5", "--json")
     assert "grid: [2/2] model.attention=manual, run 1 (attn-2-1)" in done.stderr
     table = (root / "reports/grid/attn.md").read_text()
     assert table.splitlines()[2].startswith("**One run per setting: no interval")
     assert "| model.attention | runs | val loss (± s.e.) | eval val loss (± s.e.) | loss vs baseline |" in table
     assert "| manual | 1/1 |" in table and " ± " in table and "× (inside noise) |" in table
+    assert "each run trains for 0.5 s of training steps (train.time_budget_s), so val losses compare at equal time" in table
+    said = json.loads(done.stdout)  # the comparison alone on stdout, for a script or an agent
+    assert said["time_budget_s"] == 0.5 and said["apply"] == {} and said["failed"] == []
+    assert said["rows"][0]["quality"]["speedup"] == 1.0 and said["rows"][1]["quality"]["runs"] == 1
     exps = {e.name: e for e in experiments.finished(root)}
     assert sorted(exps) == ["attn-1-1", "attn-2-1"]
     assert sorted(e.params["model"]["attention"] for e in exps.values()) == ["flash", "manual"]
+    for exp in exps.values():  # every run trained for the budget: its steps, then the eval after the last
+        assert exp.params["train"]["time_budget_s"] == 0.5 and exp.params["train"]["max_steps"] is None
+        figures = exp.metrics["reports/train/metrics.json"]
+        assert 0.5 <= figures["train_s"] < 1.0 and figures["cost"]["device_hours"] > 0
+        assert figures["cost"].get("usd") is None  # a CPU has no price unless train.price_per_hour sets one
 
     client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])

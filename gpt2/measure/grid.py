@@ -154,7 +154,8 @@ def decide(rows: list[Row], time_budget_s: float | None, report: Path) -> list[C
 
     At equal time (a budget), a win is a lower val loss. Otherwise it is speed: more tokens/s, or the
     baseline's val loss reached sooner; and a faster setting that ends with a higher val loss, or reaches the
-    baseline's later, loses. Nothing wins where one run per setting gives no interval."""
+    baseline's later, loses. Nothing wins from one run: a val loss's standard error covers the scored text, not
+    how many steps a run fitted into its time or how its seed fell, which only repeats show."""
     def score(row: Row) -> float | None:
         worse_loss = row.loss_apart and row.loss_delta > 0
         quality = row.quality
@@ -168,7 +169,9 @@ def decide(rows: list[Row], time_budget_s: float | None, report: Path) -> list[C
             return quality.speedup
         return row.speedup if row.speedup is not None and not row.speed_inside_noise else None
 
-    scored = [(s, row) for row in rows[1:] if row.runs and (s := score(row)) is not None]
+    if rows[0].runs < 2:
+        return []
+    scored = [(s, row) for row in rows[1:] if row.runs >= 2 and (s := score(row)) is not None]
     if not scored:
         return []
     _, best = max(scored, key=lambda pair: pair[0])

@@ -213,10 +213,11 @@ def decide(rows: list[Row], resolved: Resolved, time_budget_s: float | None, rep
 
     At equal time (a budget) a win is a lower val loss. Otherwise it is more tokens/s, unless the rung ends
     with a higher val loss or reaches the baseline's val loss later than the rung above (a larger batch
-    can raise tokens/s and still take longer to get anywhere). Later rungs' values win where two set a key."""
+    can raise tokens/s and still take longer to get anywhere). Later rungs' values win where two set a key.
+    Nothing wins from one run per rung (gpt2/measure/grid.py's ``decide`` says why)."""
     changes: dict[str, Change] = {}
     for row in rows:
-        if not row.runs or row.effect in ("baseline", NO_EFFECT, "failed") or row.previous is None:
+        if row.runs < 2 or row.effect in ("baseline", NO_EFFECT, "failed") or row.previous is None:
             continue
         noise = row.inside_noise
         if time_budget_s:
