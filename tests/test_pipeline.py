@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -231,6 +232,13 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path):
         assert set(inputs) == {"training", "evaluation"} and inputs["evaluation"].name.endswith(" (val)")
         assert {d.digest for d in inputs.values()} == {outs["data/tokens"].removesuffix(".dir")}
     assert not list((root / ".dvc" / "tmp").rglob("mlflow.db"))  # nothing landed in the temp copies
+    # every model traceable: from the MLflow model of a run to its exact checkpoint (docs/experiments.md)
+    models = client.search_logged_models([parent.info.experiment_id])
+    [model] = [m for m in models if m.source_run_id == manual.info.run_id]
+    assert {m.key for m in model.metrics} >= {"summary/val.loss", "eval/val_loss"}  # evaluate's figures are its too
+    assert model.tags["get_weights"] == f"dvc exp apply {manual.data.tags['dvc_exp_name']}"
+    run(root, sys.executable, "-m", "dvc", *shlex.split(model.tags["get_weights"].removeprefix("dvc ")))
+    assert hashlib.md5((root / model.tags["checkpoint_path"]).read_bytes()).hexdigest() == model.tags["checkpoint_md5"]
 
 
 def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tmp_path):

@@ -107,11 +107,12 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     assert {"perf.warmup_s", "perf.warmup_s.session_2"} <= set(run.data.tags)  # each session's, as a tag
     # the compared figures are metrics (the runs list's columns), the rest of the summary tags: no one-point charts
     summary = sorted(k for k in run.data.metrics if k.startswith("summary/"))
-    assert summary == ["summary/mem.peak_gb", "summary/perf.mfu", "summary/perf.step_ms", "summary/perf.tokens_per_s",
-                       "summary/perf.tokens_per_s_iqr"]  # MFU against the CPU's measured peak (conftest's stand-in)
+    assert summary == ["summary/cost.device_hours", "summary/mem.peak_gb", "summary/perf.mfu", "summary/perf.step_ms",
+                       "summary/perf.tokens_per_s", "summary/perf.tokens_per_s_iqr", "summary/val.loss",
+                       "summary/val.loss_se"]  # MFU against the CPU's measured peak (conftest's stand-in); no price
     assert {"summary.train.loss", "summary.wall_s", "summary.perf.tokens_per_s_wall"} <= set(run.data.tags)
     one_point = [k for k in run.data.metrics if len(client.get_metric_history(run.info.run_id, k)) == 1]
-    assert sorted(k.split("/")[0] for k in one_point) == ["summary"] * 5, one_point
+    assert sorted(k.split("/")[0] for k in one_point) == ["summary"] * 8, one_point
     experiment = client.get_experiment_by_name("gpt2")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
@@ -124,7 +125,17 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     assert json.loads(used.dataset.profile) == {"train_tokens": 20_000, "val_tokens": 4_000, "train_documents": 188,
                                                "val_documents": 38, "tokenizer": "gpt2", "split": "documents",
                                                "digest_from": "meta.json manifest_sha256 (not a DVC output)"}
-    assert run.data.tags["checkpoint_md5"] == hashlib.md5((tmp_path / "ckpt.pt").read_bytes()).hexdigest()
+    md5 = hashlib.md5((tmp_path / "ckpt.pt").read_bytes()).hexdigest()
+    assert run.data.tags["checkpoint_md5"] == md5
+    # the finished model: an MLflow logged model of the run, its weights left in DVC's cache, named by their hash
+    [model] = client.search_logged_models([experiment.experiment_id])
+    assert model.source_run_id == run.info.run_id and model.name == "gpt2-tiny"
+    assert model.tags["checkpoint_md5"] == md5 and model.tags["data_dvc_hash"] == "test"
+    assert model.tags["dvc_cache_file"] == f".dvc/cache/files/md5/{md5[:2]}/{md5[2:]}"
+    assert model.tags["get_weights"] == "dvc exp apply my-exp" and "git_commit" in model.tags
+    assert model.params["train.lr"] == "0.005" and model.params["train.max_steps"] == "6"  # what made the weights
+    assert {m.key for m in model.metrics} >= {"summary/val.loss", "summary/perf.tokens_per_s"}
+    assert [a.path for a in client.list_logged_model_artifacts(model.model_id)] == ["MLmodel"]  # no copy of the weights
 
 
 def test_runs_outside_dvc_exp_are_named_after_what_they_trained(tmp_path, tokens, monkeypatch):

@@ -44,6 +44,21 @@ def checkpoint_hashes(path: str | Path) -> dict[str, str]:
     return {"checkpoint_md5": md5, **({"checkpoint_dvc_hash": dir_hash({path.name: md5})} if alone else {})}
 
 
+def model_tags(ckpt_path: str | Path, hashes: dict[str, str], dataset: dict[str, Any], commit: str | None,
+               exp_name: str | None) -> dict[str, str | None]:
+    """What an MLflow logged model records of a checkpoint that stays in DVC's cache: the hashes that name its
+    weights and data, the commit of the code, and where the exact file is found again: the DVC experiment
+    (``dvc exp apply``), and the cache file DVC keeps it in once the stage has ended (a file's DVC hash is its
+    MD5; ``dvc pull`` brings the cache from a remote)."""
+    md5 = hashes["checkpoint_md5"]
+    return {**hashes, "data_dvc_hash": dataset.get("digest"), "data_name": dataset.get("name"),
+            "data_digest_from": (dataset.get("profile") or {}).get("digest_from"), "git_commit": commit,
+            "dvc_exp_name": exp_name, "checkpoint_path": Path(ckpt_path).as_posix(),
+            "weights": "in DVC's cache, not in MLflow",
+            "get_weights": f"dvc exp apply {exp_name}" if exp_name else None,
+            "dvc_cache_file": f".dvc/cache/files/md5/{md5[:2]}/{md5[2:]}"}
+
+
 def dvc_hash(path: str | Path, root: str | Path) -> str | None:
     """``path``'s hash as ``root``'s dvc.lock records it, if the record still describes what is on disk.
 

@@ -313,6 +313,8 @@ def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Pat
                           "eval.val_ppl": round(metrics["val"]["ppl"], 2),
                           "eval.unigram_loss": round(metrics["baseline"]["unigram_loss"], 4),
                           "eval.sample_tokens_per_s": metrics["sample"]["tokens_per_s"]})
+        if not state.get("pretrained"):
+            tracker.find_model()  # the training's logged model: the figures below are the model's too
         tracker.log_metrics({"eval/val_loss": metrics["val"]["loss"], "eval/val_loss_se": metrics["val"]["loss_se"],
                              **{f"eval/hellaswag_{k}": v for k, v in metrics.get("hellaswag", {}).items()
                                 if k in ("acc_norm", "acc")}},

@@ -231,6 +231,10 @@ class Tracker:
 
     def describe(self, markdown: str) -> None: ...
 
+    def log_model(self, name: str, tags: dict[str, str], params: dict[str, Any]) -> None: ...
+
+    def find_model(self) -> None: ...
+
     def end(self, status: str = "FINISHED") -> None: ...
 
 
@@ -284,6 +288,7 @@ class MlflowTracker(Tracker):
             raise UserError("train.mlflow is true but mlflow is not installed; install the project "
                             "(pip install -c constraints.txt -e .) or set train.mlflow: false") from None
         self.mlflow, self.uri, self.kept_in, self.failed = mlflow, tracking_uri(), kept_in, False
+        self.model_id: str | None = None  # once set, every metric logged is the model's too
         if self.uri.startswith(("http://", "https://")) and not reachable(self.uri):
             self._give_up("reach the tracking server", ConnectionError("no answer within 3 s"))
             return
@@ -386,7 +391,8 @@ class MlflowTracker(Tracker):
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self._call(f"log the metrics of step {step}",
-                   lambda: self.mlflow.log_metrics({k: v for k, v in metrics.items() if v is not None}, step=step))
+                   lambda: self.mlflow.log_metrics({k: v for k, v in metrics.items() if v is not None}, step=step,
+                                                   model_id=self.model_id))
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         self._call("set tags", lambda: self.mlflow.set_tags({k: str(v) for k, v in tags.items() if v is not None}))
@@ -404,8 +410,37 @@ class MlflowTracker(Tracker):
         """The run's description, the first thing its page shows (a grid's or a ladder's verdict and table)."""
         self._call("set the description", lambda: self.mlflow.set_tag("mlflow.note.content", markdown))
 
+    def log_model(self, name: str, tags: dict[str, str], params: dict[str, Any]) -> None:
+        """This run's model as an MLflow logged model whose weights stay outside MLflow (in DVC's cache): its
+        ``tags`` say how to get them back (gpt2/core/provenance.py's ``model_tags``). The metrics logged after
+        this call are the model's too."""
+        def create() -> None:
+            model = self.mlflow.create_external_model(
+                name=name, source_run_id=self.run_id, model_type=MODEL_TYPE, experiment_id=self.experiment_id,
+                tags={k: str(v) for k, v in tags.items() if v is not None},
+                params={k: str(v) for k, v in params.items()})
+            self.model_id = model.model_id
+
+        if self.run_id:
+            self._call("log the model", create)
+
+    def find_model(self) -> None:
+        """This run's newest logged model (a training's, which evaluate scores): the metrics logged after this
+        call are the model's too. None found (a run from an older version): the run's alone."""
+        def find() -> None:
+            found = self.mlflow.MlflowClient().search_logged_models(
+                [self.experiment_id], filter_string=f"source_run_id = '{self.run_id}'",
+                order_by=[{"field_name": "creation_time", "ascending": False}], max_results=1)
+            self.model_id = found[0].model_id if found else None
+
+        if self.run_id:
+            self._call("find the run's model", find)
+
     def end(self, status: str = "FINISHED") -> None:
         self._call(f"end the run as {status}", lambda: self.mlflow.end_run(status=status))
+
+
+MODEL_TYPE = "gpt2 checkpoint (weights in DVC's cache)"
 
 
 def adopt(parent: MlflowTracker, dvc_exp_names: list[str], tags: dict[str, dict[str, str]] | None = None,

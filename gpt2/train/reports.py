@@ -81,10 +81,10 @@ COMPARED = {"train": ("loss",), "val": ("loss", "loss_se", "ppl"),
 
 
 # The compared figures MLflow keeps as metrics (``summary/perf.tokens_per_s`` …): what the runs list and the
-# compare page show side by side. Every other figure of the summary is a tag (``summary.train.loss``), so a
-# run's charts are its curves, not a page of one-point charts.
-TRACKED = ("perf.tokens_per_s", "perf.tokens_per_s_iqr", "perf.step_ms", "perf.mfu", "mem.peak_gb", "target.time_s",
-           "target.tokens", "cost.device_hours", "cost.usd")
+# compare page show side by side, and the run's logged model carries. Every other figure of the summary is a
+# tag (``summary.train.loss``), so a run's charts are its curves, not a page of one-point charts.
+TRACKED = ("val.loss", "val.loss_se", "perf.tokens_per_s", "perf.tokens_per_s_iqr", "perf.step_ms", "perf.mfu",
+           "mem.peak_gb", "target.time_s", "target.tokens", "cost.device_hours", "cost.usd")
 
 
 def warmup_s(history: History, steps: int) -> float:

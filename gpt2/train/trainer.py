@@ -25,7 +25,7 @@ import torch
 
 from gpt2.core import log
 from gpt2.core.config import Params, to_dict
-from gpt2.core.provenance import checkpoint_hashes, describe_tokens
+from gpt2.core.provenance import checkpoint_hashes, describe_tokens, model_tags
 from gpt2.run import checkpoint
 from gpt2.run.compiled import compile_caches
 from gpt2.run.cost import price_per_hour
@@ -151,8 +151,9 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
     if changes is not None:  # MLflow keeps a run's first params: each resume records what it changed
         tracker.set_tags({f"resume.step_{step}": "; ".join(f"train.{k}: {old} → {new}" for k, (old, new)
                                                            in changes.items()) or "no params changed"})
-    if tracker.run_id:  # no dvc.lock reading or folder walk when nothing tracks it
-        tracker.log_dataset(describe_tokens(s.tokens_dir, s.meta), context="training")
+    dataset = describe_tokens(s.tokens_dir, s.meta) if tracker.run_id else {}  # no dvc.lock reading untracked
+    if dataset:
+        tracker.log_dataset(dataset, context="training")
     runtime = {k: v for k, v in info.items() if k != "params"}  # what really ran (the ladder reads it)
     earlier_s, first_step = history.elapsed_s, step  # a resumed run: the time and steps of its earlier sessions
 
@@ -176,7 +177,11 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
                 logger.warning(complaint)
             tracker.set_tags(s.compile_watch.figures())
             if tracker.run_id and cfg.save_checkpoint and ckpt_path.is_file():  # DVC's hash: dvc exp apply finds it
-                tracker.set_tags(checkpoint_hashes(ckpt_path))
+                hashes = checkpoint_hashes(ckpt_path)
+                tracker.set_tags(hashes)  # and an MLflow model: the summary's metrics below are its too
+                tracker.log_model(f"gpt2-{params.model.size}", model_tags(ckpt_path, hashes, dataset, git_commit(),
+                                                                         os.environ.get("DVC_EXP_NAME")),
+                                  flatten({"model": to_dict(params.model), "train": to_dict(params.train)}))
             if s.dist.main and report_dir is not None:
                 write_reports(report_dir, summary, history)
                 tracker.log_artifact(report_dir / "summary.json")
