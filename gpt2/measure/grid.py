@@ -421,7 +421,11 @@ def log_parent(name: str, grid: dict[str, list[Any]], rows: list[Row], out: Path
                                  "grid/speedup": 1.0 if i == 0 and row.runs else _round(row.speedup),
                                  "grid/speed_inside_noise": as_metric(row.speed_inside_noise),
                                  "grid/val_loss": _round(row.val_loss), "grid/val_loss_delta": _round(row.loss_delta),
-                                 "grid/loss_apart": as_metric(row.loss_apart)}, step=i)
+                                 "grid/loss_apart": as_metric(row.loss_apart),
+                                 "grid/time_to_baseline_loss_s": _round(row.quality.time_s.median
+                                                                        if row.quality and row.quality.time_s else None),
+                                 "grid/speedup_at_equal_loss": _round(row.quality.speedup if row.quality else None),
+                                 "grid/cost_usd": _round(row.cost_usd)}, step=i)
         if dataset := experiments.workspace_dataset(Path.cwd()):
             tracker.log_dataset(dataset, context="training")
         for suffix in (".md", ".json", ".png"):
@@ -431,7 +435,8 @@ def log_parent(name: str, grid: dict[str, list[Any]], rows: list[Row], out: Path
                     for row in rows for r, n in enumerate(row.experiments)}
         verdicts = {n: {"vs_baseline/speedup": 1.0 if i == 0 else _round(row.speedup),
                         "vs_baseline/speed_inside_noise": as_metric(row.speed_inside_noise),
-                        "vs_baseline/val_loss_delta": 0.0 if i == 0 else _round(row.loss_delta)}
+                        "vs_baseline/val_loss_delta": 0.0 if i == 0 else _round(row.loss_delta),
+                        "vs_baseline/speedup_at_equal_loss": _round(row.quality.speedup if row.quality else None)}
                     for i, row in enumerate(rows) for n in row.experiments}
         adopt(tracker, list(children), children, verdicts)
 
