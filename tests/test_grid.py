@@ -92,7 +92,7 @@ def test_settings_compare_at_the_baseline_s_final_loss_and_the_winner_is_decided
     higher = rows[1].quality
     assert higher.paired == pytest.approx([1.5, 30 / (10 + 10 * 0.3 / 0.5)]) and higher.reached == 2 and not higher.inside_noise
     assert higher.tokens == pytest.approx(1000 * (2 + 1.6) / 2)
-    assert rows[2].quality.reached == 0 and rows[2].quality.speedup is None
+    assert rows[2].quality.reached == 0 and rows[2].quality.speedup == pytest.approx(10 / 24)  # at 7.0, its end
     changes = grid.decide(rows, None, tmp_path / "lr.md")
     assert [(c.key, c.value) for c in changes] == [("train.lr", 2.0e-3), ("train.compile", False)]  # compile: faster
     # steps, a worse loss
@@ -115,5 +115,37 @@ def test_at_equal_time_the_lower_loss_outside_noise_wins():
     rows = grid.judge(combos, names, found)
     changes = grid.decide(rows, 60.0, "r.md")
     assert [(c.key, c.value) for c in changes] == [("train.lr", 3.0e-3)]  # c is faster, but not better at 60 s
-    assert "val loss -0.200 at equal time (60 s)" in changes[0].why
+    assert changes[0].why == "val loss -0.200 at equal time, outside noise (runs of 60 s) (r.md)"
     assert "Lower val loss at equal time (60 s) outside noise: train.lr=0.003 (-0.200)" in grid.verdict(rows, 1, 60.0)
+
+
+def test_json_is_printed_before_a_failed_run_is_an_error(tmp_path, monkeypatch, capsys):
+    """An agent reads the comparison even when a run failed; the command still ends with one error line."""
+    import pytest
+
+    from gpt2.core.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("train:\n  mlflow: false\n")
+    monkeypatch.setattr(grid.experiments, "check_repo", lambda root: None)
+    monkeypatch.setattr(grid.experiments, "pending", lambda root: [])
+    monkeypatch.setattr(grid.experiments, "run_in_turn", lambda *args, **kwargs: None)
+    calls = []  # before the runs: none taken; after: g-1-1 finished, g-2-1 failed
+    monkeypatch.setattr(grid.experiments, "finished", lambda root, files=(): calls.append(1) or
+                        ([run("g-1-1", 100)] if len(calls) > 1 else []))
+    monkeypatch.setattr(grid.experiments, "val_curve", lambda root, rev: None)
+    with pytest.raises(UserError, match=r"grid: g-2-1 did not finish; see reports/grid/dvc.log"):
+        grid.run_grid(("train.lr=1.0e-3,2.0e-3",), name="g", target="train", apply=False, as_json=True,
+                      time_budget_s=30.0)
+    said = json.loads(capsys.readouterr().out)
+    assert said["failed"] == ["g-2-1"] and said["time_budget_s"] == 30.0 and said["rows"][1]["runs"] == 0
+
+
+def test_a_budget_and_a_length_in_the_grid_are_refused(tmp_path, monkeypatch):
+    import pytest
+
+    from gpt2.core.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"-S train.max_steps and --time-budget both set the run's length"):
+        grid.run_grid(("train.max_steps=10,20",), time_budget_s=30.0)

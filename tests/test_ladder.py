@@ -346,3 +346,38 @@ def test_with_a_target_every_run_trains_to_it_and_the_table_gives_time_to_target
     text = ladder.table(rows, 200, 6.1)
     assert "time to 6.1 (s)" in text and "| 21.0 (20.0–22.0) |" in text
     assert "10.0 (10.0–10.0) reached 1/2" in text and "| not reached |" in text and "| 2.10× |" in text
+
+
+def test_rungs_compare_at_the_baseline_s_loss_and_the_winners_are_applied(tmp_path):
+    spec = load(tmp_path, NOISE_LADDER)
+    p = ladder.resolve(spec, PARAMS, "cpu")
+    assert p.sections[0]["train"]["eval_interval"] == 3  # 6 evals over the profile's 20 steps: a curve
+    budget = ladder.resolve(spec, PARAMS, "cpu", time_budget_s=30.0).sections[0]["train"]
+    assert budget["time_budget_s"] == 30.0 and budget["max_steps"] is None
+    runs = [[fake_run(p, 0, 100.0, CPU, "b1"), fake_run(p, 0, 104.0, CPU, "b2")],
+            [],  # tf32: not run on a CPU
+            [fake_run(p, 2, 60.0, CPU, "p1"), fake_run(p, 2, 61.0, CPU, "p2")],  # padded vocab: 1.7x, same learning
+            [fake_run(p, 3, 40.0, CPU, "f1", loss=9.5), fake_run(p, 3, 40.0, CPU, "f2", loss=9.5)]]  # fast, learns worse
+    for group in runs:
+        for exp in group:
+            exp.metrics[ladder.TRAIN_METRICS]["val"]["loss_se"] = 0.01
+            exp.files[ladder.TRAIN_RUN]["cost"] = {"price_per_hour": 3600.0}  # a dollar a second: easy to read
+    curve = [(10.0, 1e3, 9.5), (20.0, 2e3, 9.2), (30.0, 3e3, 9.0)]
+    sooner = [(6.0, 1e3, 9.5), (12.0, 2e3, 9.2), (18.0, 3e3, 9.0)]
+    never = [(4.0, 1e3, 9.8), (8.0, 2e3, 9.6), (12.0, 3e3, 9.5)]
+    curves = {"b1": curve, "b2": curve, "p1": sooner, "p2": sooner, "f1": never, "f2": never}
+    rows = ladder.analyse(spec, p, runs, curves)
+    assert rows[2].quality.speedup == pytest.approx(30 / 18) and rows[2].quality.cost_usd == 18.0
+    assert rows[3].quality.reached == 0 and rows[3].loss_apart and rows[3].loss_vs_previous == pytest.approx(0.5)
+    changes = ladder.stats.decide(rows, p, None, "reports/ladder/ladder.md")
+    assert [(c.key, c.value) for c in changes] == [("model.pad_vocab", True)]  # not tf32 (inert), not fused (worse)
+    assert changes[0].why.startswith("rung 2 'pad' against the rung above: 1.67× sooner to the baseline's val loss, "
+                                     "1.69× the tokens/s") and "outside noise (reports/ladder/ladder.md)" in changes[0].why
+    text = ladder.table(rows, 20)
+    assert "| 30.0 (30.0–30.0) | baseline |" in text and "| not reached (0/2) |" in text
+    assert "cost to the baseline's loss (USD)" in text and "| +0.500 |" in text
+    (tmp_path / "out").mkdir()
+    data = ladder.write_report(tmp_path / "out", rows, p, runs, changes, as_json=True)
+    assert data["apply"] == {"model.pad_vocab": True} and "What `--apply` writes" in (tmp_path / "out/ladder.md").read_text()
+    said = ladder.report.decision(rows, [], 30.0)  # under a budget: the val losses at equal time, judged
+    assert said.startswith("At equal time (30 s), higher: fused (+0.500). Nothing for `--apply` to write")

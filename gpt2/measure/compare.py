@@ -10,9 +10,10 @@ when they are more than 2 × √(se₁² + se₂²) apart, the standard errors b
 
 At equal quality, each run's val curve (val loss against training time, measured every
 ``eval_interval`` steps of a run that trains its whole length) is read where it first reaches the
-val loss its repeat's baseline run ends with, interpolated between the two evals around it; the
-speedup is the baseline's time to that loss over the setting's, paired and judged as the tokens/s
-ratio is. Every run trains its whole length: none stops at the mark, which would end a run on its luckiest eval.
+val loss its repeat's baseline run ends with, interpolated between the two evals around it. The
+speedup compares a run with its repeat's baseline run at the higher of their two final val losses,
+a loss both reach (a run that ends a hair above the baseline would otherwise read "never"): the
+baseline's time to it over the run's, paired and judged as the tokens/s ratio is. Every run trains its whole length: none stops at the mark, which would end a run on its luckiest eval.
 """
 
 from __future__ import annotations
@@ -126,6 +127,17 @@ def reaches(curve: Curve, loss: float) -> tuple[float, float] | None:
     return None
 
 
+def sooner(reference: Curve | None, curve: Curve | None) -> float | None:
+    """How many times sooner ``curve`` reaches a val loss than ``reference`` does (above 1: sooner), at the higher
+    of their two final val losses: a loss both reach, so the ratio exists also for a run that ends a little
+    above the other (a noisier init draw) instead of reading "never"."""
+    if not reference or not curve:
+        return None
+    level = max(reference[-1][2], curve[-1][2])
+    theirs, mine = reaches(reference, level), reaches(curve, level)
+    return theirs[0] / mine[0] if theirs and mine and mine[0] > 0 else None
+
+
 @dataclass
 class AtQuality:
     """What a setting took to reach the val loss the baseline ends with, run by run (the same repeat's
@@ -137,7 +149,8 @@ class AtQuality:
     time_s: Spread | None = None  # training time to the mark (compile included, evals not)
     tokens: float | None = None  # median tokens to the mark
     cost_usd: float | None = None  # median cost of that time, at the run's price per device-hour
-    paired: list[float] = field(default_factory=list)  # the baseline's time over this one's, same repeat
+    paired: list[float] = field(default_factory=list)  # how much sooner than the baseline's run of the same
+    # repeat, at the higher of their final val losses (``sooner``)
     speedup: float | None = None  # their median: above 1, this setting gets there sooner
     inside_noise: bool | None = None
 
@@ -166,7 +179,7 @@ def at_baseline_quality(curves: list[list[Curve | None]],
             figures.tokens = statistics.median(h[1] for h, _ in got)
             costs = [h[0] * price / 3600 for h, price in got if price is not None]
             figures.cost_usd = statistics.median(costs) if costs else None
-        figures.paired = [b[0] / h[0] for b, h in zip(found[0], hits) if b and h and h[0] > 0]
+        figures.paired = [r for base, mine in zip(curves[0], runs) if (r := sooner(base, mine)) is not None]
         figures.speedup = statistics.median(figures.paired) if figures.paired else None
         out.append(figures)
     floor = typical_disagreement([f.paired for f in out[1:] if f])
@@ -181,7 +194,37 @@ def quality_shown(figures: AtQuality | None) -> tuple[str, str]:
     if figures is None:
         return "", ""
     if not figures.reached:
-        return f"not reached (0/{figures.runs})", ""
+        return f"not reached (0/{figures.runs})", ratio_shown(figures.speedup, bool(figures.inside_noise))
     time = figures.time_s.shown(".1f") + (f" reached {figures.reached}/{figures.runs}"
                                           if figures.reached < figures.runs else "")
     return time, ratio_shown(figures.speedup, bool(figures.inside_noise))
+
+
+def win(speedup: float | None, speed_noisy: bool | None, sooner_by: float | None, sooner_noisy: bool | None,
+        loss_delta: float | None, loss_apart: bool | None, at_equal_time: bool) -> tuple[float, str] | None:
+    """Whether a setting wins against what it is compared with, and why; None when it does not.
+
+    It wins by a gain outside noise and loses nowhere outside it. Reaching the same val loss sooner
+    is the fullest measure (it counts the speed of a step and what a step learns) and decides where
+    it is outside noise; a lower val loss wins too. More tokens/s wins when the runs train the same
+    steps, not under a time budget, where only what the time bought counts. A higher val loss, or
+    the same loss reached later, loses; so does fewer tokens/s over the same steps unless the loss
+    comes sooner all the same. The score ranks winners: how much sooner, else faster, else lower."""
+    sooner = sooner_by if sooner_by is not None and sooner_noisy is False else None
+    faster = speedup if speedup is not None and speed_noisy is False else None
+    lower, higher = bool(loss_apart and loss_delta < 0), bool(loss_apart and loss_delta > 0)
+    if higher or (sooner is not None and sooner < 1):
+        return None
+    if not at_equal_time and faster is not None and faster < 1 and sooner is None:
+        return None
+    reasons = []
+    if sooner is not None and sooner > 1:
+        reasons.append(f"{sooner:.2f}× sooner to the baseline's val loss")
+    if not at_equal_time and faster is not None and faster > 1:
+        reasons.append(f"{faster:.2f}× the tokens/s")
+    if lower:
+        reasons.append(f"val loss {loss_delta:+.3f}" + (" at equal time" if at_equal_time else ""))
+    if not reasons:
+        return None
+    score = sooner if sooner is not None and sooner > 1 else faster if not at_equal_time and faster else 1.0
+    return score - (loss_delta or 0.0) * 1e-3, ", ".join(reasons) + ", outside noise"

@@ -32,7 +32,7 @@ from gpt2.measure import experiments
 from gpt2.measure.apply import Change
 from gpt2.measure.compare import (AtQuality, Curve, Spread, as_metric, at_baseline_quality, loss_shown, losses_apart,
                                   noise_verdict, paired_ratios, quality_shown, ratio_inside_noise, ratio_shown,
-                                  typical_disagreement)
+                                  typical_disagreement, win)
 from gpt2.run.tracking import json_value
 
 logger = log.get("grid")
@@ -149,37 +149,21 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
     return data
 
 
-def decide(rows: list[Row], time_budget_s: float | None, report: Path) -> list[Change]:
-    """The settings to apply: those of the best setting that wins outside noise and loses nowhere outside it.
-
-    At equal time (a budget), a win is a lower val loss. Otherwise it is speed: more tokens/s, or the
-    baseline's val loss reached sooner; and a faster setting that ends with a higher val loss, or reaches the
-    baseline's later, loses. Nothing wins from one run: a val loss's standard error covers the scored text, not
-    how many steps a run fitted into its time or how its seed fell, which only repeats show."""
-    def score(row: Row) -> float | None:
-        worse_loss = row.loss_apart and row.loss_delta > 0
-        quality = row.quality
-        later = quality is not None and quality.speedup is not None and not quality.inside_noise and quality.speedup < 1
-        slower = row.speedup is not None and not row.speed_inside_noise and row.speedup < 1
-        if time_budget_s:
-            return -row.loss_delta if row.loss_apart and row.loss_delta < 0 else None
-        if worse_loss or later or slower:
-            return None
-        if quality is not None and quality.speedup is not None and not quality.inside_noise:
-            return quality.speedup
-        return row.speedup if row.speedup is not None and not row.speed_inside_noise else None
-
+def decide(rows: list[Row], time_budget_s: float | None, report: Path | str) -> list[Change]:
+    """The settings to apply: those of the best setting that wins against the baseline outside noise and loses
+    nowhere outside it (gpt2/measure/compare.py's ``win``). Nothing wins from one run: a val loss's standard
+    error covers the scored text, not how many steps a run fitted into its time or how its seed fell, which
+    only repeats show."""
     if rows[0].runs < 2:
         return []
-    scored = [(s, row) for row in rows[1:] if row.runs >= 2 and (s := score(row)) is not None]
+    scored = [(won, row) for row in rows[1:] if row.runs >= 2 and (won := win(
+        row.speedup, row.speed_inside_noise, row.quality.speedup if row.quality else None,
+        row.quality.inside_noise if row.quality else None, row.loss_delta, row.loss_apart, bool(time_budget_s)))]
     if not scored:
         return []
-    _, best = max(scored, key=lambda pair: pair[0])
-    why = (f"val loss {best.loss_delta:+.3f} at equal time ({time_budget_s:g} s), outside noise" if time_budget_s
-           else f"{best.quality.speedup:.2f}× sooner to the baseline's val loss, outside noise"
-           if best.quality and best.quality.speedup is not None and not best.quality.inside_noise
-           else f"{best.speedup:.2f}× the baseline's tokens/s, outside noise")
-    return [Change(key, value, f"{why} ({report})") for key, value in best.setting.items()]
+    (_, why), best = max(scored, key=lambda pair: pair[0][0])
+    when = f" (runs of {time_budget_s:g} s)" if time_budget_s else ""
+    return [Change(key, value, f"{why}{when} ({report})") for key, value in best.setting.items()]
 
 
 def describe(setting: dict[str, Any]) -> str:
@@ -300,7 +284,7 @@ def verdict(rows: list[Row], repeats: int, time_budget_s: float | None = None,
 
 def table(grid: dict[str, list[Any]], rows: list[Row], repeats: int) -> str:
     evaluated = any(r.eval_val_loss is not None for r in rows)
-    priced = any(r.cost_usd is not None for r in rows)
+    priced = any(r.cost_usd is not None or r.quality and r.quality.cost_usd is not None for r in rows)
     head = [*grid, "runs", "val loss (± s.e.)", *(["eval val loss (± s.e.)"] if evaluated else []),
             "loss vs baseline", "tokens/s median (min–max)", "speed vs baseline", "time to the baseline's loss (s)",
             "vs baseline at equal loss", "ms/step median (min–max)", "peak mem (GB)", "device-hours",

@@ -26,12 +26,12 @@ def table(rows: list[Row], steps: int, target: float | None = None, time_budget_
     ending = (f"val loss after {time_budget_s:g} s (± s.e.)" if time_budget_s else
               f"val loss after {steps} steps (± s.e.)" if target is None else "val loss at the end (± s.e.)")
     quality = any(r.quality for r in rows)
-    priced = any(r.cost_usd is not None for r in rows)
+    priced = any(r.cost_usd is not None or r.quality and r.quality.cost_usd is not None for r in rows)
     head = ["#", "rung", "what ran", "ms/step median (min–max)", "tokens/s median (min–max)", "wall tokens/s",
             "vs previous", "cumulative", "peak mem (GB)", "MFU", ending, "loss vs previous",
             *(["time to the baseline's loss (s)", "vs baseline at equal loss", "vs previous at equal loss"]
               if quality else []),
-            "device-hours", *(["cost per run (USD)"] if priced else []), "note"]
+            "device-hours", *(["cost per run (USD)", "cost to the baseline's loss (USD)"] if priced else []), "note"]
     if target is not None:
         head[8:8] = [f"time to {target} (s)", "time speedup", "tokens to target"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -57,7 +57,7 @@ def table(rows: list[Row], steps: int, target: float | None = None, time_budget_
                  *([time_to, "baseline" if row.index == 0 and time_to else at_loss,
                     ratio_shown(row.quality_vs_previous, noise.get("quality"))] if quality else []),
                  f"{row.device_hours:.4f}" if row.device_hours is not None else "",
-                 *([f"{row.cost_usd:.4f}" if row.cost_usd is not None else ""] if priced else []),
+                 *([_usd(row.cost_usd), _usd(row.quality.cost_usd if row.quality else None)] if priced else []),
                  "; ".join(filter(None, ["" if row.effect in ("acts", "baseline") else row.effect,
                                          flag(row.runtime)]))]
         if target is not None:
@@ -68,6 +68,10 @@ def table(rows: list[Row], steps: int, target: float | None = None, time_budget_
                           f"{row.tokens_to_target:,.0f}" if row.tokens_to_target else ""]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _usd(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
 
 
 def describe(resolved: Resolved, rows: list[Row]) -> str:
@@ -89,10 +93,20 @@ def describe(resolved: Resolved, rows: list[Row]) -> str:
                "wall clock from the start of the run, compile and evals included." if resolved.profile.target else "."))
 
 
-def decision(changes: list[Change]) -> str:
+def decision(rows: list[Row], changes: list[Change], time_budget_s: float | None) -> str:
+    """Under a budget, which rungs end lower or higher than the rung above outside noise; then what ``--apply``
+    writes."""
+    said = ""
+    if time_budget_s:
+        moved = [(r, r.loss_vs_previous) for r in rows if r.loss_apart and r.loss_vs_previous is not None]
+        parts = [f"{label}: " + "; ".join(f"{r.rung} ({d:+.3f})" for r, d in group)
+                 for label, group in (("lower val loss than the rung above outside noise", [m for m in moved if m[1] < 0]),
+                                      ("higher", [m for m in moved if m[1] > 0])) if group]
+        said = (f"At equal time ({time_budget_s:g} s), " + ("; ".join(parts) if parts else
+                "no rung's val loss differs from the rung above's outside noise") + ". ")
     if not changes:
-        return "Nothing for `--apply` to write: no rung wins outside noise without losing elsewhere."
-    return ("What `--apply` writes into params.yaml, the changes of the rungs that win outside noise: "
+        return said + "Nothing for `--apply` to write: no rung wins outside noise without losing elsewhere."
+    return (said + "What `--apply` writes into params.yaml, the changes of the rungs that win outside noise: "
             + ", ".join(f"{c.key}={json_value(c.value)}" for c in changes) + ".")
 
 
@@ -103,7 +117,8 @@ def write_report(out: Path, rows: list[Row], resolved: Resolved, runs: list[list
     today = datetime.date.today().isoformat()
     budget = resolved.sections[0]["train"].get("time_budget_s")
     verdict = noise_verdict(rows, resolved.profile.repeats)
-    text = (f"# Optimization ladder ({today})\n\n{verdict}\n\n{decision(changes or [])}\n\n{describe(resolved, rows)}"
+    text = (f"# Optimization ladder ({today})\n\n{verdict}\n\n{decision(rows, changes or [], budget)}\n\n"
+            f"{describe(resolved, rows)}"
             f"\n\n{table(rows, resolved.profile.steps, resolved.profile.target, budget)}\n"
             "Each rung adds one change to the rung above (ladder.yaml). A rung marked \"no effect on this device\" "
             "ran the same configuration as the rung above: its difference from it is this machine's run-to-run "

@@ -14,8 +14,9 @@ from typing import Any
 
 from gpt2.measure import experiments
 from gpt2.measure.apply import Change
-from gpt2.measure.compare import (AtQuality, Curve, Spread, at_baseline_quality, losses_apart,
-                                  noise_verdict as verdict_text, paired_ratios, ratio_inside_noise, typical_disagreement)
+from gpt2.measure.compare import (AtQuality, Curve, Spread, at_baseline_quality, losses_apart, sooner,
+                                  noise_verdict as verdict_text, paired_ratios, ratio_inside_noise, typical_disagreement,
+                                  win)
 from gpt2.measure.ladder.spec import TRAIN_METRICS, TRAIN_RUN, Ladder, Resolved, Rung, flat
 
 # A rung's change that the trainer resolves on the device: the key of what really ran in summary.json's "runtime".
@@ -131,11 +132,10 @@ def add_quality(rows: list[Row], runs: list[list[experiments.Experiment]], curve
     prices = [[_price(e) for e in group] for group in runs]
     for row, figures in zip(rows, at_baseline_quality(by_rung, prices)):
         row.quality = figures
-    measured = {r.index: r for r in rows}
     for row in rows:
-        above = measured.get(row.previous) if row.previous is not None else None
-        if row.quality and above is not None and above.quality:
-            row.quality_paired = [a / t for a, t in zip(above.quality.times, row.quality.times) if a and t]
+        if row.quality and row.previous is not None:
+            pairs = zip(by_rung[row.previous], by_rung[row.index])
+            row.quality_paired = [r for above, mine in pairs if (r := sooner(above, mine)) is not None]
             row.quality_vs_previous = statistics.median(row.quality_paired) if row.quality_paired else None
 
 
@@ -209,32 +209,21 @@ def noise_verdict(rows: list[Row], repeats: int) -> str:
 
 
 def decide(rows: list[Row], resolved: Resolved, time_budget_s: float | None, report: str) -> list[Change]:
-    """The changes of the rungs that win outside noise against the rung above, and lose nowhere outside it.
-
-    At equal time (a budget) a win is a lower val loss. Otherwise it is more tokens/s, unless the rung ends
-    with a higher val loss or reaches the baseline's val loss later than the rung above (a larger batch
-    can raise tokens/s and still take longer to get anywhere). Later rungs' values win where two set a key.
-    Nothing wins from one run per rung (gpt2/measure/grid.py's ``decide`` says why)."""
+    """The changes of the rungs that win against the rung above outside noise and lose nowhere outside it
+    (gpt2/measure/compare.py's ``win``: a larger batch can raise tokens/s and still reach a loss later).
+    Later rungs' values win where two set a key. Nothing wins from one run per rung."""
     changes: dict[str, Change] = {}
     for row in rows:
         if row.runs < 2 or row.effect in ("baseline", NO_EFFECT, "failed") or row.previous is None:
             continue
-        noise = row.inside_noise
-        if time_budget_s:
-            wins = bool(row.loss_apart and row.loss_vs_previous < 0)
-            why = f"val loss {row.loss_vs_previous:+.3f} against the rung above at equal time ({time_budget_s:g} s)"
-        else:
-            later = row.quality_vs_previous is not None and not noise.get("quality") and row.quality_vs_previous < 1
-            worse = bool(row.loss_apart and row.loss_vs_previous > 0)
-            wins = (row.vs_previous is not None and row.vs_previous > 1 and not noise.get("tokens_per_s")
-                    and not later and not worse)
-            why = f"{row.vs_previous:.2f}× the rung above's tokens/s" if row.vs_previous else ""
-        if wins:
+        won = win(row.vs_previous, row.inside_noise.get("tokens_per_s"), row.quality_vs_previous,
+                  row.inside_noise.get("quality"), row.loss_vs_previous, row.loss_apart, bool(time_budget_s))
+        if won:
             section = flat(resolved.sections[row.index])
             for key in ladder_changes(resolved, row.previous, row.index):
                 full = key if key.startswith("model.") else f"train.{key}"
-                changes[full] = Change(full, section[key], f"rung {row.index} {row.rung!r}: {why}, outside noise "
-                                                           f"({report})")
+                changes[full] = Change(full, section[key], f"rung {row.index} {row.rung!r} against the rung above: "
+                                                           f"{won[1]} ({report})")
     return list(changes.values())
 
 
