@@ -329,8 +329,9 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ro
             "error over the scored windows; two differ outside noise when more than 2 × √(se₁² + se₂²) apart "
             "(evaluate's where every setting has it; README, \"Compare optimizations\"). Time to the baseline's loss: "
             "the training time (compile included, evals not) at which a run's val curve first reaches the val loss "
-            "its repeat's baseline run ends with, interpolated between evals; its ratio is the baseline's time over "
-            "the setting's, paired by repeat. Speeds and times: median (min–max) over the runs; costs at each run's "
+            "its repeat's baseline run ends with, interpolated between evals; the ratio at equal loss is the "
+            "baseline's time over the setting's to the higher of their two final val losses (a loss both reach), "
+            "paired by repeat. Speeds and times: median (min–max) over the runs; costs at each run's "
             "price per device-hour (train.price_per_hour).\n\n" + table(grid, rows, repeats))
     data = {"name": name, "report": str(out / f"{slug}.md"), "grid": grid, "repeats": repeats, "target": target,
             "time_budget_s": time_budget_s, "verdict": said,

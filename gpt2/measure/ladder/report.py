@@ -127,7 +127,8 @@ def write_report(out: Path, rows: list[Row], resolved: Resolved, runs: list[list
             + ". Inspect them with `dvc exp show`. Loss vs previous: outside noise when more than 2 × √(se₁² + "
             "se₂²) apart. Time to the baseline's loss: the training time (compile included, evals not) at which a "
             "run's val curve first reaches the val loss its repeat's baseline run ends with, interpolated between "
-            "evals; its ratios pair runs of the same repeat.\n")
+            "evals; the ratios at equal loss compare two runs of the same repeat at the higher of their final val "
+            "losses (a loss both reach).\n")
     data = {"date": today, "device": resolved.device, "report": str(out / "ladder.md"), "time_budget_s": budget,
             "verdict": verdict, "apply": {c.key: c.value for c in changes or []},
             "apply_why": {c.key: c.why for c in changes or []},
