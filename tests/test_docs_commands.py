@@ -17,7 +17,7 @@ from gpt2.core.config import Params, ParamError, build
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SEPARATORS = {"&&", "||", ";", "|"}
+SEPARATORS = {"&&", "||", ";", "|", ">"}  # a redirect's file is no command
 
 
 def shell_commands(path: Path) -> list[list[str]]:
