@@ -344,7 +344,8 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ro
 
 
 def render_png(rows: list[Row], title: str, said: str) -> bytes:
-    """Speed ratio and val loss per setting, with their intervals; gray where inside noise, a note where failed."""
+    """Speed ratio, ratio at the baseline's val loss and val loss per setting, with their intervals; gray where
+    inside noise, a note where failed."""
     import textwrap
 
     import matplotlib
@@ -354,41 +355,52 @@ def render_png(rows: list[Row], title: str, said: str) -> bytes:
 
     shown, by_eval = rows[::-1], evaluated(rows)
     labels = [textwrap.shorten(describe(r.setting), 48) for r in shown]
-    head = textwrap.fill(said.replace("**", "").replace("\n\n", " "), 140)
-    fig, (speed, loss) = plt.subplots(1, 2, figsize=(11, 0.45 * len(rows) + 2.0 + 0.17 * (head.count("\n") + 1)),
-                                      dpi=100, sharey=True)
+    head = textwrap.fill(said.replace("**", "").replace("\n\n", " "), 160)
+    fig, (speed, sooner, loss) = plt.subplots(1, 3, figsize=(14, 0.45 * len(rows) + 2.0 + 0.17 * (head.count("\n") + 1)),
+                                              dpi=100, sharey=True)
+    _ratio_bars(speed, rows, lambda r: (r.speedup, r.paired, r.speed_inside_noise))
+    _ratio_bars(sooner, rows, lambda r: (r.quality.speedup, r.quality.paired, r.quality.inside_noise) if r.quality
+                else (None, [], None))
     for y, row in enumerate(shown):
-        if not row.runs:
-            speed.annotate("FAILED: see dvc.log", (0, y), xytext=(3, 0), textcoords="offset points", va="center",
-                           color="tab:red", fontsize=8, style="italic")
-            continue
-        ratio = 1.0 if row is rows[0] else row.speedup
-        if ratio is None:
-            continue
-        low, high = (min(row.paired), max(row.paired)) if row.paired else (ratio, ratio)
-        gray = row is rows[0] or row.speed_inside_noise
-        speed.barh(y, ratio, color="tab:gray" if gray else "tab:blue", xerr=[[ratio - low], [high - ratio]],
-                   capsize=3)
-        note = "baseline" if row is rows[0] else f"{ratio:.2f}×" + (" (inside noise)" if gray else "")
-        speed.annotate(note, (high, y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
         value, error = quality(row, by_eval)
-        if value is not None:
+        if row.runs and value is not None:
             apart = row is not rows[0] and row.loss_apart
             loss.errorbar(value, y, xerr=2 * error if error else None, fmt="o", capsize=3,
                           color="tab:blue" if apart else "tab:gray")
-    speed.axvline(1.0, color="black", linewidth=0.8)
     speed.set_yticks(range(len(shown)), labels)
     speed.set_ylim(-0.6, len(shown) - 0.4)
-    speed.set_xlim(0, 1.3 * max([max(r.paired) for r in rows if r.paired] + [1.0]))
     speed.set(xlabel="tokens/s vs the baseline (median of paired runs, min–max)", title="Speed")
-    loss.set(xlabel=f"{'evaluate' if by_eval else 'training'}'s val loss (± 2 standard errors; blue: apart from the "
-                    "baseline)", title="Quality")
+    sooner.set(xlabel="how much sooner at the baseline's val loss (paired runs)", title="At equal loss")
+    loss.set(xlabel=f"{'evaluate' if by_eval else 'training'}'s val loss (± 2 s.e.; blue: apart from the baseline)",
+             title="Quality")
     fig.suptitle(f"{title}\n{head}", fontsize=8)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     plt.close(fig)
     return buffer.getvalue()
+
+
+def _ratio_bars(ax: Any, rows: list[Row], figures: Any) -> None:
+    """One bar per setting: a ratio to the baseline (``figures(row)`` gives it, its paired ratios and whether it is
+    inside noise), with the paired min–max; gray where inside noise, a note where failed or not measured."""
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    highest = [1.0]
+    for y, row in enumerate(rows[::-1]):
+        if not row.runs:
+            ax.annotate("FAILED: see dvc.log", (0, y), xytext=(3, 0), textcoords="offset points", va="center",
+                        color="tab:red", fontsize=8, style="italic")
+            continue
+        ratio, paired, noisy = (1.0, [], True) if row is rows[0] else figures(row)
+        if ratio is None:
+            continue
+        low, high = (min(paired), max(paired)) if paired else (ratio, ratio)
+        highest.append(high)
+        gray = row is rows[0] or noisy is not False
+        ax.barh(y, ratio, color="tab:gray" if gray else "tab:blue", xerr=[[ratio - low], [high - ratio]], capsize=3)
+        note = "baseline" if row is rows[0] else f"{ratio:.2f}×" + (" (inside noise)" if gray else "")
+        ax.annotate(note, (high, y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.set_xlim(0, 1.35 * max(highest))
 
 
 def log_parent(name: str, grid: dict[str, list[Any]], rows: list[Row], out: Path, slug: str, experiment: str,
