@@ -36,12 +36,17 @@ def lrs(tmp_path, name="run"):
 
 
 def test_a_budget_run_trains_until_the_budget_is_spent_and_ends_decayed(tmp_path, tokens, one_second_steps):
-    metrics = run(tmp_path, tokens, budget_params())
+    metrics = run(tmp_path, tokens, budget_params(price_per_hour=3600.0))  # a dollar a second: easy to read
     assert metrics["steps"] == 8 and metrics["train_s"] == 8.0  # 8 one-second steps
+    cost = metrics["cost"]  # the run's wall time (build and evals too) at the price it was given
+    assert cost["usd"] == pytest.approx(3600.0 * cost["device_hours"], rel=1e-3) and cost["usd"] > 0
+    assert cost["price_source"] == "train.price_per_hour"
+    assert cost["device_hours"] == pytest.approx(metrics["wall_s"] / 3600, rel=0.01)
     rates = lrs(tmp_path)
     assert rates[1] == pytest.approx(1.0e-2)  # step 2: the peak, at the end of the warm-up
     assert rates == sorted(rates[:2]) + sorted(rates[2:], reverse=True)  # then a decay over the budget
-    assert rates[-1] == pytest.approx(2.0e-4 + 0.5 * (1 + math.cos(math.pi * 5 / 6)) * (1.0e-2 - 2.0e-4))  # step 8's lr: 5 of the 6 s after the warm-up spent
+    # step 8's lr: 5 of the 6 s after the warm-up spent
+    assert rates[-1] == pytest.approx(2.0e-4 + 0.5 * (1 + math.cos(math.pi * 5 / 6)) * (1.0e-2 - 2.0e-4))
     val = (tmp_path / "run/reports/plots/val.tsv").read_text().splitlines()
     assert val[0].split("\t") == ["step", "val_loss", "val_loss_se", "train_s", "tokens"]
     assert [r.split("\t")[0] for r in val[1:]] == ["3", "6", "8"]  # the interval, and the end of the budget
@@ -49,7 +54,7 @@ def test_a_budget_run_trains_until_the_budget_is_spent_and_ends_decayed(tmp_path
     assert metrics["val"]["loss"] is not None
 
 
-def test_a_resumed_budget_run_continues_the_budget(tmp_path, tokens, monkeypatch, one_second_steps):
+def test_a_resumed_budget_run_continues_the_budget(tmp_path, tokens, monkeypatch, one_second_steps, caplog):
     params = budget_params()
     run(tmp_path, tokens, params, "straight")
     interrupt_at(monkeypatch, 4)
@@ -58,6 +63,7 @@ def test_a_resumed_budget_run_continues_the_budget(tmp_path, tokens, monkeypatch
     assert checkpoint.load(tmp_path / "resumed/ckpt.pt")["step"] == 5
     monkeypatch.setattr(trainer, "lr_at", lr_at)  # no more interrupts
     metrics = run(tmp_path, tokens, params, "resumed")
+    assert "train: resuming at step 5, 5.0 s of the 8 s budget spent" in caplog.text
     assert metrics["steps"] == 8 and metrics["train_s"] == 8.0  # the budget went on, not a fresh one
     assert losses(tmp_path, "resumed") == losses(tmp_path, "straight")
     assert lrs(tmp_path, "resumed") == lrs(tmp_path, "straight")

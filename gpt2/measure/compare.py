@@ -13,7 +13,8 @@ At equal quality, each run's val curve (val loss against training time, measured
 val loss its repeat's baseline run ends with, interpolated between the two evals around it. The
 speedup compares a run with its repeat's baseline run at the higher of their two final val losses,
 a loss both reach (a run that ends a hair above the baseline would otherwise read "never"): the
-baseline's time to it over the run's, paired and judged as the tokens/s ratio is. Every run trains its whole length: none stops at the mark, which would end a run on its luckiest eval.
+baseline's time to it over the run's, paired and judged as the tokens/s ratio is. Every run trains
+its whole length: none stops at the mark, which would end a run on its luckiest eval.
 """
 
 from __future__ import annotations
@@ -76,6 +77,16 @@ def losses_apart(loss: float | None, se: float | None, other: float | None, othe
 def as_metric(verdict: bool | None) -> float | None:
     """A yes/no verdict as an MLflow metric (1.0 or 0.0; None where there is none), so a runs list can show it."""
     return None if verdict is None else float(verdict)
+
+
+def median_known(values: list[float | None]) -> float | None:
+    """The median of the values that are known (None where none is)."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def usd_shown(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}" if value < 1 else f"{value:,.2f}"
 
 
 def ratio_shown(value: float | None, inside_noise: bool = False) -> str:
@@ -145,7 +156,6 @@ class AtQuality:
 
     reached: int  # runs that reached their mark
     runs: int
-    times: list[float | None] = field(default_factory=list)  # each run's time to its mark, by repeat (None: not)
     time_s: Spread | None = None  # training time to the mark (compile included, evals not)
     tokens: float | None = None  # median tokens to the mark
     cost_usd: float | None = None  # median cost of that time, at the run's price per device-hour
@@ -173,7 +183,7 @@ def at_baseline_quality(curves: list[list[Curve | None]],
             out.append(None)
             continue
         got = [(h, (prices[i][r] if prices else None)) for r, h in enumerate(hits) if h]
-        figures = AtQuality(reached=len(got), runs=len(ran), times=[h[0] if h else None for h in hits])
+        figures = AtQuality(reached=len(got), runs=len(ran))
         if got:
             figures.time_s = Spread.of([h[0] for h, _ in got])
             figures.tokens = statistics.median(h[1] for h, _ in got)
@@ -201,7 +211,8 @@ def quality_shown(figures: AtQuality | None) -> tuple[str, str]:
 
 
 def win(speedup: float | None, speed_noisy: bool | None, sooner_by: float | None, sooner_noisy: bool | None,
-        loss_delta: float | None, loss_apart: bool | None, at_equal_time: bool) -> tuple[float, str] | None:
+        loss_delta: float | None, loss_apart: bool | None,
+        at_equal_time: bool) -> tuple[tuple[float, float], str] | None:
     """Whether a setting wins against what it is compared with, and why; None when it does not.
 
     It wins by a gain outside noise and loses nowhere outside it. Reaching the same val loss sooner
@@ -209,7 +220,7 @@ def win(speedup: float | None, speed_noisy: bool | None, sooner_by: float | None
     it is outside noise; a lower val loss wins too. More tokens/s wins when the runs train the same
     steps, not under a time budget, where only what the time bought counts. A higher val loss, or
     the same loss reached later, loses; so does fewer tokens/s over the same steps unless the loss
-    comes sooner all the same. The score ranks winners: how much sooner, else faster, else lower."""
+    comes sooner all the same. The score ranks winners: how much sooner, else faster, then how much lower."""
     sooner = sooner_by if sooner_by is not None and sooner_noisy is False else None
     faster = speedup if speedup is not None and speed_noisy is False else None
     lower, higher = bool(loss_apart and loss_delta < 0), bool(loss_apart and loss_delta > 0)
@@ -227,4 +238,4 @@ def win(speedup: float | None, speed_noisy: bool | None, sooner_by: float | None
     if not reasons:
         return None
     score = sooner if sooner is not None and sooner > 1 else faster if not at_equal_time and faster else 1.0
-    return score - (loss_delta or 0.0) * 1e-3, ", ".join(reasons) + ", outside noise"
+    return (score, -(loss_delta or 0.0)), ", ".join(reasons) + ", outside noise"

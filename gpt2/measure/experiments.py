@@ -154,6 +154,14 @@ def finished(root: Path, files: tuple[str, ...] = ()) -> list[Experiment]:
 VAL_CURVE = "reports/train/plots/val.tsv"
 
 
+def hourly_price(exp: Experiment | None, summary: str) -> float | None:
+    """What an hour of a run's training cost, all its devices together (USD), from its ``summary`` file (one of
+    the ``files`` :func:`finished` read); None without a price."""
+    figures = (exp.files.get(summary) or {}) if exp else {}
+    price = (figures.get("cost") or {}).get("price_per_hour")
+    return None if price is None else price * ((figures.get("perf") or {}).get("world_size") or 1)
+
+
 def val_curve(root: Path, rev: str) -> list[tuple[float, float, float]] | None:
     """An experiment's val curve, (training seconds, tokens, val loss) per eval, from its committed val.tsv; None
     where it has none (a run without evals, or from a version that did not record the training time)."""

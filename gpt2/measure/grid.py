@@ -32,7 +32,7 @@ from gpt2.measure import experiments
 from gpt2.measure.apply import Change
 from gpt2.measure.compare import (AtQuality, Curve, Spread, as_metric, at_baseline_quality, loss_shown, losses_apart,
                                   noise_verdict, paired_ratios, quality_shown, ratio_inside_noise, ratio_shown,
-                                  typical_disagreement, win)
+                                  median_known, typical_disagreement, usd_shown, win)
 from gpt2.run.tracking import json_value
 
 logger = log.get("grid")
@@ -196,8 +196,8 @@ def judge(combos: list[dict[str, Any]], names: list[list[str]], found: dict[str,
             row.tokens_per_s = Spread.of([m["perf"]["tokens_per_s"] for m in done])
             row.step_ms = Spread.of([m["perf"]["step_ms"] for m in done])
             row.peak_mem_gb = max((m.get("mem") or {}).get("peak_gb") or 0.0 for m in done)
-            row.cost_usd = _median([(m.get("cost") or {}).get("usd") for m in done])
-            row.device_hours = _median([(m.get("cost") or {}).get("device_hours") for m in done])
+            row.cost_usd = median_known([(m.get("cost") or {}).get("usd") for m in done])
+            row.device_hours = median_known([(m.get("cost") or {}).get("device_hours") for m in done])
             median = sorted(done, key=lambda m: (m.get("val") or {}).get("loss") or 0.0)[len(done) // 2]
             row.val_loss, row.val_loss_se = (median.get("val") or {}).get("loss"), (median.get("val") or {}).get("loss_se")
             scored = [(found[n].metrics.get(EVAL) or {}).get("eval") or {} for n in exps if n in found]
@@ -221,22 +221,10 @@ def judge(combos: list[dict[str, Any]], names: list[list[str]], found: dict[str,
             row.speed_inside_noise = ratio_inside_noise(row.paired, floor)
     if curves is not None:
         runs = [[curves.get(n) if n in found else None for n in exps] for exps in names]
-        prices = [[_price(found.get(n)) for n in exps] for exps in names]
+        prices = [[experiments.hourly_price(found.get(n), SUMMARY) for n in exps] for exps in names]
         for row, figures in zip(rows, at_baseline_quality(runs, prices)):
             row.quality = figures
     return rows
-
-
-def _price(exp: experiments.Experiment | None) -> float | None:
-    """What a run's device time cost per second of training, all its devices together (USD; None: no price)."""
-    summary = (exp.files.get(SUMMARY) or {}) if exp else {}
-    price = (summary.get("cost") or {}).get("price_per_hour")
-    return None if price is None else price * ((summary.get("perf") or {}).get("world_size") or 1)
-
-
-def _median(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
 
 
 def evaluated(rows: list[Row]) -> bool:
@@ -300,7 +288,7 @@ def table(grid: dict[str, list[Any]], rows: list[Row], repeats: int) -> str:
                 + (" (inside noise)" if not row.loss_apart else ""))
         speed = "baseline" if i == 0 else ratio_shown(row.speedup, bool(row.speed_inside_noise))
         time_to, at_loss = quality_shown(row.quality)
-        cost = [_usd(row.cost_usd), _usd(row.quality.cost_usd if row.quality else None)] if priced else []
+        cost = [usd_shown(row.cost_usd), usd_shown(row.quality.cost_usd if row.quality else None)] if priced else []
         cells += [loss_shown(row.val_loss, row.val_loss_se),
                   *([loss_shown(row.eval_val_loss, row.eval_val_loss_se)] if evaluated else []),
                   loss, row.tokens_per_s.shown(",.0f"), speed, time_to, "baseline" if i == 0 and time_to else at_loss,
@@ -308,10 +296,6 @@ def table(grid: dict[str, list[Any]], rows: list[Row], repeats: int) -> str:
                   f"{row.device_hours:.4f}" if row.device_hours is not None else "", *cost, ", ".join(row.experiments)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def _usd(value: float | None) -> str:
-    return "" if value is None else f"{value:.4f}" if value < 1 else f"{value:,.2f}"
 
 
 def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], rows: list[Row], repeats: int,

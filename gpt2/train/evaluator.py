@@ -90,7 +90,7 @@ class Evaluator:
         compiling, self.compiles = self.compiles, False
         # with the training time and tokens so far: the curve a comparison at equal quality reads (measure/compare.py)
         self.history.val.append({"step": step, "val/loss": val, "val/loss_se": se,
-                                 "train_s": round(self.history.train_s, 3), "tokens": step * self.s.tokens_per_step})
+                                 "train_s": round(self.length.spent_s, 3), "tokens": step * self.s.tokens_per_step})
         best = min(self.history.val, key=lambda r: r["val/loss"])
         # MLflow's runs table shows each metric's last value: the best so far is a metric of its own
         self.tracker.log_metrics({"val/loss": val, "val/loss_se": se, "val/ppl": math.exp(min(val, 50)),

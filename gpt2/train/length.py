@@ -20,12 +20,11 @@ from gpt2.train.reports import History
 
 
 class Steps:
-    """A run of ``total`` steps (train.max_steps, or train.max_tokens in whole steps)."""
+    """A run of ``total`` steps (train.max_steps, or train.max_tokens in whole steps). ``spent_s``: the training
+    time so far, as the ranks agreed it at the last sync point (the val curve records it)."""
 
-    budget_s: float | None = None
-
-    def __init__(self, total: int) -> None:
-        self.total = total
+    def __init__(self, total: int, spent_s: float) -> None:
+        self.total, self.spent_s = total, spent_s
 
     def decay_progress(self, step: int) -> float | None:
         """None: the schedule decays over the steps."""
@@ -38,7 +37,7 @@ class Steps:
         return step >= self.total
 
     def agree(self, step: int, spent_s: float) -> None:
-        pass
+        self.spent_s = spent_s
 
     def shown(self, step: int) -> str:
         return f"{step}/{self.total}"
@@ -49,8 +48,6 @@ class Steps:
 
 class Budget:
     """A run that trains until ``budget_s`` seconds of training steps are spent (module docstring)."""
-
-    total = None
 
     def __init__(self, budget_s: float, warmup_steps: int, history: History, step: int) -> None:
         self.budget_s, self.warmup_steps, self.history = budget_s, warmup_steps, history
@@ -94,4 +91,5 @@ class Budget:
 
 def length_of(budget_s: float | None, total_steps: int | None, warmup_steps: int, history: History,
               step: int) -> Steps | Budget:
-    return Budget(budget_s, warmup_steps, history, step) if budget_s is not None else Steps(total_steps)
+    return Budget(budget_s, warmup_steps, history, step) if budget_s is not None else Steps(total_steps,
+                                                                                            history.train_s)

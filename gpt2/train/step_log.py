@@ -134,6 +134,7 @@ class StepLog:
         history.sessions.append(self.session_start)
         self.last_checkpoint = last_checkpoint  # named in the error when the loss diverges
         self.timer = StepTimer(s.runtime)
+        self.train_s = history.train_s  # this rank's training time, kept as a running sum (read at every sync)
         self.every_step = sync_every_step(s.runtime)
         self.pending: list[torch.Tensor] = []  # losses of the steps since the last sync point
         self.synced = False
@@ -160,8 +161,10 @@ class StepLog:
         """Read the pending step times and losses; raise if a loss is not finite. Returns whether any
         rank was asked to stop. Every rank calls this at the same steps; they agree on the training time here."""
         self.timer.mark()
-        self.history.step_s.extend(self.timer.durations())
-        self.losses, stopping, spent_s = distributed.step_consensus(self.pending, stop_here, self.history.train_s,
+        durations = self.timer.durations()
+        self.history.step_s.extend(durations)
+        self.train_s += sum(durations)
+        self.losses, stopping, spent_s = distributed.step_consensus(self.pending, stop_here, self.train_s,
                                                                     self.s.dist)
         self.length.agree(step, spent_s)
         self.count_steady(step, time.perf_counter())  # the device is synchronized: the losses were read

@@ -13,7 +13,7 @@ from typing import Any
 from gpt2.core.atomic import atomic_dir
 from gpt2.measure import experiments
 from gpt2.measure.apply import Change
-from gpt2.measure.compare import as_metric, loss_shown, quality_shown, ratio_shown
+from gpt2.measure.compare import as_metric, loss_shown, quality_shown, ratio_shown, usd_shown
 from gpt2.measure.ladder.spec import Resolved
 from gpt2.measure.ladder.stats import CANNOT_SHOW, NO_EFFECT, Row, noise_verdict
 from gpt2.run.compiled import flag
@@ -57,7 +57,7 @@ def table(rows: list[Row], steps: int, target: float | None = None, time_budget_
                  *([time_to, "baseline" if row.index == 0 and time_to else at_loss,
                     ratio_shown(row.quality_vs_previous, noise.get("quality"))] if quality else []),
                  f"{row.device_hours:.4f}" if row.device_hours is not None else "",
-                 *([_usd(row.cost_usd), _usd(row.quality.cost_usd if row.quality else None)] if priced else []),
+                 *([usd_shown(row.cost_usd), usd_shown(row.quality.cost_usd if row.quality else None)] if priced else []),
                  "; ".join(filter(None, ["" if row.effect in ("acts", "baseline") else row.effect,
                                          flag(row.runtime)]))]
         if target is not None:
@@ -68,10 +68,6 @@ def table(rows: list[Row], steps: int, target: float | None = None, time_budget_
                           f"{row.tokens_to_target:,.0f}" if row.tokens_to_target else ""]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def _usd(value: float | None) -> str:
-    return "" if value is None else f"{value:.4f}"
 
 
 def describe(resolved: Resolved, rows: list[Row]) -> str:

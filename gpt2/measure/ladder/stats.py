@@ -14,7 +14,7 @@ from typing import Any
 
 from gpt2.measure import experiments
 from gpt2.measure.apply import Change
-from gpt2.measure.compare import (AtQuality, Curve, Spread, at_baseline_quality, losses_apart, sooner,
+from gpt2.measure.compare import (AtQuality, Curve, Spread, at_baseline_quality, losses_apart, median_known, sooner,
                                   noise_verdict as verdict_text, paired_ratios, ratio_inside_noise, typical_disagreement,
                                   win)
 from gpt2.measure.ladder.spec import TRAIN_METRICS, TRAIN_RUN, Ladder, Resolved, Rung, flat
@@ -98,8 +98,8 @@ def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Expe
         row.val_loss = statistics.median(losses) if losses else None
         row.val_loss_se = statistics.median(errors) if errors else None
         costs = [m.get("cost") or {} for m in metrics]
-        row.cost_usd = _median([c.get("usd") for c in costs])
-        row.device_hours = _median([c.get("device_hours") for c in costs])
+        row.cost_usd = median_known([c.get("usd") for c in costs])
+        row.device_hours = median_known([c.get("device_hours") for c in costs])
         if previous:
             row.loss_vs_previous = (row.val_loss - previous.val_loss
                                     if None not in (row.val_loss, previous.val_loss) else None)
@@ -129,7 +129,7 @@ def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Expe
 def add_quality(rows: list[Row], runs: list[list[experiments.Experiment]], curves: dict[str, Curve | None]) -> None:
     """Each rung's time to the baseline's final val loss, and its ratio to the rung above's, run by run."""
     by_rung = [[curves.get(e.name) for e in group] for group in runs]
-    prices = [[_price(e) for e in group] for group in runs]
+    prices = [[experiments.hourly_price(e, TRAIN_RUN) for e in group] for group in runs]
     for row, figures in zip(rows, at_baseline_quality(by_rung, prices)):
         row.quality = figures
     for row in rows:
@@ -138,17 +138,6 @@ def add_quality(rows: list[Row], runs: list[list[experiments.Experiment]], curve
             row.quality_paired = [r for above, mine in pairs if (r := sooner(above, mine)) is not None]
             row.quality_vs_previous = statistics.median(row.quality_paired) if row.quality_paired else None
 
-
-def _price(exp: experiments.Experiment) -> float | None:
-    """USD per hour of a run's training time, all its devices together (None: no price)."""
-    summary = exp.files.get(TRAIN_RUN) or {}
-    price = (summary.get("cost") or {}).get("price_per_hour")
-    return None if price is None else price * ((summary.get("perf") or {}).get("world_size") or 1)
-
-
-def _median(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
 
 
 def _add_target_figures(row: Row, metrics: list[dict[str, Any]]) -> None:
