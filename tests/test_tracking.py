@@ -133,6 +133,8 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     assert model.tags["checkpoint_md5"] == md5 and model.tags["data_dvc_hash"] == "test"
     assert model.tags["dvc_cache_file"] == f".dvc/cache/files/md5/{md5[:2]}/{md5[2:]}"
     assert model.tags["get_weights"] == "dvc exp apply my-exp" and "git_commit" in model.tags
+    assert model.tags["mlflow.note.content"].startswith("The weights are not in MLflow: `dvc exp apply my-exp` brings")
+    assert model.tags["mlflow.user"] == "Ada L"  # the page's "Created by", as the run's
     assert model.params["train.lr"] == "0.005" and model.params["train.max_steps"] == "6"  # what made the weights
     assert {m.key for m in model.metrics} >= {"summary/val.loss", "summary/perf.tokens_per_s"}
     assert [a.path for a in client.list_logged_model_artifacts(model.model_id)] == ["MLmodel"]  # no copy of the weights

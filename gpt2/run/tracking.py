@@ -412,12 +412,17 @@ class MlflowTracker(Tracker):
 
     def log_model(self, name: str, tags: dict[str, str], params: dict[str, Any]) -> None:
         """This run's model as an MLflow logged model whose weights stay outside MLflow (in DVC's cache): its
-        ``tags`` say how to get them back (gpt2/core/provenance.py's ``model_tags``). The metrics logged after
-        this call are the model's too."""
+        ``tags`` say how to get them back (gpt2/core/provenance.py's ``model_tags``), and the model page's
+        description says it in words. The metrics logged after this call are the model's too."""
+        where = (f"`{tags['get_weights']}` brings them back into the workspace" if tags.get("get_weights") else
+                 f"DVC's cache holds them as `{tags.get('dvc_cache_file')}`")
+        note = (f"The weights are not in MLflow: {where}; their MD5 (and DVC hash) is `{tags.get('checkpoint_md5')}`, "
+                f"trained on data `{tags.get('data_dvc_hash')}` at commit `{tags.get('git_commit')}`.")
+
         def create() -> None:
             model = self.mlflow.create_external_model(
                 name=name, source_run_id=self.run_id, model_type=MODEL_TYPE, experiment_id=self.experiment_id,
-                tags={k: str(v) for k, v in tags.items() if v is not None},
+                tags={**who(), "mlflow.note.content": note, **{k: str(v) for k, v in tags.items() if v is not None}},
                 params={k: str(v) for k, v in params.items()})
             self.model_id = model.model_id
 
