@@ -82,7 +82,15 @@ RUNGS: list[tuple[str, dict[str, Any]]] = [
     ("+ largest micro-batch", {}),  # micro_batch_size filled in from gpt2 plan
     ("+ cuDNN attention", {"sdpa_backend": "cudnn"}),
     ("+ bf16 residual stream", {"residual_stream": "bf16"}),
+    ("+ Liger fused loss", {"loss_kernel": "liger"}),
+    ("+ FP8 matmuls (tensorwise)", {"fp8": "tensorwise"}),
+    ("+ max-autotune", {"compile_mode": "max-autotune-no-cudagraphs"}),
 ]
+LEVERS = RUNGS[-3:]  # optional until the GPU table shows they win: also measured alone on top of every other switch
+LARGEST = "+ largest micro-batch"
+CUDA_ONLY = {"+ tf32", "+ cuDNN attention", "+ bf16 residual stream", "+ Liger fused loss",
+             "+ FP8 matmuls (tensorwise)"}  # FP8 on a CPU is emulated: slower by design (tests/test_levers.py)
+COMPILE_ONLY = {"+ torch.compile", "+ max-autotune"}
 NANOGPT = {"micro_batch_size": 12, "dtype": "bf16", "compile": True, "attention": "flash", "pad_vocab": True,
            "fused_adamw": True}
 GPT2_BATCH_TOKENS = 524_288  # GPT-2's 0.5M-token batch
@@ -139,6 +147,48 @@ def largest_micro_batch(prof: dict[str, Any]) -> int:
     return max(prof["micro_batch"], min(fits, prof["max_micro_batch"]))
 
 
+def _rates(seconds: float) -> tuple[float, float]:
+    """(bf16 TFLOP/s of an 8192³ GEMM, TB/s of a 1 GiB device copy counting reads and writes)."""
+    import torch
+
+    n = 8192
+    a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    src = torch.empty(2**30, device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(src)
+
+    def rate(work, amount: float) -> float:
+        work()
+        torch.cuda.synchronize()
+        reps, begun = 0, time.perf_counter()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        while time.perf_counter() - begun < seconds / 2:
+            work()
+            reps += 1
+            if reps % 8 == 0:
+                torch.cuda.synchronize()
+        end.record()
+        torch.cuda.synchronize()
+        return amount * reps / (start.elapsed_time(end) / 1e3)
+
+    return rate(lambda: a @ b, 2 * n**3) / 1e12, rate(lambda: dst.copy_(src), 2 * src.numel()) / 1e12
+
+
+def machine_probe(seconds: float = 2.0) -> dict[str, Any]:
+    """Which card measured a row, and how fast it is right now: the GPU's uuid, a bf16 GEMM rate and a
+    device-to-device copy rate, about ``seconds`` in all. Two instances of one card model differ by a few
+    percent, about one rung's gain, so rows compare directly only where their probes match."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"uuid": None, "name": platform.machine()}
+    props = torch.cuda.get_device_properties(0)
+    tflops, copy = _rates(seconds)
+    torch.cuda.empty_cache()  # the children train in this card's memory, all of it
+    return {"uuid": str(props.uuid), "name": torch.cuda.get_device_name(), "sms": props.multi_processor_count,
+            "bf16_gemm_tflops": round(tflops, 1), "copy_tb_s": round(copy, 2)}
+
+
 def row(name: str, metrics: dict[str, Any] | None, error: str, estimate: float | None,
         train: dict[str, Any], note: str = "") -> dict[str, Any]:
     if metrics is None:
@@ -166,16 +216,138 @@ def mfu_cell(r: dict[str, Any]) -> str:
     return f"{100 * r['mfu']:.1f}%" + (f" ({100 * own:.0f}% of {kind})" if own is not None else "")
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| run | micro-batch × accum | ms/step (IQR) | tokens/s | steady tokens/s | whole-run tokens/s "
-             "| MFU (bf16 peak) | peak GB allocated / reserved (plan) | kernel | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+PARTS = ("tests", "best", "nanogpt", "levers", "ladder", "long", "peers", "fit", "profile")  # the headline rows first
+BEST_ROW_PARTS = {"peers", "long", "fit", "profile"}  # each starts from the fastest row measured
+FIRST_TESTS = "compiled_bf16"  # pytest -k: the compiled CUDA test, run first; the rest of test_gpu.py runs last
+# What a row costs on a GPU (process start, compile, the steps) until this card has measured one of its kind: the
+# dearest of each kind on an H100 (2026-11-26: compiled rows 19-58 s, the tests 30 and 60 s); max-autotune's is a
+# guess (Inductor benchmarks each kernel's choices: minutes) until measured (docs/benchmarks.md, "GPU check").
+COST_S = {"plain": 30.0, "compiled": 60.0, "autotune": 300.0, "tests first": 40.0, "tests": 90.0}
+SMOKE_COST_S = 20.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    """A child's time limit, and whether it is the job's budget (not the child's own limit) that set it: a child
+    stopped by the budget is measured again by the next job, not recorded as timed out."""
+
+    seconds: float | None
+    by_budget: bool
+
+    def check(self, error: str) -> None:
+        if self.by_budget and error.startswith("timed out"):
+            raise OutOfBudget
+
+
+class OutOfBudget(Exception):
+    """The job's time budget (``--budget-s``) is nearly spent: stop before a child that would not finish."""
+
+
+@dataclasses.dataclass
+class Budget:
+    """This job's time (``--budget-s``; None: no end) and a child's own limit (``--timeout-s``)."""
+
+    seconds: float | None
+    timeout_s: float | None
+    clock: Any = time.perf_counter
+    started: float = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+
+    def spent(self) -> float:
+        return self.clock() - self.started
+
+    def limit(self, expected_s: float, own_s: float | None = None) -> Limit:
+        """The next child's time: its own limit, cut to what is left of the budget. A child starts only if what
+        it is expected to cost fits what is left; else ``OutOfBudget``, and the next job measures it."""
+        own = own_s if own_s is not None else self.timeout_s
+        if self.seconds is None:
+            return Limit(own, False)
+        left = self.seconds - self.spent()
+        if left < expected_s:
+            raise OutOfBudget
+        return Limit(left, True) if own is None or left < own else Limit(own, False)
+
+
+def bring_carried(carried: Path, json_path: Path) -> list[str]:
+    """Copy the files an earlier job returned (the JSON and its logs, carried into this job) beside ``json_path``,
+    as writable files: the lent box starts every command with an empty output folder."""
+    brought = []
+    for source in sorted(carried.glob(f"{json_path.stem}*")):
+        target = json_path.parent / source.name
+        if source.is_file() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+            brought.append(source.name)
+    return brought
+
+
+class Report:
+    """The check's JSON, rewritten (atomically) after every row: a job killed at its time limit keeps every
+    finished row, and a second job with the same ``--json`` skips them. Each child's stderr tail goes to
+    ``<json>.stderr.log`` beside it, for post-mortems."""
+
+    def __init__(self, path: Path | None, header: dict[str, Any]) -> None:
+        self.path = path
+        self.data = {**header, "rows": [], "machines": {}}
+        if path is not None and path.is_file():
+            old = json.loads(path.read_text())
+            if {k: old.get(k) for k in ("device", "smoke")} == {k: header[k] for k in ("device", "smoke")}:
+                self.data = {**old, **header, "rows": old.get("rows", []), "machines": old.get("machines", {})}
+        self.log = path.with_suffix(".stderr.log") if path is not None else None
+
+    def row(self, name: str) -> dict[str, Any] | None:
+        return next((r for r in self.data["rows"] if r["name"] == name), None)
+
+    def add(self, result: dict[str, Any], stderr: str = "") -> None:
+        """A new row, or one measured again (a timeout, a pair redone) in its old row's place."""
+        rows = self.data["rows"]
+        at = next((i for i, r in enumerate(rows) if r["name"] == result["name"]), None)
+        if at is None:
+            rows.append(result)
+        else:
+            rows[at] = result
+        self.save()
+        if self.log is not None and stderr:
+            with open(self.log, "a") as handle:
+                handle.write(f"===== {result['name']}\n" + "\n".join(stderr.splitlines()[-40:]) + "\n")
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2) + "\n")
+        tmp.replace(self.path)
+
+
+def timed_out(r: dict[str, Any] | None) -> bool:
+    """A row its child's own limit stopped: never final, the next job measures it again with more time."""
+    return r is not None and str(r.get("failed", "")).startswith("timed out")
+
+
+def apart(*rows: dict[str, Any]) -> str:
+    """A note for a comparison between rows that different cards measured (instances of one model differ by a
+    few percent, about one rung's gain)."""
+    return " (rows from different cards: see the probes)" if len({r.get("machine") for r in rows}) > 1 else ""
+
+
+def table(rows: list[dict[str, Any]], machines: dict[str, Any] | None = None) -> str:
+    """The rows as markdown; where different cards measured them, a card column and each card's probe."""
+    cards = list(dict.fromkeys(r.get("machine") for r in rows))
+    labels = {uuid: chr(ord("A") + i) for i, uuid in enumerate(cards)} if len(cards) > 1 else {}
+    head = ("| run | micro-batch × accum | ms/step (IQR) | tokens/s | steady tokens/s | whole-run tokens/s "
+            "| MFU (bf16 peak) | peak GB allocated / reserved (plan) | kernel | note |")
+    lines = [head + (" card |" if labels else ""), "|---" * (10 + bool(labels)) + "|"]
 
     def number(value: float | None) -> str:
         return f"{value:,.0f}" if value else ""
 
     for r in rows:
+        card = f" {labels[r.get('machine')]} |" if labels else ""
         if "failed" in r:
-            lines.append(f"| {r['name']} | | failed | | | | | | | {r['failed']} |")
+            lines.append(f"| {r['name']} | | failed | | | | | | | {r['failed']} |{card}")
             continue
         plan_gb = f" ({r['estimate_gb']:.1f})" if r.get("estimate_gb") is not None else ""
         reserved = f" / {r['peak_reserved_gb']:.1f}" if r.get("peak_reserved_gb") is not None else ""
@@ -185,8 +357,17 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['name']} | {r['micro_batch']} × {r['accum']} | {r['step_ms']:.1f}{spread} "
                      f"| {number(r['tokens_per_s'])} | {number(r.get('tokens_per_s_steady'))} "
                      f"| {number(r.get('tokens_per_s_wall'))} | {mfu_cell(r)} | {peak} | {r.get('sdpa') or ''} "
-                     f"| {note} |")
-    return "\n".join(lines) + "\n"
+                     f"| {note} |{card}")
+    text = "\n".join(lines) + "\n"
+    if labels:
+        probes = []
+        for uuid, label in labels.items():
+            p = (machines or {}).get(uuid) or {}
+            figures = (f"{p['bf16_gemm_tflops']:g} TFLOP/s bf16 GEMM, {p['copy_tb_s']:g} TB/s copy"
+                       if "bf16_gemm_tflops" in p else "no probe")
+            probes.append(f"{label}: {uuid or 'unknown'} ({figures})")
+        text += "\nCards: " + "; ".join(probes) + ". Compare rows of one card.\n"
+    return text
 
 
 def profile_best(params: dict[str, Any], tokens: str, report: Report, timeout_s: float | None) -> dict[str, Any]:
@@ -211,73 +392,299 @@ def profile_best(params: dict[str, Any], tokens: str, report: Report, timeout_s:
             "coverage": figures["coverage"], "by_kind": figures["by_kind"], "top": figures["top"][:10]}
 
 
-PARTS = ("ladder", "nanogpt", "long", "peers", "fit", "profile", "tests")  # the headline rows first
-BEST_ROW_PARTS = {"peers", "long", "fit", "profile"}  # each starts from the ladder's best row
+def run_tests(report: Report, limit: Limit, key: str, selection: str) -> None:
+    """``pytest tests/test_gpu.py -k selection``: its summary line in the JSON under ``key``, its whole output
+    beside it (``<json>.<key>.log``). A run past its own time keeps what it printed and does not end the job."""
+    command = [sys.executable, "-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider", "tests/test_gpu.py",
+               "-k", selection]
+    try:
+        tests = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=limit.seconds)
+        output, summary = tests.stdout + tests.stderr, (tests.stdout.strip().splitlines() or ["no output"])[-1]
+    except subprocess.TimeoutExpired as exc:
+        limit.check("timed out")
+        output = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        summary = f"timed out after {limit.seconds:g} s; what ran is in the tests log"
+    report.data[key] = summary
+    if report.path is not None:
+        report.path.with_suffix(f".{key.replace(' ', '_')}.log").write_text(output)
+    report.save()
+    print(f"gpu_check: tests/test_gpu.py -k '{selection}': {summary}", file=sys.stderr)
 
 
-@dataclasses.dataclass(frozen=True)
-class Limit:
-    """A child's time limit, and whether it is the job's budget (not the child's own limit) that set it: a child
-    stopped by the budget is measured again by the next job, not recorded as timed out."""
+class Check:
+    """The parts of one job, each row measured in a fresh process and saved the moment it is measured. A row
+    already in the JSON is kept, except one that timed out (measured again with twice its time)."""
 
-    seconds: float | None
-    by_budget: bool
+    def __init__(self, report: Report, prof: dict[str, Any], gpu: bool, smoke: bool, token_dir: str, tmp: str,
+                 budget: Budget, machine: str | None) -> None:
+        self.report, self.prof, self.gpu, self.smoke = report, prof, gpu, smoke
+        self.token_dir, self.tmp, self.budget, self.machine = token_dir, tmp, budget, machine
 
-    def check(self, error: str) -> None:
-        if self.by_budget and error.startswith("timed out"):
-            raise OutOfBudget
+    def runs_here(self, name: str) -> bool:
+        """Whether a ladder rung or a lever can show anything here: CUDA-only switches get no row on a CPU, nor
+        compile's where the profile turns compile off (smoke)."""
+        if not self.gpu and name in CUDA_ONLY:
+            return False
+        return self.prof["compile"] or name not in COMPILE_ONLY
 
+    def expected_s(self, kind: str) -> float:
+        """What a row of this kind is expected to cost here: the dearest one this card measured, else COST_S."""
+        if self.smoke:
+            return SMOKE_COST_S
+        seen = [r["seconds"] for r in self.report.data["rows"]
+                if r.get("kind") == kind and r.get("machine") == self.machine and "seconds" in r and "failed" not in r]
+        return max(seen) if seen else COST_S[kind]
 
-class OutOfBudget(Exception):
-    """The job's time budget (``--budget-s``) is nearly spent: stop before a child that would not finish."""
+    def kind(self, train: dict[str, Any]) -> str:
+        if not (train.get("compile", True) and self.prof["compile"]):
+            return "plain"
+        return "autotune" if str(train.get("compile_mode", "")).startswith("max-autotune") else "compiled"
 
+    def limit(self, kind: str, before: dict[str, Any] | None) -> Limit:
+        """The limit of a row's child: twice the last one where it timed out, else ``--timeout-s``."""
+        if timed_out(before):
+            return self.budget.limit(max(self.expected_s(kind), before["timeout_s"]), 2 * before["timeout_s"])
+        return self.budget.limit(self.expected_s(kind))
 
-def bring_carried(carried: Path, json_path: Path) -> list[str]:
-    """Copy the files an earlier job returned (the JSON and its logs, carried into this job) beside ``json_path``,
-    as writable files: the lent box starts every command with an empty output folder."""
-    brought = []
-    for source in sorted(carried.glob(f"{json_path.stem}*")):
-        target = json_path.parent / source.name
-        if source.is_file() and not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(source.read_bytes())
-            brought.append(source.name)
-    return brought
+    def record(self, result: dict[str, Any], stderr: str, kind: str, seconds: float, limit: Limit) -> dict[str, Any]:
+        """Save a measured row with what it cost and which card measured it, and say it."""
+        result.update(kind=kind, seconds=round(seconds, 1), machine=self.machine)
+        if timed_out(result):
+            result["timeout_s"] = limit.seconds
+        self.report.add(result, stderr)
+        shown = f"{result['tokens_per_s']:,.0f} tok/s" if "failed" not in result else f"failed: {result['failed']}"
+        print(f"gpu_check: [{self.budget.spent():.0f} s] {result['name']}: {shown}",
+              file=sys.stderr)
+        return result
 
+    def measure(self, name: str, train: dict[str, Any], steps: int | None = None, note: str = "", run: bool = True
+                ) -> dict[str, Any] | None:
+        """The row ``name``: from the JSON if measured before, else measured now (when ``run``). A row of the same
+        configuration that this card measured already is reused, not run again."""
+        before = self.report.row(name)
+        if (before is not None and not timed_out(before)) or not run:
+            return before
+        params = train_params(self.prof, train, steps or self.prof["steps"])
+        twin = next((r for r in self.report.data["rows"] if (r.get("model"), r.get("train")) == (params["model"],
+                     params["train"]) and r.get("machine") == self.machine and "failed" not in r), None)
+        if twin is not None:
+            copy = {**twin, "name": name, "note": f"the run of '{twin['name']}' (the same configuration)"}
+            self.report.add(copy)
+            return copy
+        kind = self.kind(params["train"])
+        limit = self.limit(kind, before)
+        begun = self.budget.clock()
+        metrics, error, stderr = run_child(params, self.token_dir, f"{self.tmp}/{len(self.report.data['rows'])}",
+                                           limit.seconds)
+        limit.check(error)
+        micro = (metrics or {}).get("runtime", {}).get("micro_batch_size", params["train"]["micro_batch_size"])
+        estimate = estimate_gb(self.prof, {**params["train"], "micro_batch_size": micro}) if micro != "auto" else None
+        result = {**row(name, metrics, error, estimate, params["train"], note), "model": params["model"]}
+        return self.record(result, stderr, kind, self.budget.clock() - begun, limit)
 
-class Report:
-    """The check's JSON, rewritten (atomically) after every row: a job killed at its time limit keeps every
-    finished row, and a second job with the same ``--json`` skips them. Each child's stderr tail goes to
-    ``<json>.stderr.log`` beside it, for post-mortems."""
+    def all_switches(self) -> dict[str, Any]:
+        """Every ladder switch up to the levers at once, at the largest micro-batch: the headline row."""
+        config: dict[str, Any] = {}
+        for name, change in RUNGS:
+            if name == LEVERS[0][0]:
+                break
+            if self.runs_here(name):
+                config.update({"micro_batch_size": largest_micro_batch(self.prof)} if name == LARGEST else change)
+        return config
 
-    def __init__(self, path: Path | None, header: dict[str, Any]) -> None:
-        self.path = path
-        self.data = {**header, "rows": []}
-        if path is not None and path.is_file():
-            old = json.loads(path.read_text())
-            if {k: old.get(k) for k in ("device", "smoke")} == {k: header[k] for k in ("device", "smoke")}:
-                self.data = {**old, **header, "rows": old.get("rows", [])}
-                if old.get("tests"):
-                    self.data["tests"] = old["tests"]
-        self.log = path.with_suffix(".stderr.log") if path is not None else None
+    def ladder(self, run: bool, step: Any) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Each rung on top of the last that ran; the (row, configuration) of each measured rung. A rung left to
+        the next job leaves the rungs below it too (each one builds on it)."""
+        config: dict[str, Any] = {}
+        measured = []
+        for name, change in RUNGS:
+            if not self.runs_here(name):
+                continue
+            candidate = {**config, **({"micro_batch_size": largest_micro_batch(self.prof)} if name == LARGEST
+                                      else change)}
+            result = step(f"the ladder from '{name}'", self.measure, name, candidate, None, "", run)
+            if result is None and run:  # left to the next job
+                break
+            if result is not None and "failed" not in result:
+                config = candidate  # a rung that failed (out of memory, a kernel missing here) is not carried on
+                measured.append((result, candidate))
+        return measured
 
-    def row(self, name: str) -> dict[str, Any] | None:
-        return next((r for r in self.data["rows"] if r["name"] == name), None)
+    def levers(self, base: dict[str, Any], base_row: dict[str, Any] | None, step: Any) -> None:
+        """Each lever alone on top of every switch: what it buys where everything else is on already."""
+        for name, change in LEVERS:
+            if not self.runs_here(name):
+                continue
+            result = step(f"all switches {name}", self.measure, f"all switches {name}", {**base, **change})
+            if result is not None and base_row is not None and "failed" not in result and "failed" not in base_row:
+                gain = 100 * (result["tokens_per_s"] / base_row["tokens_per_s"] - 1)
+                result["note"] = f"{gain:+.1f}% tokens/s vs all switches" + apart(result, base_row)
+        self.report.save()
 
-    def add(self, result: dict[str, Any], stderr: str = "") -> None:
-        self.data["rows"].append(result)
-        self.save()
-        if self.log is not None and stderr:
-            with open(self.log, "a") as handle:
-                handle.write(f"===== {result['name']}\n" + "\n".join(stderr.splitlines()[-40:]) + "\n")
+    def nanogpt_pairs(self, nanogpt: Path, repeats: int, step: Any) -> None:
+        """Ours at nanoGPT's settings and nanoGPT's own train.py, alternating, both halves of a pair in one job
+        on one card (a pair split by a job's end, or measured on two cards, is measured again whole)."""
+        settings = {**NANOGPT, **({} if self.gpu else {"dtype": "fp32"})}  # nanoGPT on a CPU runs fp32 whatever asked
+        pairs = []
+        for k in range(1, repeats + 1):
+            names = (f"nanoGPT's settings on our code (run {k})", f"nanoGPT's own train.py (run {k})")
+            ours, theirs = (self.report.row(n) for n in names)
+            whole = ours is not None and theirs is not None and not timed_out(ours) and not timed_out(theirs)
+            if not (whole and ours.get("machine") == theirs.get("machine")):
+                pair = step(f"nanoGPT pair {k}", self.nanogpt_pair, names, settings, nanogpt)
+                if pair is None:
+                    continue
+                ours, theirs = pair
+            pairs.append((ours, theirs))
+        done = [(o, t) for o, t in pairs if "failed" not in o and "failed" not in t]
+        if done:
+            ratio = round(statistics.median(o["tokens_per_s"] for o, _ in done)
+                          / statistics.median(t["tokens_per_s"] for _, t in done), 3)
+            each = [o["tokens_per_s"] / t["tokens_per_s"] for o, t in done]
+            self.report.data["nanogpt_ratio"] = ratio
+            done[-1][1]["note"] = (f"ours ÷ nanoGPT: {ratio:.2f}× tokens/s (medians of {len(done)} alternating "
+                                   f"runs each; pairs {min(each):.2f}–{max(each):.2f}×)")
+        self.report.save()
 
-    def save(self) -> None:
-        if self.path is None:
+    def nanogpt_pair(self, names: tuple[str, str], settings: dict[str, Any], nanogpt: Path
+                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        kind = self.kind(settings)
+        self.budget.limit(2 * self.expected_s(kind))  # both halves fit, or neither starts
+        ours = self.measure_fresh(names[0], settings)
+        return ours, self.measure_nanogpt(names[1], ours, nanogpt, kind)
+
+    def measure_fresh(self, name: str, train: dict[str, Any]) -> dict[str, Any]:
+        """``measure``, without reusing a row of the same configuration: a pair's halves run back to back."""
+        params = train_params(self.prof, train, self.prof["steps"])
+        kind, before = self.kind(params["train"]), self.report.row(name)
+        limit = self.limit(kind, before)
+        begun = self.budget.clock()
+        metrics, error, stderr = run_child(params, self.token_dir, f"{self.tmp}/{len(self.report.data['rows'])}",
+                                           limit.seconds)
+        limit.check(error)
+        result = row(name, metrics, error, None, params["train"])
+        return self.record(result, stderr, kind, self.budget.clock() - begun, limit)
+
+    def measure_nanogpt(self, name: str, ours: dict[str, Any], nanogpt: Path, kind: str) -> dict[str, Any]:
+        """nanoGPT's own train.py at the same settings; MFU scaled from our row (the same model FLOPs)."""
+        micro, prof = NANOGPT["micro_batch_size"], self.prof
+        args = nanogpt_peer.overrides(prof, self.token_dir, f"{self.tmp}/nanogpt-{len(self.report.data['rows'])}",
+                                      micro, prof["steps"], self.gpu)
+        limit = self.limit(kind, self.report.row(name))
+        begun = self.budget.clock()
+        times, wrapper, error, stderr = nanogpt_peer.run(nanogpt, args, limit.seconds)
+        limit.check(error or "")
+        if error:
+            result = {"name": name, "failed": error, "train": {"nanogpt": args}}
+        else:
+            result = {"name": name, **nanogpt_peer.figures(times, wrapper, micro * prof["seq"], prof["warmup"]),
+                      "estimate_gb": None, "sdpa": "nanoGPT's", "dtype": "bf16" if self.gpu else "fp32",
+                      "micro_batch": micro, "accum": 1, "note": "", "train": {"nanogpt": args}}
+            ok = "failed" not in ours and ours.get("mfu") is not None
+            result["mfu"] = ours["mfu"] * result["tokens_per_s"] / ours["tokens_per_s"] if ok else None
+        return self.record(result, stderr, kind, self.budget.clock() - begun, limit)
+
+    def tests(self, key: str, selection: str) -> None:
+        if key not in self.report.data or self.report.data[key].startswith("timed out"):
+            run_tests(self.report, self.budget.limit(COST_S[key]), key, selection)
+
+    def peers(self, best: dict[str, Any]) -> None:
+        plain = self.measure("best, plain (for DDP)", best)
+        ddp = self.measure("best, DDP in 1 process", {**best, "distributed": "ddp"})
+        if "failed" not in plain and "failed" not in ddp:
+            ddp["note"] = f"DDP overhead {100 * (ddp['step_ms'] / plain['step_ms'] - 1):+.1f}%" + apart(ddp, plain)
+        muon = self.measure("best, Muon optimizer", {**best, "optimizer": "muon"})
+        if "failed" not in plain and "failed" not in muon:
+            muon["note"] = (f"step time vs AdamW {100 * (muon['step_ms'] / plain['step_ms'] - 1):+.1f}%"
+                            + apart(muon, plain))
+        self.report.save()
+
+    def long(self, best: dict[str, Any]) -> None:
+        prof = self.prof
+        batch = best.get("micro_batch_size", prof["micro_batch"]) * prof["seq"]
+        accum = max(1, round(GPT2_BATCH_TOKENS / batch)) if not self.smoke else 2
+        steps = prof["long_steps"]
+        long = self.measure(f"{steps} steps, GPT-2 batch, evals and checkpoints",
+                            {**best, "grad_accum_steps": accum, "eval_interval": steps // 2,
+                             "eval_windows": prof["eval_windows"], "checkpoint_interval": steps // 2,
+                             "save_checkpoint": True, "timing_warmup_steps": prof["warmup"]}, steps)
+        if "failed" not in long and long.get("tokens_per_s_steady"):
+            long["note"] = (f"steady-state wall clock {100 * long['tokens_per_s_steady'] / long['tokens_per_s']:.1f}%"
+                            " of the step median")
+        self.report.save()
+
+    def fit(self, best: dict[str, Any]) -> None:
+        batch_tokens = GPT2_BATCH_TOKENS if not self.smoke else 16 * self.prof["seq"]
+        fitted = {**best, "micro_batch_size": "auto", "batch_tokens": batch_tokens, "grad_accum_steps": 1}
+        auto = self.measure("best, micro-batch auto (GPT-2 batch)", fitted)
+        if "failed" not in auto:
+            sequences = batch_tokens // self.prof["seq"]
+            up = next((d for d in range(auto["micro_batch"] + 1, sequences + 1) if sequences % d == 0), None)
+            if up is not None:
+                over = self.measure("auto's next micro-batch up", {**fitted, "micro_batch_size": up})
+                over["note"] = ("out of memory, as the model said" if "out of memory" in over.get("failed", "")
+                                else "failed otherwise" if "failed" in over else "fits: the model is cautious here")
+        fsdp = self.measure("best, FSDP in 1 process", {**best, "distributed": "fsdp"})
+        plain = self.report.row("best, plain (for DDP)")
+        if plain is not None and "failed" not in plain and "failed" not in fsdp:
+            fsdp["note"] = (f"FSDP overhead {100 * (fsdp['step_ms'] / plain['step_ms'] - 1):+.1f}% (one process)"
+                            + apart(fsdp, plain))
+        self.report.save()
+
+    def profile(self, best: dict[str, Any]) -> None:
+        if "profile" in self.report.data and not str(self.report.data["profile"].get("failed", "")).startswith("timed"):
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2) + "\n")
-        tmp.replace(self.path)
+        limit = self.budget.limit(self.expected_s(self.kind(best)))
+        profiled = profile_best(train_params(self.prof, best, self.prof["steps"]), self.token_dir, self.report,
+                                limit.seconds)
+        limit.check(profiled.get("failed", ""))
+        self.report.data["profile"] = profiled
+        self.report.save()
+
+    def run(self, parts: tuple[str, ...], nanogpt: Path | None, nanogpt_repeats: int) -> list[str]:
+        """Every part asked for, in ``PARTS``' order: the compiled CUDA test first (a CUDA-only compile failure is
+        known in the first minute), then the headline rows, the rest of the tests last. What does not fit the
+        budget is left to the next job, and the job goes on with what does; the names of what was left."""
+        left: list[str] = []
+
+        def step(what: str, action: Any, *args: Any) -> Any:
+            try:
+                return action(*args)
+            except OutOfBudget:
+                left.append(what)
+                print(f"gpu_check: {what}: left for the next job (too little of --budget-s left)", file=sys.stderr)
+                return None
+
+        if "tests" in parts:
+            step("tests (compiled)", self.tests, "tests first", FIRST_TESTS)
+        base = self.all_switches()
+        base_row = step("all switches", self.measure, "all switches", base) if {"best", "levers"} & set(parts) else None
+        if "nanogpt" in parts:
+            if nanogpt is None:
+                step("nanogpt", self.measure, "nanoGPT's settings on our code",
+                     {**NANOGPT, **({} if self.gpu else {"dtype": "fp32"})}, None,
+                     "micro-batch 12, bf16, compile: not nanoGPT's own train.py (see --nanogpt)")
+            else:
+                self.nanogpt_pairs(nanogpt, nanogpt_repeats, step)
+        if "levers" in parts:
+            self.levers(base, base_row, step)
+        measured = self.ladder("ladder" in parts, step)
+        headline = [(r, base) for r in [self.report.row("all switches")] if r is not None and "failed" not in r]
+        levers = [(r, {**base, **change}) for name, change in LEVERS
+                  for r in [self.report.row(f"all switches {name}")] if r is not None and "failed" not in r]
+        candidates = measured + headline + levers
+        if not candidates and BEST_ROW_PARTS & set(parts):
+            asked = ", ".join(p for p in PARTS if p in BEST_ROW_PARTS & set(parts))
+            raise click.UsageError(f"{asked} start(s) from the fastest row, and no ladder or headline row is measured: "
+                                   "run --part ladder or --part best first (with the same --json, or --carried with "
+                                   "its JSON)")
+        best = max(candidates, key=lambda m: m[0]["tokens_per_s"])[1] if candidates else {}  # the fastest
+        for part in ("long", "peers", "fit", "profile"):
+            if part in parts:
+                step(part, getattr(self, part), best)
+        if "tests" in parts:
+            step("tests (the rest)", self.tests, "tests", f"not {FIRST_TESTS}")
+        return left
 
 
 @click.command()
@@ -286,18 +693,21 @@ class Report:
               help="rows go here as they are measured; rows already in it are kept and skipped")
 @click.option("--tokens", default=None, help="token folder (default: data/tokens, else synthetic)")
 @click.option("--part", "parts", multiple=True, type=click.Choice(PARTS),
-              help="what to run (repeatable; default: all): tests, ladder (the headline rows), nanogpt (our code at "
-                   "nanoGPT's settings; with --nanogpt, against nanoGPT's own train.py), peers (DDP, Muon) and long "
-                   "(GPT-2 batch, evals, checkpoints), which start from the ladder's best row")
+              help="what to run (repeatable; default: all): tests (the compiled one first, the rest last), best (every "
+                   "switch at once), nanogpt (our code at nanoGPT's settings; with --nanogpt, against nanoGPT's own "
+                   "train.py), levers (each on top of best), ladder (one switch per rung), and long (GPT-2 batch, evals, "
+                   "checkpoints), peers (DDP, Muon), fit (micro-batch auto, FSDP), profile, which start from the "
+                   "fastest row")
 @click.option("--nanogpt", "nanogpt", default=None, type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="a checkout of karpathy/nanoGPT: the nanogpt part runs its train.py beside ours, alternating")
 @click.option("--nanogpt-repeats", default=2, show_default=True, type=click.IntRange(min=1),
               help="runs of each side in the nanogpt part")
 @click.option("--timeout-s", default=None, type=float,
-              help="a child running longer is stopped and its row says 'timed out' (default: 240 on a GPU, which a "
-                   "cold compiled GPT-2 124M row fits)")
+              help="a child running longer is stopped and its row says 'timed out'; the next job measures it again "
+                   "with twice the time (default: 300 on a GPU, which a cold compiled GPT-2 124M row fits)")
 @click.option("--budget-s", default=None, type=float,
-              help="this job's time: no child starts that would not end inside it; the next job continues")
+              help="this job's time (set it from what is left of the command's and the device's time): no child "
+                   "starts unless what it is expected to cost fits; the next job continues")
 @click.option("--carried", default=None, type=click.Path(file_okay=False, path_type=Path),
               help="a folder with the files earlier jobs returned (the JSON, its logs): copied beside --json first")
 @click.option("--skip-tests", is_flag=True, help="same as leaving out --part tests")
@@ -306,7 +716,7 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
          skip_tests: bool) -> None:
     import torch
 
-    started = time.perf_counter()
+    budget = Budget(budget_s, None)
     if carried is not None and json_path is not None and carried.is_dir():
         brought = bring_carried(carried, Path(json_path))
         print(f"gpu_check: carried from {carried}: {', '.join(brought) or 'nothing new'}", file=sys.stderr)
@@ -321,185 +731,29 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
             raise click.BadParameter(str(exc), param_hint="--nanogpt") from None
     if skip_tests or smoke or not gpu:
         parts = tuple(p for p in parts if p != "tests")
-    timeout_s = timeout_s if timeout_s is not None else (240.0 if gpu and not smoke else None)
-
-    def time_for(kind: str) -> Limit:
-        """The next child's time: its own limit, cut to what is left of the job's budget. Raises
-        ``OutOfBudget`` when too little is left for it to finish (a cold compiled row: about 2 minutes)."""
-        if budget_s is None:
-            return Limit(timeout_s, False)
-        left = budget_s - (time.perf_counter() - started)
-        if left < (120.0 if kind == "compiled" and gpu else 20.0):
-            raise OutOfBudget
-        return Limit(left, True) if timeout_s is None or left < timeout_s else Limit(timeout_s, False)
-
+    budget.timeout_s = timeout_s if timeout_s is not None else (300.0 if gpu and not smoke else None)
     prof = profile(smoke)
     report = Report(Path(json_path) if json_path else None,
                     {"device": torch.cuda.get_device_name() if gpu else platform.machine(),
                      "torch": str(torch.__version__), "smoke": smoke, "date": time.strftime("%Y-%m-%d")})
-    try:
-        measure_parts(report, parts, prof, gpu, smoke, tokens, nanogpt, nanogpt_repeats, time_for, started)
-    except OutOfBudget:
-        print(f"gpu_check: --budget-s {budget_s:g} nearly spent after {len(report.data['rows'])} rows; run the same "
-              "command again, carrying what this job returned, to continue", file=sys.stderr)
-    report.data["seconds"] = round(report.data.get("seconds", 0.0) + time.perf_counter() - started, 1)
+    probe = machine_probe() if gpu and not smoke else {"uuid": None, "name": platform.machine()}
+    report.data["machines"][str(probe["uuid"])] = probe
+    report.save()
+    print(f"gpu_check: this card: {json.dumps(probe)}", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        token_dir = tokens or (str(ROOT / "data/tokens") if (ROOT / "data/tokens/meta.json").exists()
+                               else str(synthetic_tokens(Path(tmp) / "tokens", 5_000_000 if not smoke else 200_000)))
+        check = Check(report, prof, gpu, smoke, token_dir, tmp, budget, str(probe["uuid"]))
+        left = check.run(parts, nanogpt, nanogpt_repeats)
+        if left:
+            print(f"gpu_check: --budget-s {budget_s:g} left {', '.join(left)} to the next job: run the same command "
+                  "again, carrying what this job returned, to continue", file=sys.stderr)
+    report.data["seconds"] = round(report.data.get("seconds", 0.0) + budget.spent(), 1)
     report.save()
     print(f"\nDevice: {report.data['device']}, torch {report.data['torch']}, {report.data['date']}; "
           f"{'smoke mode (tiny)' if smoke else 'GPT-2 124M, T=1024'}; {prof['steps']} steps per run "
           f"(the first {prof['warmup']} untimed); {report.data['seconds']:.0f} s in all.\n")
-    print(table(report.data["rows"]))
-
-
-
-def run_tests(report: Report, timeout_s: float | None) -> None:
-    """``pytest tests/test_gpu.py``: its summary line in the JSON, its whole output beside it
-    (``<json>.tests.log``). A run past its time keeps what it printed and does not end the job."""
-    command = [sys.executable, "-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider", "tests/test_gpu.py"]
-    try:
-        tests = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
-        output, summary = tests.stdout + tests.stderr, (tests.stdout.strip().splitlines() or ["no output"])[-1]
-    except subprocess.TimeoutExpired as exc:
-        output = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        summary = f"timed out after {timeout_s:g} s; what ran is in the tests log"
-    report.data["tests"] = summary
-    if report.path is not None:
-        report.path.with_suffix(".tests.log").write_text(output)
-    report.save()
-    print(f"gpu_check: tests/test_gpu.py: {summary}", file=sys.stderr)
-
-
-def measure_parts(report: Report, parts: tuple[str, ...], prof: dict[str, Any], gpu: bool, smoke: bool,
-                  tokens: str | None, nanogpt: Path | None, nanogpt_repeats: int, time_for: Any,
-                  started: float) -> None:
-    """Every part asked for, in ``PARTS``' order, each row saved the moment it is measured."""
-    with tempfile.TemporaryDirectory() as tmp:
-        token_dir = tokens or (str(ROOT / "data/tokens") if (ROOT / "data/tokens/meta.json").exists()
-                               else str(synthetic_tokens(Path(tmp) / "tokens", 5_000_000 if not smoke else 200_000)))
-
-        def record(result: dict[str, Any], stderr: str) -> dict[str, Any]:
-            """Save a measured row (and its child's stderr tail) and say it."""
-            report.add(result, stderr)
-            shown = f"{result['tokens_per_s']:,.0f} tok/s" if "failed" not in result else f"failed: {result['failed']}"
-            print(f"gpu_check: [{time.perf_counter() - started:.0f} s] {result['name']}: {shown}", file=sys.stderr)
-            return result
-
-        def measure(name: str, train: dict[str, Any], steps: int, note: str = "", run: bool = True
-                    ) -> dict[str, Any] | None:
-            """The row ``name``: from the JSON if measured before, else measured now (when ``run``)."""
-            done = report.row(name)
-            if done is not None or not run:
-                return done
-            params = train_params(prof, train, steps)
-            limit = time_for("compiled" if params["train"].get("compile") else "plain")
-            metrics, error, stderr = run_child(params, token_dir, f"{tmp}/{len(report.data['rows'])}", limit.seconds)
-            limit.check(error)
-            micro = (metrics or {}).get("runtime", {}).get("micro_batch_size", params["train"]["micro_batch_size"])
-            estimate = estimate_gb(prof, {**params["train"], "micro_batch_size": micro}) if micro != "auto" else None
-            result = row(name, metrics, error, estimate, params["train"], note)
-            return record(result, stderr)
-
-        ladder: dict[str, Any] = {}
-        measured: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (row, its configuration)
-        for name, change in RUNGS:
-            if name == "+ largest micro-batch":
-                change = {"micro_batch_size": largest_micro_batch(prof)}
-            if (not gpu and name in ("+ tf32", "+ cuDNN attention", "+ bf16 residual stream")) or (name == "+ torch.compile" and not prof["compile"]):
-                continue  # CUDA-only switches on a CPU, and compile where the profile turns it off (smoke): no row
-            candidate = {**ladder, **change}
-            result = measure(name, candidate, prof["steps"], run="ladder" in parts)
-            if result is not None and "failed" not in result:
-                ladder = candidate  # a rung that failed (out of memory, a kernel missing here) is not carried on
-                measured.append((result, candidate))
-        if not measured and BEST_ROW_PARTS & set(parts):
-            asked = ", ".join(p for p in PARTS if p in BEST_ROW_PARTS & set(parts))
-            raise click.UsageError(f"{asked} start(s) from the ladder's best row, and no ladder row is measured: run "
-                                   "--part ladder first (with the same --json, or --carried with its JSON)")
-        best = max(measured, key=lambda m: m[0]["tokens_per_s"])[1] if measured else {}  # the fastest, not the last
-        def measure_nanogpt(name: str, ours: dict[str, Any] | None) -> dict[str, Any]:
-            """nanoGPT's own train.py at the same settings; MFU scaled from our row (the same model FLOPs)."""
-            done = report.row(name)
-            if done is not None:
-                return done
-            micro = NANOGPT["micro_batch_size"]
-            args = nanogpt_peer.overrides(prof, token_dir, f"{tmp}/nanogpt-{len(report.data['rows'])}", micro,
-                                          prof["steps"], gpu)
-            limit = time_for("compiled" if prof["compile"] else "plain")
-            times, wrapper, error, stderr = nanogpt_peer.run(nanogpt, args, limit.seconds)
-            limit.check(error or "")
-            if error:
-                result = {"name": name, "failed": error, "train": {"nanogpt": args}}
-            else:
-                result = {"name": name, **nanogpt_peer.figures(times, wrapper, micro * prof["seq"], prof["warmup"]),
-                          "estimate_gb": None, "sdpa": "nanoGPT's", "dtype": "bf16" if gpu else "fp32",
-                          "micro_batch": micro, "accum": 1, "note": "", "train": {"nanogpt": args}}
-                ok = ours is not None and "failed" not in ours and ours.get("mfu") is not None
-                result["mfu"] = ours["mfu"] * result["tokens_per_s"] / ours["tokens_per_s"] if ok else None
-            return record(result, stderr)
-
-        if "nanogpt" in parts:
-            settings = {**NANOGPT, **({} if gpu else {"dtype": "fp32"})}  # nanoGPT on a CPU runs fp32 whatever asked
-            if nanogpt is None:
-                measure("nanoGPT's settings on our code", settings, prof["steps"],
-                        "micro-batch 12, bf16, compile: not nanoGPT's own train.py (see --nanogpt)")
-            else:
-                pairs = []
-                for k in range(1, nanogpt_repeats + 1):
-                    ours = measure(f"nanoGPT's settings on our code (run {k})", settings, prof["steps"])
-                    pairs.append((ours, measure_nanogpt(f"nanoGPT's own train.py (run {k})", ours)))
-                done = [(o, t) for o, t in pairs if "failed" not in o and "failed" not in t]
-                if done:
-                    ratio = round(statistics.median(o["tokens_per_s"] for o, _ in done)
-                                  / statistics.median(t["tokens_per_s"] for _, t in done), 3)
-                    each = [o["tokens_per_s"] / t["tokens_per_s"] for o, t in done]
-                    report.data["nanogpt_ratio"] = ratio
-                    done[-1][1]["note"] = (f"ours ÷ nanoGPT: {ratio:.2f}× tokens/s (medians of {len(done)} alternating "
-                                           f"runs each; pairs {min(each):.2f}–{max(each):.2f}×)")
-                report.save()
-        if "peers" in parts:
-            plain = measure("best, plain (for DDP)", best, prof["steps"])
-            ddp = measure("best, DDP in 1 process", {**best, "distributed": "ddp"}, prof["steps"])
-            if "failed" not in plain and "failed" not in ddp:
-                ddp["note"] = f"DDP overhead {100 * (ddp['step_ms'] / plain['step_ms'] - 1):+.1f}%"
-            muon = measure("best, Muon optimizer", {**best, "optimizer": "muon"}, prof["steps"])
-            if "failed" not in plain and "failed" not in muon:
-                muon["note"] = f"step time vs AdamW {100 * (muon['step_ms'] / plain['step_ms'] - 1):+.1f}%"
-            report.save()
-        if "long" in parts:
-            batch = best.get("micro_batch_size", prof["micro_batch"]) * prof["seq"]
-            accum = max(1, round(GPT2_BATCH_TOKENS / batch)) if not smoke else 2
-            steps = prof["long_steps"]
-            long = measure(f"{steps} steps, GPT-2 batch, evals and checkpoints",
-                           {**best, "grad_accum_steps": accum, "eval_interval": steps // 2,
-                            "eval_windows": prof["eval_windows"], "checkpoint_interval": steps // 2,
-                            "save_checkpoint": True, "timing_warmup_steps": prof["warmup"]}, steps)
-            if "failed" not in long and long.get("tokens_per_s_steady"):
-                long["note"] = (f"steady-state wall clock {100 * long['tokens_per_s_steady'] / long['tokens_per_s']:.1f}%"
-                                " of the step median")
-            report.save()
-        if "fit" in parts:
-            batch_tokens = GPT2_BATCH_TOKENS if not smoke else 16 * prof["seq"]
-            fitted = {**best, "micro_batch_size": "auto", "batch_tokens": batch_tokens, "grad_accum_steps": 1}
-            auto = measure("best, micro-batch auto (GPT-2 batch)", fitted, prof["steps"])
-            if "failed" not in auto:
-                sequences = batch_tokens // prof["seq"]
-                up = next((d for d in range(auto["micro_batch"] + 1, sequences + 1) if sequences % d == 0), None)
-                if up is not None:
-                    over = measure("auto's next micro-batch up", {**fitted, "micro_batch_size": up}, prof["steps"])
-                    over["note"] = ("out of memory, as the model said" if "out of memory" in over.get("failed", "")
-                                    else "failed otherwise" if "failed" in over else "fits: the model is cautious here")
-            fsdp = measure("best, FSDP in 1 process", {**best, "distributed": "fsdp"}, prof["steps"])
-            plain = report.row("best, plain (for DDP)")
-            if plain is not None and "failed" not in plain and "failed" not in fsdp:
-                fsdp["note"] = f"FSDP overhead {100 * (fsdp['step_ms'] / plain['step_ms'] - 1):+.1f}% (one process)"
-            report.save()
-        if "profile" in parts and "profile" not in report.data:
-            limit = time_for("compiled" if prof["compile"] else "plain")
-            profiled = profile_best(train_params(prof, best, prof["steps"]), token_dir, report, limit.seconds)
-            limit.check(profiled.get("failed", ""))
-            report.data["profile"] = profiled
-            report.save()
-        if "tests" in parts and "tests" not in report.data:
-            run_tests(report, time_for("plain").seconds)
+    print(table(report.data["rows"], report.data["machines"]))
 
 
 if __name__ == "__main__":

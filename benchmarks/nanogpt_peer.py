@@ -30,7 +30,9 @@ from typing import Any
 
 import click
 
-from gpt2.train.reports import iqr
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, run as copied (no install)
+
+from gpt2.train.reports import iqr  # noqa: E402
 
 ITER_LINE = re.compile(r"^iter (\d+): loss [-+\d.naif]+, time ([\d.]+)ms")
 

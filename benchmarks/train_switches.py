@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -83,6 +84,14 @@ def synthetic_tokens(folder: Path, n_tokens: int = 2_000_000) -> Path:
     return folder
 
 
+def last_error(stderr: str) -> str:
+    """The line that names what went wrong: the last exception line (``SomeError: …``), not the hints that
+    libraries print after it (Dynamo's "Set TORCHDYNAMO_VERBOSE=1 …"); else the last line."""
+    lines = stderr.strip().splitlines() or ["no output"]
+    named = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Interrupt)\b:?", line.strip())]
+    return (named or lines)[-1].strip()[:300]
+
+
 def run_child(params: dict, tokens: str, out: str, timeout_s: float | None = None) -> tuple[dict | None, str, str]:
     """(the run's summary or None, why it failed, its stderr) of one training in a fresh process."""
     spec = json.dumps({"params": params, "tokens": tokens, "out": out})
@@ -95,7 +104,7 @@ def run_child(params: dict, tokens: str, out: str, timeout_s: float | None = Non
         return None, f"timed out after {timeout_s:g} s", stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     if result.returncode != 0 or not lines:
-        return None, (result.stderr.strip().splitlines() or ["no output"])[-1][:300], result.stderr
+        return None, last_error(result.stderr), result.stderr
     return json.loads(lines[-1][len("RESULT "):]), "", result.stderr
 
 

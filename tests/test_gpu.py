@@ -112,3 +112,18 @@ def test_fsdp_on_one_gpu_writes_a_plain_checkpoint(tmp_path, tokens):
                             tmp_path / "r")
     assert metrics["runtime"]["distributed"] == "fsdp" and metrics["runtime"]["device"] == "cuda:0"
     assert all(not t.is_cuda for t in checkpoint.load(tmp_path / "c.pt")["model"].values())
+
+
+def test_fp8_and_the_liger_loss_train_compiled_close_to_bf16(tmp_path, tokens):
+    """The two optional levers on CUDA, compiled: FP8 matmuls (torchao; compute capability 8.9+) and Liger's
+    fused linear + cross-entropy; each run's val loss follows bf16's with the chunked loss."""
+    pytest.importorskip("torchao")
+    pytest.importorskip("liger_kernel")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9+")
+    base = dict(device="cuda", dtype="bf16", compile=True, max_steps=6, model={"n_embd": 64})
+    runs = {name: trainer.train(micro_params(**base, **change), tokens, tmp_path / name / "c.pt", tmp_path / name)
+            for name, change in {"bf16": {}, "fp8": {"fp8": "rowwise"}, "liger": {"loss_kernel": "liger"}}.items()}
+    assert runs["fp8"]["runtime"]["fp8"].startswith("rowwise") and runs["liger"]["runtime"]["loss_kernel"] == "liger"
+    for name in ("fp8", "liger"):
+        assert runs[name]["val"]["loss"] == pytest.approx(runs["bf16"]["val"]["loss"], rel=0.02), name

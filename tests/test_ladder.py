@@ -27,7 +27,7 @@ def test_the_projects_ladder_is_the_documented_one():
     names = [r.name for r in spec.rungs]
     assert names == ["baseline", "ram preload", "vectorized batching", "keep host memory", "tf32", "amp", "compile",
                      "flash attention", "padded vocab", "fused adamw", "cudnn attention", "bf16 residual",
-                     "max-autotune", "cuda graphs", "grad accumulation", "muon"]
+                     "liger loss", "fp8", "max-autotune", "cuda graphs", "grad accumulation", "muon"]
     assert all(len(r.changes) == 1 for r in spec.rungs[1:])  # one switch per rung
     assert set(spec.profiles) == {"cpu", "cuda"} and spec.profiles["cuda"].model == {"size": "gpt2"}
 
@@ -69,6 +69,7 @@ def test_the_default_ladder_builds_every_rung_that_runs_on_a_cpu(tmp_path):
         params = build(Params, {**section, "train": {**section["train"], "mlflow": False}}, "")
         what_runs(build_run(params, tokens))  # with the SDPA kernel check that refused cudnn on a CPU
         assert section["train"]["sdpa_backend"] == "auto" and section["train"]["residual_stream"] == "fp32", rung.name
+        assert section["train"]["fp8"] == "none" and section["train"]["loss_kernel"] == "torch", rung.name
         ran.append(rung.name)
     assert ran[-3:] == ["max-autotune", "grad accumulation", "muon"]
 
@@ -170,7 +171,8 @@ def test_rungs_a_device_cannot_show_are_known_before_running_and_not_run(tmp_pat
     assert cpu["tf32"] == "TF32 is a CUDA (Ampere+) matmul mode" and cpu["amp"].startswith("AMP's dtype auto is fp32")
     assert cpu["cudnn attention"] == "cudnn attention is a CUDA kernel" and cpu["cuda graphs"] == (
         "CUDA graphs exist on CUDA only") and cpu["bf16 residual"].startswith("the residual stream is bf16 only")
-    unshown = {"tf32", "amp", "cudnn attention", "bf16 residual", "cuda graphs"}
+    assert cpu["fp8"].startswith("FP8 tensor cores are CUDA's") and cpu["liger loss"].endswith("CUDA only")
+    unshown = {"tf32", "amp", "cudnn attention", "bf16 residual", "liger loss", "fp8", "cuda graphs"}
     assert {n for n, why in cpu.items() if why} == unshown or not ladder.spec._cxx_compiler()
     assert not any(ladder.resolve(spec, PARAMS, "cuda").cannot_show)
     p = ladder.resolve(spec, PARAMS, "cpu")
@@ -201,7 +203,7 @@ def test_only_ladder_experiments_with_the_same_params_are_reused(tmp_path):
     other_name = fake_run(p, 3, 10.0, cpu, "my-experiment")
     other_steps = fake_run(ladder.resolve(spec, PARAMS, "cpu", steps=5), 3, 10.0, cpu, "ladder-03-keep-host-memory-2")
     found = ladder.measured(p, [same, other_name, other_steps])
-    assert [[e.name for e in runs] for runs in found] == [[], [], [], ["ladder-03-keep-host-memory-1"]] + [[]] * 12
+    assert [[e.name for e in runs] for runs in found] == [[], [], [], ["ladder-03-keep-host-memory-1"]] + [[]] * 14
 
 
 # --------------------------------------------------------------------------- end to end

@@ -111,6 +111,16 @@ class TrainConfig:
     residual_stream: Literal["fp32", "bf16"] = param(
         "fp32", "the residual stream's dtype under bf16 autocast: fp32 | bf16 (half the bytes of every residual add "
                 "and saved block input; the sum rounds to bf16 at every block)")
+    fp8: Literal["none", "tensorwise", "rowwise"] = param(
+        "none", "FP8 matmuls in the blocks' linear layers (torchao's float8 training): none | tensorwise | rowwise "
+               "scaling. Inputs and weights round to e4m3, gradients to e5m2, each scaled to its largest value; "
+               "sums in fp32; weights and optimizer unchanged. CUDA compute capability 8.9+; a CPU emulates it",
+        note="needs torchao (pip install torchao)")
+    loss_kernel: Literal["torch", "liger"] = param(
+        "torch", "the training loss: torch (plain or chunked, train.loss_chunk) | liger (Liger-Kernel's fused linear "
+                 "+ cross-entropy in Triton, never all logits at once: the same loss, summed in another order; CUDA "
+                 "only; evaluation keeps torch's)",
+        note="liger needs liger-kernel (pip install liger-kernel)")
     loss_chunk: int | Literal["auto"] = param(
         "auto", "training loss in chunks of this many positions, never all logits at once; auto: 8192 on a GPU, on "
                 "a CPU 32 MB of logits (128 positions)", ge=0,

@@ -131,6 +131,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.loss_chunk = loss_chunk
         self.residual_dtype = residual_dtype
+        self.fused_loss = None  # train.loss_kernel liger: model/loss.py's liger_loss, for training only
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),
             wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
@@ -188,6 +189,10 @@ class GPT(nn.Module):
         if cache is not None:
             cache.length += T
         x = self.transformer.ln_f(x)
+        if targets is not None and self.fused_loss is not None and not per_window and torch.is_grad_enabled():
+            # the real vocabulary's rows only: the padding rows then take no probability, as the mask does
+            loss = self.fused_loss(self.lm_head.weight[:self.cfg.vocab_size], x.reshape(B * T, -1), targets.reshape(-1))
+            return None, loss
         if targets is not None and self.loss_chunk:  # training: the loss without the logits (model/loss.py)
             loss = linear_cross_entropy(x.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1),
                                         self.cfg.vocab_size, self.loss_chunk, per_row=per_window)

@@ -140,3 +140,23 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     losses = torch.cat([-log_probs(hidden[lo:lo + chunk], weight, vocab_size, acc, buffer)
                         .gather(1, targets[lo:lo + chunk, None]).squeeze(1) for lo in range(0, hidden.shape[0], chunk)])
     return losses if per_row else losses.mean()
+
+
+def liger_loss(device: torch.device):
+    """Liger-Kernel's fused linear + cross-entropy (``train.loss_kernel: liger``), called as ``loss(weight,
+    hidden, targets)``: Triton kernels that compute each chunk's logits, their softmax and its gradients in
+    place, as ``LinearCrossEntropy`` does with torch's kernels. CUDA only."""
+    from gpt2.core.errors import UserError
+
+    if device.type != "cuda":
+        raise UserError(f"train.loss_kernel liger runs Triton kernels on CUDA only, and this run is on {device.type}; "
+                        "set train.loss_kernel: torch (the chunked loss)")
+    try:
+        from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+    except ImportError:
+        raise UserError("train.loss_kernel liger needs liger-kernel, which is not installed here: pip install "
+                        "liger-kernel (or set train.loss_kernel: torch)") from None
+    # Dynamo cannot trace its addmm(out_dtype=...) on torch 2.11 (a fake-tensor TypeError, seen on an H100): under
+    # torch.compile it runs as it is, between two graphs
+    return torch.compiler.disable(LigerFusedLinearCrossEntropyLoss())
+

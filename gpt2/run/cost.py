@@ -28,4 +28,4 @@ def price_per_hour(given: float | None, device_type: str, device_name: str) -> t
 def cost_figures(wall_s: float, devices: int, price: float | None) -> dict[str, float | None]:
     """``device_hours`` and ``usd`` (None without a price)."""
     hours = wall_s * devices / 3600
-    return {"device_hours": round(hours, 6), "usd": round(hours * price, 6) if price is not None else None}
+    return {"device_hours": round(hours, 9), "usd": round(hours * price, 6) if price is not None else None}

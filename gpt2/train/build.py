@@ -20,7 +20,8 @@ from gpt2.core.errors import UserError
 from gpt2.core.sizes import SIZES, sequence_length
 from gpt2.core.tokens import read_meta
 from gpt2.model.gpt import GPT, GPTConfig, gpt_config
-from gpt2.model.loss import chunk_rows
+from gpt2.model import fp8
+from gpt2.model.loss import chunk_rows, liger_loss
 from gpt2.run.compiled import CompileWatch
 from gpt2.run.device import Runtime, resolve, sdpa_backend
 from gpt2.run.flops import Throughput, dtype_peak_flops, flops_per_token, yardstick_flops
@@ -62,6 +63,7 @@ class Setup:
     tokens_dir: Path
     compile_watch: CompileWatch  # graph breaks and recompilations of this run
     init: dict[str, str] = field(default_factory=dict)  # where the weights came from (train.init_from)
+    fp8_layers: list[str] = field(default_factory=list)  # the linear layers whose matmuls run in FP8 (train.fp8)
 
     @property
     def data_identity(self) -> dict[str, Any]:
@@ -103,6 +105,9 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     if dist_info.sharded:
         sharded.shard(model, runtime.device, torch.bfloat16 if runtime.dtype == "bf16" else None)
     model = model.to(runtime.device)  # under FSDP: the unsharded buffer (the logit mask)
+    fp8_layers = fp8.convert(model, cfg.fp8, runtime.device)
+    if cfg.loss_kernel == "liger":
+        model.fused_loss = liger_loss(runtime.device)
     if dist_info.world > 1:
         torch.manual_seed(cfg.seed + dist_info.rank)  # each rank its own dropout masks
     optimizers = build_optimizers(model, cfg)
@@ -140,7 +145,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
             dist_info.world, peaks["peak_flops"], peaks["dtype_peak_flops"]),
         mfu_against=peaks["mfu_against"], meta=meta,
         tokens_dir=Path(tokens_dir),
-        compile_watch=CompileWatch(cfg.compile), init=init,
+        compile_watch=CompileWatch(cfg.compile), init=init, fp8_layers=fp8_layers,
     )
 
 
@@ -244,6 +249,7 @@ def what_runs(s: Setup) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "deterministic": cfg.deterministic, "world_size": s.dist.world,
         "micro_batch_size": s.batch.micro, "grad_accum_steps": s.batch.accum, "loss_chunk": s.model.loss_chunk,
+        "loss_kernel": cfg.loss_kernel, "fp8": f"{cfg.fp8} ({len(s.fp8_layers)} layers)" if s.fp8_layers else "none",
         **({"distributed": s.params.train.distributed} if s.dist.grouped else {}),
         "params": s.model.num_params(), "torch": str(torch.__version__), **s.init,
         **({"muon_ns_dtype": "fp32" if isinstance(s.optimizers[0], FP32Muon) else "bf16"}
@@ -255,6 +261,7 @@ def run_name(s: Setup) -> str:
     """What a run outside ``dvc exp`` is called in MLflow: what it trained, how, and when."""
     cfg = s.params.train
     switches = [s.runtime.dtype, s.model_cfg.attention] + ["compile"] * cfg.compile
+    switches += [f"fp8 {cfg.fp8}"] * bool(s.fp8_layers) + ["liger loss"] * (cfg.loss_kernel == "liger")
     if s.dist.world > 1:
         switches.append(f"{cfg.distributed}×{s.dist.world}")
     length = f"{s.total_steps} steps" if s.total_steps else f"{cfg.time_budget_s:g} s"
@@ -273,6 +280,9 @@ def inert_switch_warnings(s: Setup) -> list[str]:
         warnings.append(f"train.min_lr {cfg.min_lr} is inert: train.lr_schedule is constant (no decay)")
     if cfg.residual_stream == "bf16" and s.runtime.dtype != "bf16":
         warnings.append(f"train.residual_stream bf16 is inert: the run computes in {s.runtime.dtype}, not bf16")
+    if s.fp8_layers and device != "cuda":
+        warnings.append(f"train.fp8 {cfg.fp8} is emulated on {device}: FP8's numerics at a loss of speed (FP8 tensor "
+                        "cores are CUDA's)")
     if not cfg.compile and cfg.compile_mode != "default":
         warnings.append(f"train.compile_mode {cfg.compile_mode} is inert: train.compile is false")
     if cfg.compile and device != "cuda" and cfg.compile_mode in ("reduce-overhead",):

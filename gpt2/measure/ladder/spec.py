@@ -194,6 +194,10 @@ def cannot_show(rung: Rung, before: dict[str, Any], after: dict[str, Any], devic
         elif key == "residual_stream" and (device != "cuda" and _dtype_on_cpu(after["dtype"]) != "bf16"
                                            or after["dtype"] == "fp32"):
             reasons.append("the residual stream is bf16 only under bf16 autocast, and this run computes in fp32")
+        elif key == "fp8" and device != "cuda":
+            reasons.append("FP8 tensor cores are CUDA's (a CPU emulates FP8: its numerics, slower)")
+        elif key == "loss_kernel" and device != "cuda":
+            reasons.append("Liger's fused loss is Triton kernels, CUDA only")
         elif key == "compile_mode" and not after["compile"]:
             reasons.append("train.compile is off")
         elif (key == "compile_mode" and device != "cuda"

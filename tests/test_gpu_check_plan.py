@@ -1,0 +1,152 @@
+"""benchmarks/gpu_check.py's plan on a GPU, with fake children and a fake clock: what runs first, what a job leaves
+to the next, a timed-out row measured again, rows of different cards flagged."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks")]
+
+import gpu_check  # noqa: E402
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def metrics(tokens_per_s: float) -> dict:
+    return {"perf": {"step_ms": 1e3 / tokens_per_s, "tokens_per_s": tokens_per_s, "mfu": 0.4},
+            "mem": {"peak_gb": 20.0}, "runtime": {}}
+
+
+def fake_children(monkeypatch, clock: Clock, cost_s: dict[str, float], calls: list) -> None:
+    """Each child costs ``cost_s[kind]`` seconds of the fake clock; past its limit it is a timeout."""
+    def run_child(params, tokens, out, timeout_s):
+        train = params["train"]
+        kind = ("autotune" if str(train.get("compile_mode", "")).startswith("max-autotune")
+                else "compiled" if train.get("compile", True) else "plain")
+        calls.append((train, timeout_s))
+        cost = cost_s[kind]
+        if timeout_s is not None and cost > timeout_s:
+            clock.now += timeout_s
+            return None, f"timed out after {timeout_s:g} s", ""
+        clock.now += cost
+        return metrics(1000.0 + len(calls)), "", ""
+
+    monkeypatch.setattr(gpu_check, "run_child", run_child)
+
+
+def new_check(tmp_path, budget_s, clock, machine="card-1", rows=()) -> gpu_check.Check:
+    report = gpu_check.Report(tmp_path / "check.json", {"device": "H100", "torch": "2.11", "smoke": False,
+                                                        "date": "d"})
+    report.data["rows"] = [dict(r) for r in rows]
+    prof = {**gpu_check.profile(False), "memory_gb": 80.0}
+    return gpu_check.Check(report, prof, True, False, "tokens", str(tmp_path), gpu_check.Budget(budget_s, 300.0, clock),
+                           machine)
+
+
+def test_a_row_that_does_not_fit_is_left_to_the_next_job_and_cheaper_rows_still_run(tmp_path, monkeypatch):
+    clock, calls = Clock(), []
+    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
+    check = new_check(tmp_path, 450.0, clock)
+    left = check.run(("best", "levers", "ladder"), None, 1)
+    names = [r["name"] for r in check.report.data["rows"]]
+    assert names[:3] == ["all switches", "all switches + Liger fused loss", "all switches + FP8 matmuls (tensorwise)"]
+    # max-autotune (300 s until measured) does not fit the 150 s left: left, and the ladder's first rungs run instead
+    assert "all switches + max-autotune" in left and "all switches + max-autotune" not in names
+    assert names[3:] == ["fp32", "+ tf32", "+ bf16 autocast"]  # 60 s left: no compiled rung (100 s here)
+    assert left[-1] == "the ladder from '+ torch.compile'"  # a rung left leaves the rungs below it
+    rows = check.report.data["rows"]
+    assert all(r["machine"] == "card-1" and r["seconds"] > 0 for r in rows)
+    assert rows[0]["kind"] == "compiled" and rows[3]["kind"] == "plain"
+    assert check.expected_s("compiled") == 100.0  # what this card measured, not the cold default (150)
+
+
+def test_a_timed_out_row_is_measured_again_with_twice_the_time_in_its_place(tmp_path, monkeypatch):
+    clock, calls = Clock(), []
+    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 400.0, "autotune": 400.0}, calls)
+    check = new_check(tmp_path, None, clock)
+    check.run(("best",), None, 1)
+    first = check.report.row("all switches")
+    assert first["failed"] == "timed out after 300 s" and first["timeout_s"] == 300.0 and calls[-1][1] == 300.0
+    check.report.data["rows"].insert(0, {"name": "fp32", "step_ms": 1.0, "tokens_per_s": 1.0})
+    check.run(("best",), None, 1)  # the next job: the same row, with 600 s
+    assert calls[-1][1] == 600.0
+    assert [r["name"] for r in check.report.data["rows"]] == ["fp32", "all switches"]
+    assert "failed" not in check.report.row("all switches")
+
+
+def test_a_row_of_the_same_configuration_on_the_same_card_is_reused_not_run_again(tmp_path, monkeypatch):
+    clock, calls = Clock(), []
+    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
+    check = new_check(tmp_path, None, clock)
+    check.run(("best", "ladder"), None, 1)
+    rows = {r["name"]: r for r in check.report.data["rows"]}
+    assert rows["+ bf16 residual stream"]["note"] == "the run of 'all switches' (the same configuration)"
+    assert rows["+ bf16 residual stream"]["tokens_per_s"] == rows["all switches"]["tokens_per_s"]
+    other = new_check(tmp_path, None, clock, machine="card-2", rows=check.report.data["rows"])
+    before = len(calls)
+    other.measure("again", rows["all switches"]["train"] | {"attention": "flash", "pad_vocab": True})
+    assert len(calls) == before + 1  # another card measures it itself
+
+
+def test_a_nanogpt_pair_is_measured_whole_on_one_card(tmp_path, monkeypatch):
+    clock, calls = Clock(), []
+    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
+    theirs = []
+    monkeypatch.setattr(gpu_check.nanogpt_peer, "run", lambda folder, args, timeout_s: (
+        theirs.append(timeout_s) or clock.__setattr__("now", clock.now + 100.0) or [30.0] * 20, {"peak_gb": 9.0},
+        "", ""))
+    ours_elsewhere = {"name": "nanoGPT's settings on our code (run 1)", "tokens_per_s": 5.0, "step_ms": 1.0,
+                      "machine": "card-0"}
+    check = new_check(tmp_path, 350.0, clock, rows=[ours_elsewhere])
+    left = check.run(("nanogpt",), tmp_path, 2)
+    rows = {r["name"]: r for r in check.report.data["rows"]}
+    assert rows["nanoGPT's settings on our code (run 1)"]["machine"] == "card-1"  # measured again, beside theirs
+    assert rows["nanoGPT's own train.py (run 1)"]["machine"] == "card-1" and len(theirs) == 1
+    assert left == ["nanoGPT pair 2"] and "nanoGPT's own train.py (run 2)" not in rows  # 150 s left: not half a pair
+    assert "ours ÷ nanoGPT" in rows["nanoGPT's own train.py (run 1)"]["note"]
+
+
+def test_rows_of_different_cards_are_flagged_with_each_cards_probe():
+    rows = [{"name": n, "step_ms": 1.0, "tokens_per_s": 1.0, "micro_batch": 1, "accum": 1, "machine": m}
+            for n, m in (("a", "uuid-1"), ("b", "uuid-2"))]
+    machines = {"uuid-1": {"bf16_gemm_tflops": 675.4, "copy_tb_s": 3.0}, "uuid-2": {"bf16_gemm_tflops": 690.0,
+                                                                                  "copy_tb_s": 3.01}}
+    text = gpu_check.table(rows, machines)
+    assert "| card |" in text and text.count(" A |") == 1 and text.count(" B |") == 1
+    assert "A: uuid-1 (675.4 TFLOP/s bf16 GEMM, 3 TB/s copy); B: uuid-2" in text
+    assert gpu_check.apart(*rows) == " (rows from different cards: see the probes)"
+    assert gpu_check.apart(rows[0], rows[0]) == "" and "| card |" not in gpu_check.table(rows[:1], machines)
+
+
+RUN_UNINSTALLED = """
+import runpy, sys
+sys.meta_path = [f for f in sys.meta_path if "Editable" not in type(f).__name__ and "editable" not in str(f)]
+sys.path = [p for p in sys.path if p not in ("", ".")]
+try:
+    import gpt2
+except ImportError:
+    pass
+else:
+    raise SystemExit(f"gpt2 is importable here: {gpt2.__file__}")
+sys.argv = [sys.argv[1], "--help"]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("script", ["nanogpt_peer.py", "gpu_check.py"])
+def test_the_gpu_box_scripts_run_as_copied_without_installing_the_project(script, tmp_path):
+    result = subprocess.run([sys.executable, "-c", RUN_UNINSTALLED, str(ROOT / "benchmarks" / script)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Usage:" in result.stdout
