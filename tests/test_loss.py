@@ -158,3 +158,41 @@ def test_auto_chunks_fit_a_cpu_cache_and_stay_large_on_a_gpu():
     assert chunk_rows("auto", "cpu", 50304) == 128  # 128 x 50,304 fp32 logits: 25.8 MB, within 32 MB
     assert chunk_rows("auto", "cpu", 1000) == 8192 and chunk_rows("auto", "cpu", 10**9) == 1
     assert chunk_rows("auto", "cuda", 50304) == 8192 and chunk_rows(0, "cpu", 50304) == 0
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_onednn_logits_matmul_gives_the_blas_loss_and_gradients(masked):
+    """train.cpu_gemm onednn: the logits from oneDNN's kernel, training and evaluation alike, to fp32's precision."""
+    torch.manual_seed(0)
+    n, c, v = 50, 16, 70
+    hidden = torch.randn(n, c, requires_grad=True)
+    weight = torch.randn(v, c, requires_grad=True)
+    targets = torch.randint(0, 64, (n,))
+    figures = {}
+    for gemm in ("blas", "onednn"):
+        hidden.grad = weight.grad = None
+        loss = linear_cross_entropy(hidden, weight, targets, 64 if masked else None, 16, gemm=gemm)
+        loss.backward()
+        with torch.no_grad():
+            rows = linear_cross_entropy(hidden, weight, targets, 64 if masked else None, 16, per_row=True, gemm=gemm)
+        figures[gemm] = loss.item(), hidden.grad.clone(), weight.grad.clone(), rows
+    (blas, *b), (onednn, *o) = figures["blas"], figures["onednn"]
+    assert onednn == pytest.approx(blas, rel=1e-6)
+    for got, expected in zip(o, b):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_gemm_auto_is_onednn_on_amd_only_and_a_missing_onednn_is_refused(monkeypatch):
+    from gpt2.core.errors import UserError
+    from gpt2.model import loss
+
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: True)
+    for vendor, expected in (("AuthenticAMD", "onednn"), ("GenuineIntel", "blas"), ("", "blas")):
+        monkeypatch.setattr(loss, "cpu_vendor", lambda vendor=vendor: vendor)
+        assert loss.cpu_gemm("auto", "cpu") == expected, vendor
+    assert loss.cpu_gemm("blas", "cpu") == "blas" and loss.cpu_gemm("onednn", "cuda") == "blas"
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert loss.cpu_gemm("auto", "cpu") == "blas"
+    with pytest.raises(UserError, match="cpu_gemm onednn: this PyTorch build has no oneDNN"):
+        loss.cpu_gemm("onednn", "cpu")

@@ -59,17 +59,17 @@ def chunk_rows(setting: int | str, device_type: str, vocab_size: int) -> int:
 class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                vocab_size: int | None, chunk: int) -> torch.Tensor:
+                vocab_size: int | None, chunk: int, gemm: str = "blas") -> torch.Tensor:
         compute, acc = precision(hidden)
         x, w = hidden.to(compute), weight.to(compute)
         n = x.shape[0]
         total = torch.zeros((), device=hidden.device, dtype=acc)
         grad_hidden = torch.empty(x.shape, device=hidden.device, dtype=acc)
         grad_weight = None
-        buffer = logits_buffer(x, w, chunk, compute, acc)
+        buffer = logits_buffer(x, w, chunk, compute, acc) if gemm == "blas" or compute != torch.float32 else None
         for lo in range(0, n, chunk):
             rows, labels = x[lo:lo + chunk], targets[lo:lo + chunk]
-            logp = log_probs(rows, w, vocab_size, acc, buffer)
+            logp = log_probs(rows, w, vocab_size, acc, buffer, gemm)
             picked = logp.gather(1, labels[:, None]).squeeze(1)
             total -= picked.sum()
             # d(loss sum)/d(logits) = softmax - one-hot: the softmax cast once to the matmul dtype, then the
@@ -94,7 +94,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         hidden_dtype, weight_dtype, n = ctx.meta
         scale = grad_loss / n  # the mean's 1/N in fp32 after the matmuls, so fp16 does not underflow it
-        return (grad_hidden * scale).to(hidden_dtype), (grad_weight * scale).to(weight_dtype), None, None, None
+        return (grad_hidden * scale).to(hidden_dtype), (grad_weight * scale).to(weight_dtype), None, None, None, None
 
 
 def logits_buffer(x: torch.Tensor, weight: torch.Tensor, chunk: int, compute: torch.dtype,
@@ -110,10 +110,14 @@ def logits_buffer(x: torch.Tensor, weight: torch.Tensor, chunk: int, compute: to
 
 
 def log_probs(rows: torch.Tensor, weight: torch.Tensor, vocab_size: int | None, acc: torch.dtype,
-              buffer: torch.Tensor | None = None) -> torch.Tensor:
+              buffer: torch.Tensor | None = None, gemm: str = "blas") -> torch.Tensor:
     """Log-softmax of ``rows @ weight.T`` in ``acc``, with the padded columns (from ``vocab_size`` on) at -inf;
-    written into ``buffer`` (``logits_buffer``) where there is one."""
-    if buffer is not None:
+    written into ``buffer`` (``logits_buffer``) where there is one. ``gemm``: the matmul's library on a CPU
+    (``cpu_gemm``)."""
+    if gemm == "onednn" and rows.dtype == torch.float32 and not torch.compiler.is_compiling():
+        # oneDNN's fp32 kernel (every CPU has one); a compiled graph keeps Inductor's own choice of matmul
+        logits = torch.ops.mkldnn._linear_pointwise(rows, weight, None, "none", [], "")
+    elif buffer is not None:
         logits = torch.mm(rows, weight.t(), out=buffer[:len(rows)])
     else:
         logits = (rows @ weight.t()).to(acc)
@@ -123,23 +127,53 @@ def log_probs(rows: torch.Tensor, weight: torch.Tensor, vocab_size: int | None, 
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         vocab_size: int | None = None, chunk: int = 8192, per_row: bool = False) -> torch.Tensor:
+                         vocab_size: int | None = None, chunk: int = 8192, per_row: bool = False,
+                         gemm: str = "blas") -> torch.Tensor:
     """Mean cross-entropy of ``hidden @ weight.T`` against ``targets``, never holding all the logits.
 
     ``hidden``: (N, C), ``weight``: (V, C), ``targets``: (N,) ids. Columns from ``vocab_size`` on are
     padding (GPT-2's 50,257 tokens padded to 50,304 rows): they get no probability. Without gradients
     (evaluation) only the loss is computed, chunk by chunk; ``per_row`` returns each row's loss,
-    shape (N,), instead of their mean (evaluation only).
+    shape (N,), instead of their mean (evaluation only). ``gemm``: ``cpu_gemm``'s choice for the logits'
+    matmul (``blas`` off a CPU).
     """
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         if per_row:
             raise ValueError("per_row losses are for evaluation: call under torch.no_grad()")
-        return LinearCrossEntropy.apply(hidden, weight, targets, vocab_size, chunk)
+        return LinearCrossEntropy.apply(hidden, weight, targets, vocab_size, chunk, gemm)
     compute, acc = precision(hidden)
-    buffer = logits_buffer(hidden, weight, chunk, compute, acc)
-    losses = torch.cat([-log_probs(hidden[lo:lo + chunk], weight, vocab_size, acc, buffer)
+    buffer = logits_buffer(hidden, weight, chunk, compute, acc) if gemm == "blas" or compute != torch.float32 else None
+    losses = torch.cat([-log_probs(hidden[lo:lo + chunk], weight, vocab_size, acc, buffer, gemm)
                         .gather(1, targets[lo:lo + chunk, None]).squeeze(1) for lo in range(0, hidden.shape[0], chunk)])
     return losses if per_row else losses.mean()
+
+
+def cpu_gemm(setting: str, device_type: str) -> str:
+    """The library for the LM head's logits matmul (``train.cpu_gemm``), the loss's largest: ``blas`` (PyTorch's
+    BLAS: MKL on x86) or ``onednn`` (oneDNN's kernels, JIT-compiled for the CPU it runs on). MKL runs this
+    matmul's shape (a few hundred rows against 50,304) at half its speed on an AMD CPU, where oneDNN runs it
+    1.5 times faster (docs/benchmarks.md); on an Intel CPU both are alike. ``auto``: oneDNN on an AMD CPU, BLAS
+    elsewhere; off a CPU always the device's own. Only fp32 matmuls take oneDNN (under bf16 autocast a CPU
+    without native bf16 has no oneDNN kernel for them)."""
+    from gpt2.core.errors import UserError
+
+    if device_type != "cpu":
+        return "blas"
+    available = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    if setting == "onednn" and not available:
+        raise UserError("train.cpu_gemm onednn: this PyTorch build has no oneDNN; set train.cpu_gemm: auto or blas")
+    if setting == "auto":
+        return "onednn" if available and cpu_vendor() == "AuthenticAMD" else "blas"
+    return setting
+
+
+def cpu_vendor() -> str:
+    """The x86 vendor string (``GenuineIntel``, ``AuthenticAMD``) where /proc/cpuinfo says it, else ''."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
 
 
 def liger_loss(device: torch.device):

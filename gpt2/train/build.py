@@ -21,7 +21,7 @@ from gpt2.core.sizes import SIZES, sequence_length
 from gpt2.core.tokens import read_meta
 from gpt2.model.gpt import GPT, GPTConfig, gpt_config
 from gpt2.model import fp8
-from gpt2.model.loss import chunk_rows, liger_loss
+from gpt2.model.loss import chunk_rows, cpu_gemm, liger_loss
 from gpt2.run.compiled import CompileWatch
 from gpt2.run.device import Runtime, resolve, sdpa_backend
 from gpt2.run.flops import Throughput, dtype_peak_flops, flops_per_token, yardstick_flops
@@ -105,6 +105,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     if dist_info.sharded:
         sharded.shard(model, runtime.device, torch.bfloat16 if runtime.dtype == "bf16" else None)
     model = model.to(runtime.device)  # under FSDP: the unsharded buffer (the logit mask)
+    model.logits_gemm = cpu_gemm(cfg.cpu_gemm, runtime.device.type)
     fp8_layers = fp8.convert(model, cfg.fp8, runtime.device)
     if cfg.loss_kernel == "liger":
         model.fused_loss = liger_loss(runtime.device)
@@ -249,7 +250,7 @@ def what_runs(s: Setup) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "deterministic": cfg.deterministic, "world_size": s.dist.world,
         "micro_batch_size": s.batch.micro, "grad_accum_steps": s.batch.accum, "loss_chunk": s.model.loss_chunk,
-        "loss_kernel": cfg.loss_kernel, "fp8": f"{cfg.fp8} ({len(s.fp8_layers)} layers)" if s.fp8_layers else "none",
+        "loss_kernel": cfg.loss_kernel, "cpu_gemm": s.model.logits_gemm, "fp8": f"{cfg.fp8} ({len(s.fp8_layers)} layers)" if s.fp8_layers else "none",
         **({"distributed": s.params.train.distributed} if s.dist.grouped else {}),
         "params": s.model.num_params(), "torch": str(torch.__version__), **s.init,
         **({"muon_ns_dtype": "fp32" if isinstance(s.optimizers[0], FP32Muon) else "bf16"}
