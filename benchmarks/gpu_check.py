@@ -10,36 +10,41 @@ for step times) and no final evaluation (``train.final_eval: false``: it would c
 row has ms/step, tokens/s (the median step's), the steady state (the timed steps over their wall
 time) and the whole run (process start and compilation included), MFU against the card's dense bf16
 peak (the yardstick the peers use; fp32 and tf32 rows also against their own), peak memory, and the
-run's graph breaks and recompilations (a row with any says so). The parts:
+run's graph breaks and recompilations (a row with any says so). The parts, in the order they run:
 
-- ``tests``: ``pytest tests/test_gpu.py``;
-- ``ladder``: GPT-2 124M at T=1024 (smoke: no TF32, compile or cuDNN rows), each rung on top of the last: fp32 → tf32 → bf16 → compile →
-  flash attention → padded vocab → fused AdamW → the largest micro-batch ``gpt2 plan`` says fits, up
-  to 64 → cuDNN attention; peak memory against the plan's estimate. 64 × 1024 positions already fill
-  an H100's matmuls (llm.c's H100 setting), and each further 8 sequences add one unrolled loss chunk
-  to the compiled graph: more compile time, no more throughput to expect;
+- ``tests``: the compiled CUDA test of ``tests/test_gpu.py`` first (a CUDA-only compile failure is
+  known in the first minute), the rest of the file last;
+- ``best``: every switch of the ladder at once, at the largest micro-batch (the headline row);
 - ``nanogpt``: our code at nanoGPT's settings (micro-batch 12, T=1024, bf16, compile); with
   ``--nanogpt DIR`` (a checkout of karpathy/nanoGPT), alternating with nanoGPT's own ``train.py`` on
   the same tokens, card, micro-batch, T and dtype (benchmarks/nanogpt_peer.py), and their ratio;
-- ``peers``: the best ladder row (the fastest measured) plain, under DDP in one process (its
-  overhead) and with Muon;
-- ``long``: the best row at GPT-2's 0.5M-token batch with evals and checkpoints: the steady-state
+- ``levers``: Liger's fused loss, FP8 matmuls and max-autotune, each alone on top of ``best``;
+- ``ladder``: GPT-2 124M at T=1024 (smoke: no TF32, compile, cuDNN or lever rows), each rung on top
+  of the last: fp32 → tf32 → bf16 → compile → flash attention → padded vocab → fused AdamW → the
+  largest micro-batch ``gpt2 plan`` says fits, up to 64 → cuDNN attention → bf16 residual stream →
+  the levers; peak memory against the plan's estimate. 64 × 1024 positions already fill an H100's
+  matmuls (llm.c's H100 setting);
+- ``long``: the fastest row at GPT-2's 0.5M-token batch with evals and checkpoints: the steady-state
   wall clock against the step median;
-- ``fit``: the best row with ``micro_batch_size: auto`` at GPT-2's batch (what the memory model
+- ``peers``: the fastest row plain, under DDP in one process (its overhead) and with Muon;
+- ``fit``: the fastest row with ``micro_batch_size: auto`` at GPT-2's batch (what the memory model
   chose, its peak against the estimate), the next micro-batch up (which should not fit: out of
-  memory), and the best row under FSDP in one process (its overhead: FSDP's gain needs several GPUs);
-- ``profile``: the best row under torch.profiler (benchmarks/profile_step.py): device time per step
-  by kind (matmuls, attention, Inductor's fused kernels, optimizer, copies) and the top kernels, in
-  ``<json>.profile.md``: where the time goes, and what is left to cut.
+  memory), and the fastest row under FSDP in one process (its overhead: FSDP's gain needs several
+  GPUs);
+- ``profile``: the fastest row under torch.profiler (benchmarks/profile_step.py): device time per
+  step by kind and the top kernels, in ``<json>.profile.md``: where the time goes.
 
 Built for jobs with a wall-time limit (a SLURM job, a Colab session, the 10-minute commands of a lent
 GPU box): every row reaches the JSON the moment it is measured, a second run with the same ``--json``
-skips the rows already there, and a child that runs past ``--timeout-s`` (240 s on a GPU) is stopped
-with a row that says so. Each child's stderr tail is kept in ``<json>.stderr.log``, pytest's whole
-output in ``<json>.tests.log``. Where the output folder starts empty every job (the lent box),
-``--carried DIR`` first copies the files the last job returned, and ``--budget-s`` ends a job before
-a child it could not finish: the same command, fired again, continues. The exact calls and their
-estimates are in docs/benchmarks.md ("GPU check").
+skips the rows already there, and a row of the same configuration on the same card is reused. Each
+job probes its card (``machine_probe``) and every row records which card measured it and what it
+cost. A row starts only if what it is expected to cost fits what is left of ``--budget-s``; else it
+is left to the next job, and cheaper rows still run. A child past ``--timeout-s`` (300 s on a GPU)
+is stopped with a row that says so, and the next job measures it again with twice the time. Each
+child's stderr tail is kept in ``<json>.stderr.log``, pytest's output in ``<json>.tests_first.log``
+and ``<json>.tests.log``. Where the output folder starts empty every job (the lent box), ``--carried
+DIR`` first copies the files the last job returned. The plan and the figures are in
+docs/benchmarks.md ("GPU check").
 
 Needs only torch, numpy, click and pyyaml (and pytest for the tests): it runs as copied on a box with
 torch preinstalled, with no install, no dvc, no mlflow and no network; uses data/tokens when present,
