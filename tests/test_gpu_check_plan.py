@@ -150,3 +150,35 @@ def test_the_gpu_box_scripts_run_as_copied_without_installing_the_project(script
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Usage:" in result.stdout
+
+
+def test_peers_and_fit_compare_with_the_plain_row_and_say_what_the_memory_model_got(tmp_path, monkeypatch):
+    """peers and fit from the fastest row: DDP's and FSDP's overhead and Muon's step time against the plain row,
+    micro-batch auto's choice and the next size up (out of memory, as the model said)."""
+    calls = []
+
+    def run_child(params, tokens, out, timeout_s):
+        train = params["train"]
+        calls.append(train)
+        if train["micro_batch_size"] == 16:
+            return None, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", ""
+        step_ms = {"ddp": 11.0, "fsdp": 12.0}.get(train.get("distributed"), 15.0 if train.get("optimizer") else 10.0)
+        result = metrics(1e3 / step_ms)
+        result["perf"]["step_ms"] = step_ms
+        if train["micro_batch_size"] == "auto":
+            result["runtime"] = {"micro_batch_size": 8, "grad_accum_steps": 64}
+        return result, "", ""
+
+    monkeypatch.setattr(gpu_check, "run_child", run_child)
+    check = new_check(tmp_path, None, Clock(), rows=[{"name": "+ fused AdamW", "tokens_per_s": 100.0, "step_ms": 10.0,
+                                                     "machine": "card-1"}])
+    best = {"micro_batch_size": 8, "compile": True}
+    check.peers(best)
+    check.fit(best)
+    rows = {r["name"]: r for r in check.report.data["rows"]}
+    assert rows["best, DDP in 1 process"]["note"] == "DDP overhead +10.0%"
+    assert rows["best, Muon optimizer"]["note"] == "step time vs AdamW +50.0%"
+    assert rows["best, FSDP in 1 process"]["note"] == "FSDP overhead +20.0% (one process)"
+    auto = rows["best, micro-batch auto (GPT-2 batch)"]
+    assert (auto["micro_batch"], auto["accum"]) == (8, 64) and calls[3]["batch_tokens"] == 524_288
+    assert rows["auto's next micro-batch up"]["note"] == "out of memory, as the model said"
