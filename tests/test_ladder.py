@@ -174,7 +174,12 @@ def test_rungs_a_device_cannot_show_are_known_before_running_and_not_run(tmp_pat
     assert cpu["fp8"].startswith("FP8 tensor cores are CUDA's") and cpu["liger loss"].endswith("CUDA only")
     unshown = {"tf32", "amp", "cudnn attention", "bf16 residual", "liger loss", "fp8", "cuda graphs"}
     assert {n for n, why in cpu.items() if why} == unshown or not ladder.spec._cxx_compiler()
-    assert not any(ladder.resolve(spec, PARAMS, "cuda").cannot_show)
+    cuda = dict(zip(names, ladder.resolve(spec, PARAMS, "cuda").cannot_show))
+    missing = {name for name in ("torchao", "liger_kernel") if not ladder.spec._installed(name)}
+    expected = {rung for rung, package in (("fp8", "torchao"), ("liger loss", "liger_kernel")) if package in missing}
+    assert {n for n, why in cuda.items() if why} == expected
+    if "liger_kernel" in missing:  # an optional package a GPU rung needs: known before the hour of runs
+        assert cuda["liger loss"] == "liger-kernel is not installed (pip install liger-kernel)"
     p = ladder.resolve(spec, PARAMS, "cpu")
     runs = [[] if p.cannot_show[i] else [fake_run(p, i, 100.0 - i, CPU), fake_run(p, i, 101.0 - i, CPU)]
             for i in range(len(names))]

@@ -196,8 +196,12 @@ def cannot_show(rung: Rung, before: dict[str, Any], after: dict[str, Any], devic
             reasons.append("the residual stream is bf16 only under bf16 autocast, and this run computes in fp32")
         elif key == "fp8" and device != "cuda":
             reasons.append("FP8 tensor cores are CUDA's (a CPU emulates FP8: its numerics, slower)")
+        elif key == "fp8" and not _installed("torchao"):
+            reasons.append("torchao is not installed (pip install torchao)")
         elif key == "loss_kernel" and device != "cuda":
             reasons.append("Liger's fused loss is Triton kernels, CUDA only")
+        elif key == "loss_kernel" and not _installed("liger_kernel"):
+            reasons.append("liger-kernel is not installed (pip install liger-kernel)")
         elif key == "compile_mode" and not after["compile"]:
             reasons.append("train.compile is off")
         elif (key == "compile_mode" and device != "cuda"
@@ -206,6 +210,12 @@ def cannot_show(rung: Rung, before: dict[str, Any], after: dict[str, Any], devic
         else:
             return None
     return "; ".join(reasons) or "it changes nothing from the rung above"
+
+
+def _installed(package: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(package) is not None
 
 
 def _dtype_on_cpu(dtype: str) -> str:
