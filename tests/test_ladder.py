@@ -69,7 +69,7 @@ def test_the_default_ladder_builds_every_rung_that_runs_on_a_cpu(tmp_path):
         params = build(Params, {**section, "train": {**section["train"], "mlflow": False}}, "")
         what_runs(build_run(params, tokens))  # with the SDPA kernel check that refused cudnn on a CPU
         assert section["train"]["sdpa_backend"] == "auto" and section["train"]["residual_stream"] == "fp32", rung.name
-        assert section["train"]["fp8"] == "none" and section["train"]["loss_kernel"] == "torch", rung.name
+        assert section["train"]["fp8"] == "off" and section["train"]["loss_kernel"] == "torch", rung.name
         ran.append(rung.name)
     assert ran[-3:] == ["max-autotune", "grad accumulation", "muon"]
 

@@ -24,11 +24,11 @@ def test_fp8_trains_close_to_bf16_and_keeps_the_checkpoint_layout(tokens, tmp_pa
     """Emulated FP8 in the blocks' linear layers: the losses follow bf16's to FP8's precision, and the
     checkpoint loads into the plain model (the weights stay bf16/fp32 tensors of the same names)."""
     runs = {}
-    for setting in ("none", scaling):
+    for setting in ("off", scaling):
         runs[setting] = trainer.train(micro_params(dtype="bf16", fp8=setting, max_steps=8), tokens,
                                       tmp_path / setting / "c.pt", tmp_path / setting)
-    bf16, low = runs["none"], runs[scaling]
-    assert low["runtime"]["fp8"] == f"{scaling} (8 layers)" and bf16["runtime"]["fp8"] == "none"
+    bf16, low = runs["off"], runs[scaling]
+    assert low["runtime"]["fp8"] == f"{scaling} (8 layers)" and bf16["runtime"]["fp8"] == "off"
     assert low["val"]["loss"] == pytest.approx(bf16["val"]["loss"], rel=0.02)
     assert low["val"]["loss"] != bf16["val"]["loss"]  # FP8 really ran
     state = torch.load(tmp_path / scaling / "c.pt", weights_only=False)["model"]
@@ -42,14 +42,14 @@ def test_fp8_converts_the_blocks_linear_layers_only():
     assert names == [f"transformer.h.{i}.{m}" for i in range(model.cfg.n_layer)
                      for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
     assert type(model.lm_head) is torch.nn.Linear and model.lm_head.weight is model.transformer.wte.weight
-    assert fp8.convert(GPT(gpt_config("tiny", {}, 50257, True, "flash")), "none", torch.device("cpu")) == []
+    assert fp8.convert(GPT(gpt_config("tiny", {}, 50257, True, "flash")), "off", torch.device("cpu")) == []
 
 
 def test_fp8_refused_without_fp8_tensor_cores_or_without_torchao(monkeypatch):
     model = GPT(gpt_config("tiny", {}, 50257, True, "flash"))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
-    with pytest.raises(UserError, match=r"A100.*8\.0\) has no FP8 tensor cores.*train.fp8: none"):
+    with pytest.raises(UserError, match=r"A100.*8\.0\) has no FP8 tensor cores.*train.fp8: off"):
         fp8.convert(model, "rowwise", torch.device("cuda"))
     monkeypatch.setitem(sys.modules, "torchao.float8", None)
     with pytest.raises(UserError, match=r"needs torchao.*pip install torchao"):

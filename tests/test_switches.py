@@ -332,3 +332,16 @@ def test_loss_chunk_auto_runs_cache_sized_chunks_on_a_cpu_and_says_so(tokens):
     auto = setup(tokens)  # params default: auto
     assert auto.model.loss_chunk == 128 and trainer.what_runs(auto)["loss_chunk"] == 128
     assert setup(tokens, loss_chunk=0).model.loss_chunk == 0 and setup(tokens, loss_chunk=40).model.loss_chunk == 40
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
+def test_cpu_gemm_switch_changes_the_logits_kernel(tokens):
+    """train.cpu_gemm onednn runs the logits' matmul through oneDNN's linear, blas through aten::mm; the run says
+    which one it used."""
+    idx = torch.randint(0, 50257, (2, 16))
+    kernels = {}
+    for gemm in ("blas", "onednn"):
+        s = setup(tokens, cpu_gemm=gemm)
+        assert trainer.what_runs(s)["cpu_gemm"] == gemm
+        kernels[gemm] = ops_in_forward(s.model, idx)
+    assert "mkldnn::_linear_pointwise" in kernels["onednn"] and "mkldnn::_linear_pointwise" not in kernels["blas"]

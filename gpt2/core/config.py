@@ -111,8 +111,8 @@ class TrainConfig:
     residual_stream: Literal["fp32", "bf16"] = param(
         "fp32", "the residual stream's dtype under bf16 autocast: fp32 | bf16 (half the bytes of every residual add "
                 "and saved block input; the sum rounds to bf16 at every block)")
-    fp8: Literal["none", "tensorwise", "rowwise"] = param(
-        "none", "FP8 matmuls in the blocks' linear layers (torchao's float8 training): none | tensorwise | rowwise "
+    fp8: Literal["off", "tensorwise", "rowwise"] = param(
+        "off", "FP8 matmuls in the blocks' linear layers (torchao's float8 training): off | tensorwise | rowwise "
                "scaling. Inputs and weights round to e4m3, gradients to e5m2, each scaled to its largest value; "
                "sums in fp32; weights and optimizer unchanged. CUDA compute capability 8.9+; a CPU emulates it",
         note="needs torchao (pip install torchao)")

@@ -27,22 +27,22 @@ FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first CUDA GPUs with FP8 tensor c
 
 
 def convert(model: nn.Module, scaling: str, device: torch.device) -> list[str]:
-    """Turn the blocks' linear layers into torchao's Float8Linear with ``scaling`` (``none``: nothing), on
+    """Turn the blocks' linear layers into torchao's Float8Linear with ``scaling`` (``off``: nothing), on
     ``device`` (emulated off CUDA); the names of the layers converted."""
-    if scaling == "none":
+    if scaling == "off":
         return []
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < FP8_CAPABILITY:
         name, capability = torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
         raise UserError(f"train.fp8 {scaling}: {name} (compute capability {capability[0]}.{capability[1]}) has no FP8 "
-                        "tensor cores (8.9 and newer: Ada, Hopper, Blackwell); set train.fp8: none")
+                        "tensor cores (8.9 and newer: Ada, Hopper, Blackwell); set train.fp8: off")
     if device.type not in ("cuda", "cpu"):
         raise UserError(f"train.fp8 {scaling} runs on CUDA (or emulated on a CPU), not on {device.type}; "
-                        "set train.fp8: none")
+                        "set train.fp8: off")
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
         raise UserError(f"train.fp8 {scaling} needs torchao, which is not installed here: pip install torchao "
-                        "(or set train.fp8: none)") from None
+                        "(or set train.fp8: off)") from None
     config = Float8LinearConfig.from_recipe_name(scaling)
     if device.type != "cuda":
         config = dataclasses.replace(config, emulate=True)
