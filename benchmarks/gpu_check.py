@@ -458,20 +458,21 @@ class Check:
             result["timeout_s"] = limit.seconds
         self.report.add(result, stderr)
         shown = f"{result['tokens_per_s']:,.0f} tok/s" if "failed" not in result else f"failed: {result['failed']}"
-        print(f"gpu_check: [{self.budget.spent():.0f} s] {result['name']}: {shown}",
-              file=sys.stderr)
+        print(f"gpu_check: [{self.budget.spent():.0f} s] {result['name']}: {shown}", file=sys.stderr)
         return result
 
-    def measure(self, name: str, train: dict[str, Any], steps: int | None = None, note: str = "", run: bool = True
-                ) -> dict[str, Any] | None:
+    def measure(self, name: str, train: dict[str, Any], steps: int | None = None, note: str = "", run: bool = True,
+                fresh: bool = False) -> dict[str, Any] | None:
         """The row ``name``: from the JSON if measured before, else measured now (when ``run``). A row of the same
-        configuration that this card measured already is reused, not run again."""
+        configuration that this card measured already is reused, not run again. ``fresh``: measured now whatever
+        the JSON holds (a pair's halves run back to back)."""
         before = self.report.row(name)
-        if (before is not None and not timed_out(before)) or not run:
+        if not fresh and ((before is not None and not timed_out(before)) or not run):
             return before
         params = train_params(self.prof, train, steps or self.prof["steps"])
-        twin = next((r for r in self.report.data["rows"] if (r.get("model"), r.get("train")) == (params["model"],
-                     params["train"]) and r.get("machine") == self.machine and "failed" not in r), None)
+        twin = None if fresh else next(
+            (r for r in self.report.data["rows"] if (r.get("model"), r.get("train")) == (params["model"],
+             params["train"]) and r.get("machine") == self.machine and "failed" not in r), None)
         if twin is not None:
             copy = {**twin, "name": name, "note": f"the run of '{twin['name']}' (the same configuration)"}
             self.report.add(copy)
@@ -555,20 +556,8 @@ class Check:
                      ) -> tuple[dict[str, Any], dict[str, Any]]:
         kind = self.kind(settings)
         self.budget.limit(2 * self.expected_s(kind))  # both halves fit, or neither starts
-        ours = self.measure_fresh(names[0], settings)
+        ours = self.measure(names[0], settings, fresh=True)
         return ours, self.measure_nanogpt(names[1], ours, nanogpt, kind)
-
-    def measure_fresh(self, name: str, train: dict[str, Any]) -> dict[str, Any]:
-        """``measure``, without reusing a row of the same configuration: a pair's halves run back to back."""
-        params = train_params(self.prof, train, self.prof["steps"])
-        kind, before = self.kind(params["train"]), self.report.row(name)
-        limit = self.limit(kind, before)
-        begun = self.budget.clock()
-        metrics, error, stderr = run_child(params, self.token_dir, f"{self.tmp}/{len(self.report.data['rows'])}",
-                                           limit.seconds)
-        limit.check(error)
-        result = row(name, metrics, error, None, params["train"])
-        return self.record(result, stderr, kind, self.budget.clock() - begun, limit)
 
     def measure_nanogpt(self, name: str, ours: dict[str, Any], nanogpt: Path, kind: str) -> dict[str, Any]:
         """nanoGPT's own train.py at the same settings; MFU scaled from our row (the same model FLOPs)."""
@@ -748,7 +737,7 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
     with tempfile.TemporaryDirectory() as tmp:
         token_dir = tokens or (str(ROOT / "data/tokens") if (ROOT / "data/tokens/meta.json").exists()
                                else str(synthetic_tokens(Path(tmp) / "tokens", 5_000_000 if not smoke else 200_000)))
-        check = Check(report, prof, gpu, smoke, token_dir, tmp, budget, str(probe["uuid"]))
+        check = Check(report, prof, gpu, smoke, token_dir, tmp, budget, probe["uuid"])
         left = check.run(parts, nanogpt, nanogpt_repeats)
         if left:
             print(f"gpu_check: --budget-s {budget_s:g} left {', '.join(left)} to the next job: run the same command "

@@ -29,6 +29,8 @@ import math
 
 import torch
 
+from gpt2.core.errors import UserError
+
 
 GPU_CHUNK_ROWS = 8192
 CPU_CHUNK_BYTES = 32 * 2**20  # fp32 logits of one chunk: small enough for a server CPU's caches
@@ -66,7 +68,8 @@ class LinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), device=hidden.device, dtype=acc)
         grad_hidden = torch.empty(x.shape, device=hidden.device, dtype=acc)
         grad_weight = None
-        buffer = logits_buffer(x, w, chunk, compute, acc) if gemm == "blas" or compute != torch.float32 else None
+        gemm = logits_gemm(gemm, compute)
+        buffer = logits_buffer(x, w, chunk, compute, acc) if gemm == "blas" else None
         for lo in range(0, n, chunk):
             rows, labels = x[lo:lo + chunk], targets[lo:lo + chunk]
             logp = log_probs(rows, w, vocab_size, acc, buffer, gemm)
@@ -109,13 +112,19 @@ def logits_buffer(x: torch.Tensor, weight: torch.Tensor, chunk: int, compute: to
     return torch.empty(min(chunk, x.shape[0]), weight.shape[0], device=x.device, dtype=acc)
 
 
+def logits_gemm(setting: str, compute: torch.dtype) -> str:
+    """Where ``cpu_gemm``'s choice of oneDNN applies: its fp32 kernel (every CPU has one), in eager code (a
+    compiled graph keeps Inductor's own choice of matmul); else the BLAS path, ``blas``."""
+    onednn = setting == "onednn" and compute == torch.float32 and not torch.compiler.is_compiling()
+    return "onednn" if onednn else "blas"
+
+
 def log_probs(rows: torch.Tensor, weight: torch.Tensor, vocab_size: int | None, acc: torch.dtype,
               buffer: torch.Tensor | None = None, gemm: str = "blas") -> torch.Tensor:
     """Log-softmax of ``rows @ weight.T`` in ``acc``, with the padded columns (from ``vocab_size`` on) at -inf;
-    written into ``buffer`` (``logits_buffer``) where there is one. ``gemm``: the matmul's library on a CPU
-    (``cpu_gemm``)."""
-    if gemm == "onednn" and rows.dtype == torch.float32 and not torch.compiler.is_compiling():
-        # oneDNN's fp32 kernel (every CPU has one); a compiled graph keeps Inductor's own choice of matmul
+    written into ``buffer`` (``logits_buffer``) where there is one. ``gemm``: the matmul's library
+    (``logits_gemm``)."""
+    if gemm == "onednn":
         logits = torch.ops.mkldnn._linear_pointwise(rows, weight, None, "none", [], "")
     elif buffer is not None:
         logits = torch.mm(rows, weight.t(), out=buffer[:len(rows)])
@@ -142,7 +151,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
             raise ValueError("per_row losses are for evaluation: call under torch.no_grad()")
         return LinearCrossEntropy.apply(hidden, weight, targets, vocab_size, chunk, gemm)
     compute, acc = precision(hidden)
-    buffer = logits_buffer(hidden, weight, chunk, compute, acc) if gemm == "blas" or compute != torch.float32 else None
+    gemm = logits_gemm(gemm, compute)
+    buffer = logits_buffer(hidden, weight, chunk, compute, acc) if gemm == "blas" else None
     losses = torch.cat([-log_probs(hidden[lo:lo + chunk], weight, vocab_size, acc, buffer, gemm)
                         .gather(1, targets[lo:lo + chunk, None]).squeeze(1) for lo in range(0, hidden.shape[0], chunk)])
     return losses if per_row else losses.mean()
@@ -155,8 +165,6 @@ def cpu_gemm(setting: str, device_type: str) -> str:
     1.5 times faster (docs/benchmarks.md); on an Intel CPU both are alike. ``auto``: oneDNN on an AMD CPU, BLAS
     elsewhere; off a CPU always the device's own. Only fp32 matmuls take oneDNN (under bf16 autocast a CPU
     without native bf16 has no oneDNN kernel for them)."""
-    from gpt2.core.errors import UserError
-
     if device_type != "cpu":
         return "blas"
     available = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -180,8 +188,6 @@ def liger_loss(device: torch.device):
     """Liger-Kernel's fused linear + cross-entropy (``train.loss_kernel: liger``), called as ``loss(weight,
     hidden, targets)``: Triton kernels that compute each chunk's logits, their softmax and its gradients in
     place, as ``LinearCrossEntropy`` does with torch's kernels. CUDA only."""
-    from gpt2.core.errors import UserError
-
     if device.type != "cuda":
         raise UserError(f"train.loss_kernel liger runs Triton kernels on CUDA only, and this run is on {device.type}; "
                         "set train.loss_kernel: torch (the chunked loss)")
@@ -193,4 +199,3 @@ def liger_loss(device: torch.device):
     # Dynamo cannot trace its addmm(out_dtype=...) on torch 2.11 (a fake-tensor TypeError, seen on an H100): under
     # torch.compile it runs as it is, between two graphs
     return torch.compiler.disable(LigerFusedLinearCrossEntropyLoss())
-

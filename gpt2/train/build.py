@@ -102,11 +102,11 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     recipe = Recipe(model_shape(model), seq_len, amp, model_cfg.attention == "flash", loss_chunk, cfg.optimizer,
                     dist_info.world if dist_info.sharded else 1)
     batch = resolve_batch(cfg, recipe, dist_info.world, runtime.device)  # before the model takes device memory
+    fp8_layers = fp8.convert(model, cfg.fp8, runtime.device)  # before FSDP shards the layers it swaps
     if dist_info.sharded:
         sharded.shard(model, runtime.device, torch.bfloat16 if runtime.dtype == "bf16" else None)
     model = model.to(runtime.device)  # under FSDP: the unsharded buffer (the logit mask)
     model.logits_gemm = cpu_gemm(cfg.cpu_gemm, runtime.device.type)
-    fp8_layers = fp8.convert(model, cfg.fp8, runtime.device)
     if cfg.loss_kernel == "liger":
         model.fused_loss = liger_loss(runtime.device)
     if dist_info.world > 1:
