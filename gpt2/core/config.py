@@ -126,9 +126,9 @@ class TrainConfig:
                 "a CPU 32 MB of logits (128 positions)", ge=0,
         note="0 = plain loss")
     cpu_gemm: Literal["auto", "blas", "onednn"] = param(
-        "auto", "the library of the LM head's logits matmul on a CPU: blas (PyTorch's BLAS, MKL on x86) | onednn "
-                "(oneDNN's kernels: 1.5x MKL's speed on that matmul on AMD CPUs) | auto (onednn on AMD, blas elsewhere); "
-                "the last bits of the loss differ between them")
+        "blas", "the library of the LM head's logits matmul on a CPU: blas (PyTorch's BLAS, MKL on x86) | onednn "
+                "(oneDNN's kernels: 1.3-1.5x MKL's speed on that matmul on AMD CPUs, the step not measurably faster "
+                "yet) | auto (onednn on AMD, blas elsewhere); the last bits of the loss differ between them")
     keep_host_memory: bool = param(True, "CPU/Linux: glibc reuses freed big blocks instead of page-faulting them in "
                                          "every step")
     threads: int = param(0, "CPU intra-op threads; the count changes the last digits of CPU results", ge=0,
