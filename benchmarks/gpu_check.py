@@ -527,41 +527,51 @@ class Check:
                 result["note"] = f"{gain:+.1f}% tokens/s vs all switches" + apart(result, base_row)
         self.report.save()
 
-    def nanogpt_pairs(self, nanogpt: Path, repeats: int, step: Any) -> None:
-        """Ours at nanoGPT's settings and nanoGPT's own train.py, alternating, both halves of a pair in one job
-        on one card (a pair split by a job's end, or measured on two cards, is measured again whole)."""
+    def nanogpt_pairs(self, nanogpt: Path, repeats: int, base: dict[str, Any], step: Any) -> None:
+        """Ours and nanoGPT's own train.py, alternating, both halves of a pair in one job on one card (a pair split
+        by a job's end, or measured on two cards, is measured again whole). First each side at its best (every
+        switch of ours; nanoGPT's defaults at the same micro-batch), then both at nanoGPT's settings."""
         settings = {**NANOGPT, **({} if self.gpu else {"dtype": "fp32"})}  # nanoGPT on a CPU runs fp32 whatever asked
-        pairs = []
-        for k in range(1, repeats + 1):
-            names = (f"nanoGPT's settings on our code (run {k})", f"nanoGPT's own train.py (run {k})")
-            ours, theirs = (self.report.row(n) for n in names)
-            whole = ours is not None and theirs is not None and not timed_out(ours) and not timed_out(theirs)
-            if not (whole and ours.get("machine") == theirs.get("machine")):
-                pair = step(f"nanoGPT pair {k}", self.nanogpt_pair, names, settings, nanogpt)
-                if pair is None:
-                    continue
-                ours, theirs = pair
-            pairs.append((ours, theirs))
-        done = [(o, t) for o, t in pairs if "failed" not in o and "failed" not in t]
-        if done:
-            ratio = round(statistics.median(o["tokens_per_s"] for o, _ in done)
-                          / statistics.median(t["tokens_per_s"] for _, t in done), 3)
-            each = [o["tokens_per_s"] / t["tokens_per_s"] for o, t in done]
-            self.report.data["nanogpt_ratio"] = ratio
-            done[-1][1]["note"] = (f"ours ÷ nanoGPT: {ratio:.2f}× tokens/s (medians of {len(done)} alternating "
-                                   f"runs each; pairs {min(each):.2f}–{max(each):.2f}×)")
-        self.report.save()
+        largest = base.get("micro_batch_size", settings["micro_batch_size"])
+        matchups = (("nanogpt_best_ratio", "best", base, largest,
+                     ("every switch on our code (best pair {k})",
+                      f"nanoGPT's own train.py, micro-batch {largest} (best pair {{k}})")),
+                    ("nanogpt_ratio", "nanoGPT pair", settings, settings["micro_batch_size"],
+                     ("nanoGPT's settings on our code (run {k})", "nanoGPT's own train.py (run {k})")))
+        for key, what, ours_config, micro, labels in matchups:
+            pairs = []
+            for k in range(1, repeats + 1):
+                names = tuple(label.format(k=k) for label in labels)
+                ours, theirs = (self.report.row(n) for n in names)
+                whole = ours is not None and theirs is not None and not timed_out(ours) and not timed_out(theirs)
+                if not (whole and ours.get("machine") == theirs.get("machine")):
+                    pair = step(f"{what} {k}", self.nanogpt_pair, names, ours_config, micro, nanogpt)
+                    if pair is None:
+                        continue
+                    ours, theirs = pair
+                pairs.append((ours, theirs))
+            done = [(o, t) for o, t in pairs if "failed" not in o and "failed" not in t]
+            if done:
+                ratio = round(statistics.median(o["tokens_per_s"] for o, _ in done)
+                              / statistics.median(t["tokens_per_s"] for _, t in done), 3)
+                each = [o["tokens_per_s"] / t["tokens_per_s"] for o, t in done]
+                self.report.data[key] = ratio
+                done[-1][1]["note"] = (f"ours ÷ nanoGPT: {ratio:.2f}× tokens/s (medians of {len(done)} alternating "
+                                       f"runs each; pairs {min(each):.2f}–{max(each):.2f}×)")
+            self.report.save()
 
-    def nanogpt_pair(self, names: tuple[str, str], settings: dict[str, Any], nanogpt: Path
+    def nanogpt_pair(self, names: tuple[str, str], settings: dict[str, Any], micro: int, nanogpt: Path
                      ) -> tuple[dict[str, Any], dict[str, Any]]:
         kind = self.kind(settings)
         self.budget.limit(2 * self.expected_s(kind))  # both halves fit, or neither starts
         ours = self.measure(names[0], settings, fresh=True)
-        return ours, self.measure_nanogpt(names[1], ours, nanogpt, kind)
+        return ours, self.measure_nanogpt(names[1], ours, micro, nanogpt, kind)
 
-    def measure_nanogpt(self, name: str, ours: dict[str, Any], nanogpt: Path, kind: str) -> dict[str, Any]:
-        """nanoGPT's own train.py at the same settings; MFU scaled from our row (the same model FLOPs)."""
-        micro, prof = NANOGPT["micro_batch_size"], self.prof
+    def measure_nanogpt(self, name: str, ours: dict[str, Any], micro: int, nanogpt: Path, kind: str
+                        ) -> dict[str, Any]:
+        """nanoGPT's own train.py at ``micro`` sequences a step, its other settings its own; MFU scaled from our
+        row (the same model FLOPs)."""
+        prof = self.prof
         args = nanogpt_peer.overrides(prof, self.token_dir, f"{self.tmp}/nanogpt-{len(self.report.data['rows'])}",
                                       micro, prof["steps"], self.gpu)
         limit = self.limit(kind, self.report.row(name))
@@ -659,7 +669,7 @@ class Check:
                      {**NANOGPT, **({} if self.gpu else {"dtype": "fp32"})}, None,
                      "micro-batch 12, bf16, compile: not nanoGPT's own train.py (see --nanogpt)")
             else:
-                self.nanogpt_pairs(nanogpt, nanogpt_repeats, step)
+                self.nanogpt_pairs(nanogpt, nanogpt_repeats, base, step)
         if "levers" in parts:
             self.levers(base, base_row, step)
         measured = self.ladder("ladder" in parts, step)

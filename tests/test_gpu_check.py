@@ -24,7 +24,7 @@ import os, sys
 settings = dict(arg[2:].split("=", 1) for arg in sys.argv[1:])
 assert os.path.isfile("configurator.py"), "runs from its own folder, as nanoGPT reads configurator.py from there"
 assert os.path.isfile(os.path.join("data", settings["dataset"], "train.bin")), settings["dataset"]
-assert settings["batch_size"] == "12" and settings["gradient_accumulation_steps"] == "1", settings
+assert settings["batch_size"] in ("12", "4") and settings["gradient_accumulation_steps"] == "1", settings
 for i in range(int(settings["max_iters"]) + 1):
     print(f"iter {i}: loss 5.0000, time {500 if i == 0 else 10 * (i + 1):.2f}ms, mfu -100.00%")
 """
@@ -54,7 +54,8 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
     assert "fp32:" not in second.stderr  # the ladder's rows were read back, not measured again
     report = json.loads(out.read_text())
     names = [r["name"] for r in report["rows"]]
-    assert names[6:] == ["nanoGPT's settings on our code (run 1)", "nanoGPT's own train.py (run 1)",
+    assert names[6:] == ["every switch on our code (best pair 1)", "nanoGPT's own train.py, micro-batch 4 (best pair 1)",
+                         "nanoGPT's settings on our code (run 1)", "nanoGPT's own train.py (run 1)",
                          "4 steps, GPT-2 batch, evals and checkpoints"]
     assert not [r for r in report["rows"] if "failed" in r], report["rows"]
     rows = {r["name"]: r for r in report["rows"]}
@@ -68,8 +69,10 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
     assert theirs["step_ms"] == 20.0 and theirs["tokens_per_s"] == 12 * 8 / 0.02 and theirs["dtype"] == "fp32"
     ours = rows["nanoGPT's settings on our code (run 1)"]
     assert ours["micro_batch"] == 12 and ours["dtype"] == "fp32" and ours["graph_breaks"] is None  # smoke: no compile
-    ratio = report["nanogpt_ratio"]
-    assert ratio > 0 and f"ours ÷ nanoGPT: {ratio:.2f}×" in theirs["note"]
+    for key, at_best in (("nanogpt_ratio", theirs), ("nanogpt_best_ratio", rows[names[7]])):
+        ratio = report[key]
+        assert ratio > 0 and f"ours ÷ nanoGPT: {ratio:.2f}×" in at_best["note"]
+    assert rows[names[7]]["micro_batch"] == 4
     assert all(r["tokens_per_s_steady"] > 0 for r in report["rows"])
     profiled = report["profile"]  # the best row's step under torch.profiler: time by kind, the table beside
     assert profiled["ms_per_step"] > 0 and "matmul" in profiled["by_kind"], profiled

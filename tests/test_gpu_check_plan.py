@@ -99,21 +99,26 @@ def test_a_row_of_the_same_configuration_on_the_same_card_is_reused_not_run_agai
     assert len(calls) == before + 1  # another card measures it itself
 
 
-def test_a_nanogpt_pair_is_measured_whole_on_one_card(tmp_path, monkeypatch):
+def test_nanogpt_pairs_best_first_each_measured_whole_on_one_card(tmp_path, monkeypatch):
     clock, calls = Clock(), []
     fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
     theirs = []
     monkeypatch.setattr(gpu_check.nanogpt_peer, "run", lambda folder, args, timeout_s: (
-        theirs.append(timeout_s) or clock.__setattr__("now", clock.now + 100.0) or [30.0] * 20, {"peak_gb": 9.0},
+        theirs.append(args) or clock.__setattr__("now", clock.now + 100.0) or [30.0] * 20, {"peak_gb": 9.0},
         "", ""))
     ours_elsewhere = {"name": "nanoGPT's settings on our code (run 1)", "tokens_per_s": 5.0, "step_ms": 1.0,
                       "machine": "card-0"}
-    check = new_check(tmp_path, 350.0, clock, rows=[ours_elsewhere])
+    check = new_check(tmp_path, 650.0, clock, rows=[ours_elsewhere])
     left = check.run(("nanogpt",), tmp_path, 2)
     rows = {r["name"]: r for r in check.report.data["rows"]}
+    largest = check.all_switches()["micro_batch_size"]
+    best = f"nanoGPT's own train.py, micro-batch {largest} (best pair 2)"
+    assert [c[0]["micro_batch_size"] for c in calls] == [largest, largest, 12]  # each side at its best first
+    assert f"--batch_size={largest}" in theirs[0] and "--batch_size=12" in theirs[2]
+    assert "ours ÷ nanoGPT" in rows[best]["note"] and "nanogpt_best_ratio" in check.report.data
     assert rows["nanoGPT's settings on our code (run 1)"]["machine"] == "card-1"  # measured again, beside theirs
-    assert rows["nanoGPT's own train.py (run 1)"]["machine"] == "card-1" and len(theirs) == 1
-    assert left == ["nanoGPT pair 2"] and "nanoGPT's own train.py (run 2)" not in rows  # 150 s left: not half a pair
+    assert rows["nanoGPT's own train.py (run 1)"]["machine"] == "card-1" and len(theirs) == 3
+    assert left == ["nanoGPT pair 2"] and "nanoGPT's own train.py (run 2)" not in rows  # 50 s left: not half a pair
     assert "ours ÷ nanoGPT" in rows["nanoGPT's own train.py (run 1)"]["note"]
 
 
