@@ -124,16 +124,20 @@ def train_params(prof: dict[str, Any], train: dict[str, Any], steps: int) -> dic
     return {"model": model, "train": train}
 
 
-def estimate_gb(prof: dict[str, Any], train: dict[str, Any]) -> float | None:
+def estimate_gb(prof: dict[str, Any], params: dict[str, Any], micro: int) -> float | None:
+    """The memory model's figure for a row (``params`` as ``train_params`` makes them: attention and the padded
+    vocabulary are in the model section)."""
     from gpt2.core import memory_model
     from gpt2.core.sizes import SIZES
 
+    model, train = params["model"], params["train"]
     size = prof["model"]["size"]
     if size not in SIZES or len(prof["model"]) > 1:
         return None  # the plan knows the named sizes only
-    s = memory_model.shape(size, train.get("pad_vocab", True))
-    return memory_model.memory(s, train["micro_batch_size"], prof["seq"], train.get("dtype") != "fp32",
-                       train.get("attention") == "flash", train.get("loss_chunk", 8192)).total / 1e9
+    s = memory_model.shape(size, model.get("pad_vocab", True))
+    chunk = train.get("loss_chunk", "auto")
+    return memory_model.memory(s, micro, prof["seq"], train.get("dtype") != "fp32", model.get("attention", "flash") == "flash",
+                               8192 if chunk == "auto" else chunk, train.get("optimizer", "adamw")).total / 1e9
 
 
 def largest_micro_batch(prof: dict[str, Any]) -> int:
@@ -484,7 +488,7 @@ class Check:
                                            limit.seconds)
         limit.check(error)
         micro = (metrics or {}).get("runtime", {}).get("micro_batch_size", params["train"]["micro_batch_size"])
-        estimate = estimate_gb(self.prof, {**params["train"], "micro_batch_size": micro}) if micro != "auto" else None
+        estimate = estimate_gb(self.prof, params, micro) if micro != "auto" else None
         result = {**row(name, metrics, error, estimate, params["train"], note), "model": params["model"]}
         return self.record(result, stderr, kind, self.budget.clock() - begun, limit)
 

@@ -187,3 +187,11 @@ def test_peers_and_fit_compare_with_the_plain_row_and_say_what_the_memory_model_
     auto = rows["best, micro-batch auto (GPT-2 batch)"]
     assert (auto["micro_batch"], auto["accum"]) == (8, 64) and calls[3]["batch_tokens"] == 524_288
     assert rows["auto's next micro-batch up"]["note"] == "out of memory, as the model said"
+
+
+def test_a_rows_memory_estimate_reads_attention_from_the_model_section():
+    prof = gpu_check.profile(False)
+    flash = gpu_check.train_params(prof, {"attention": "flash", "micro_batch_size": 64}, 20)
+    manual = gpu_check.train_params(prof, {"attention": "manual", "micro_batch_size": 64}, 20)
+    assert "attention" not in flash["train"]  # train_params moves it where params.yaml keeps it
+    assert gpu_check.estimate_gb(prof, flash, 64) < 0.5 * gpu_check.estimate_gb(prof, manual, 64)
