@@ -13,7 +13,7 @@ from gpt2.core.cli import validate
 from gpt2.data.cli import download, stats, tokenize
 from gpt2.eval.cli import evaluate, export, sample
 from gpt2.measure.cli import grid, ladder, peak, plan
-from gpt2.train.cli import train
+from gpt2.train.cli import replay, train
 
 
 @click.group()
@@ -22,7 +22,8 @@ def main() -> None:
     """Pre-train GPT-2 reproducibly: download → tokenize → stats → train → evaluate."""
 
 
-for command in (validate, download, tokenize, stats, train, evaluate, export, grid, ladder, plan, peak, sample):
+for command in (validate, download, tokenize, stats, train, replay, evaluate, export, grid, ladder, plan, peak,
+                sample):
     main.add_command(command)
 
 

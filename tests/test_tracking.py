@@ -189,14 +189,25 @@ def test_three_processes_that_open_a_fresh_store_at_once_all_log_their_runs(tmp_
 
 
 @pytest.mark.parametrize("fault", ["locked", "deleted", "unreachable"])
-def test_a_failing_store_never_costs_the_run_its_checkpoint_or_reports(tmp_path, tokens, monkeypatch, capsys, fault):
-    """A store locked by another process's write, deleted mid-run, or a server that does not answer: one warning,
-    tracking stops, the run trains to its end and writes everything."""
+def test_a_failing_store_never_costs_the_run_its_checkpoint_reports_or_figures(tmp_path, tokens, monkeypatch, capfd,
+                                                                              fault):
+    """A store locked for a while by another process's write, deleted mid-run, or a server that does not answer:
+    one warning, the run trains to its end and writes everything. The tracker keeps what it could not send: a store
+    that answers again gets it all, in order, and the run ends FINISHED; one that never does is named at the end
+    with `gpt2 replay`, which sends it all later, nothing twice."""
     import sqlite3
+
+    import mlflow
+    from click.testing import CliRunner
+
+    from gpt2.cli import main
 
     db = tmp_path / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9" if fault == "unreachable" else f"sqlite:///{db}")
     monkeypatch.setattr(tracking, "RETRY_BUDGET_S", 1.0)
+    monkeypatch.setattr(tracking, "RETRY_EVERY_S", 0.0)  # try the store again at every call
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")  # its thread meets the failing store too
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING", "1")
     from mlflow.store.db import utils  # MLflow's SQLite sessions wait 20 s for a lock: 1 s here
 
     text = utils.sql.text
@@ -208,24 +219,56 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_or_reports(tmp_path,
             lock = sqlite3.connect(db, isolation_level=None)
             lock.execute("BEGIN EXCLUSIVE")
             held.append(lock)
+        elif step == 8 and held and fault == "locked":
+            held.pop().close()
         elif step == 3 and not held and fault == "deleted":
             db.unlink()
             held.append(None)
         return original(step, cfg, *rest)
 
     monkeypatch.setattr(trainer, "lr_at", lr_at)
-    summary = train(micro_params(mlflow=True, checkpoint_interval=4), tokens, tmp_path / "ckpt.pt", tmp_path / "r")
-    for lock in held:
-        if lock is not None:
-            lock.close()
-    err = capsys.readouterr().err
+    ckpt = tmp_path / "ckpt.pt"
+    summary = train(micro_params(mlflow=True, checkpoint_interval=4), tokens, ckpt, tmp_path / "r")
+    err = capfd.readouterr().err
     assert summary["steps"] == 12 and (tmp_path / "r/metrics.json").is_file() and (tmp_path / "r/plots/val.tsv").is_file()
     from gpt2.run import checkpoint
 
-    assert checkpoint.load(tmp_path / "ckpt.pt")["step"] == 12
-    assert err.count("MLflow could not") == 1 and "tracking is off for the rest of this run, which goes on: its " \
-                                                   f"figures are in {tmp_path / 'r'} and the checkpoint's history" in err
-    assert "Traceback" not in err
+    state = checkpoint.load(ckpt)
+    assert state["step"] == 12
+    assert err.count("MLflow could not") == 1 and f"its figures are also in {tmp_path / 'r'}" in err
+    assert "Traceback" not in err and "Background on this error" not in err
+    logged = [r["step"] for r in state["history"]["train"]]
+    if fault == "locked":  # the store answered again: everything kept was sent, the run ended as it did
+        assert err.count("answers again") == 1 and "lacks" not in err
+        client = mlflow.MlflowClient(f"sqlite:///{db}")
+        run = client.get_run(state["mlflow_run_id"])
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == logged
+        assert run.info.status == "FINISHED" and "summary/val.loss" in run.data.metrics
+        return
+    assert f"`gpt2 replay {ckpt}` sends them" in err and "is not marked FINISHED" in err
+    if fault == "unreachable":
+        return
+    new = f"sqlite:///{tmp_path}/new.db"  # the run is not in this store: replay starts it again
+    for _ in range(2):  # the second sends nothing twice
+        result = CliRunner().invoke(main, ["replay", str(ckpt)], env={"MLFLOW_TRACKING_URI": new})
+        assert result.exit_code == 0, result.output
+    client = mlflow.MlflowClient(new)
+    [run] = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == logged
+    assert len(client.get_metric_history(run.info.run_id, "val/loss")) == len(state["history"]["val"])
+    assert run.info.status == "FINISHED" and run.data.metrics["summary/val.loss"] == round(summary["val"]["loss"], 4)
+
+
+def test_replay_says_so_when_the_store_does_not_answer(tmp_path, tokens, monkeypatch):
+    from click.testing import CliRunner
+
+    from gpt2.cli import main
+
+    monkeypatch.setattr(tracking, "RETRY_BUDGET_S", 0.5)
+    train(micro_params(max_steps=2), tokens, tmp_path / "ckpt.pt", None)
+    result = CliRunner().invoke(main, ["replay", str(tmp_path / "ckpt.pt")],
+                                env={"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"})
+    assert result.exit_code != 0 and "did not answer: nothing was sent" in result.output
 
 
 @pytest.mark.parametrize("raised, status", [(None, "FINISHED"), (KeyboardInterrupt, "KILLED"),

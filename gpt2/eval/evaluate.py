@@ -304,16 +304,20 @@ def score_hellaswag(loaded: Loaded, cfg: EvalConfig) -> dict[str, Any]:
 def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Path, scored: dict[str, Any]) -> None:
     """Evaluate's figures, samples and the split it scored, in the MLflow run of the training it scored."""
     from gpt2.run.tracking import MlflowTracker
+    from gpt2.train.catch_up import catch_up
 
     experiment = state.get("params", {}).get("train", {}).get("experiment", "gpt2")
     name = f"evaluate {state['pretrained']}" if state.get("pretrained") else f"evaluate step {state['step']}"
-    with MlflowTracker(experiment, state.get("mlflow_run_id"), run_name=name, kept_in=str(out)) as tracker:
+    with MlflowTracker(experiment, state.get("mlflow_run_id"), run_name=name, kept_in=str(out),
+                       run_uid=state.get("history", {}).get("run_uid")) as tracker:
         # the compared figures as metrics (the runs list's columns), the rest as tags: no one-point charts
         tracker.set_tags({"training_run_id": state.get("mlflow_run_id"), "eval.val_tokens": metrics["val"]["tokens"],
                           "eval.val_ppl": round(metrics["val"]["ppl"], 2),
                           "eval.unigram_loss": round(metrics["baseline"]["unigram_loss"], 4),
                           "eval.sample_tokens_per_s": metrics["sample"]["tokens_per_s"]})
         if not state.get("pretrained"):
+            if "history" in state:  # what the training could not send (its store was down): sent now
+                catch_up(tracker, state["history"], state.get("metrics"))
             tracker.find_model()  # the training's logged model: the figures below are the model's too
         tracker.log_metrics({"eval/val_loss": metrics["val"]["loss"], "eval/val_loss_se": metrics["val"]["loss_se"],
                              **{f"eval/hellaswag_{k}": v for k, v in metrics.get("hellaswag", {}).items()

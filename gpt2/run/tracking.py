@@ -238,47 +238,53 @@ class Tracker:
     def end(self, status: str = "FINISHED") -> None: ...
 
 
-# How long a tracking call may keep retrying a locked, slow or missing store before tracking stops for the
-# run (the run itself goes on). SQLite waits up to 5 s for a lock within each attempt.
+# How long a tracking call may keep retrying a locked, slow or missing store before the tracker keeps its calls
+# for later (the run itself goes on). SQLite waits up to 5 s for a lock within each attempt.
 RETRY_BUDGET_S = 15.0
+# How often a store that stopped answering is tried again, at the run's next tracking call.
+RETRY_EVERY_S = 30.0
 
 # MLflow's HTTP client retries a request 7 times with a 120 s timeout: minutes of silence for a server that is
 # down. A run's own limits, unless the user set them.
 HTTP_LIMITS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
-STORE_LOGGERS = ("mlflow.store.db.utils", "mlflow.utils.rest_utils", "sqlalchemy")
+# MLflow's store, its HTTP client and its system-metrics thread log each failure of a call, with a traceback or
+# the SQL, before raising it (or, the thread, instead): the tracker says what failed, once, in its own words.
+STORE_LOGGERS = ("mlflow.store.db.utils", "mlflow.utils.rest_utils", "mlflow.system_metrics", "sqlalchemy",
+                 "alembic", "urllib3.connectionpool")
 
 
-@contextlib.contextmanager
-def quiet(names: tuple[str, ...]) -> Iterator[None]:
-    """Silence these loggers for a moment: the tracker says what failed, once, in its own words."""
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [each.level for each in loggers]
-    for each in loggers:
-        each.setLevel(logging.CRITICAL + 1)
-    try:
-        yield
-    finally:
-        for each, level in zip(loggers, levels):
-            each.setLevel(level)
+def silence_store_loggers() -> None:
+    for name in STORE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{exc.__class__.__name__}: {text.splitlines()[0][:200]}" if text else exc.__class__.__name__
 
 
 class MlflowTracker(Tracker):
     """One MLflow run; resuming a training resumes its run (same run id).
 
     The tracker is a guest of the run. A store that is locked, slow, unreachable or gone delays a call
-    by at most ``RETRY_BUDGET_S``; after that one ``warning:`` line says what was not logged and where
-    the figures still are (``kept_in``), tracking stops for the rest of the run, and the run goes on:
-    a training never loses a step or a checkpoint to its tracker, an evaluation never its reports."""
+    by at most ``RETRY_BUDGET_S``; after that one ``warning:`` line says so, and the tracker keeps every
+    call it could not make, in order, with its time. It tries the store again every ``RETRY_EVERY_S`` at
+    the run's next call and sends what it kept once the store answers. The run goes on meanwhile: a
+    training never loses a step or a checkpoint to its tracker, an evaluation never its reports. What
+    the store still lacks when the run ends is said in one line, with ``catch_up_hint`` (how to send it
+    later: ``gpt2 replay``; a resumed run or the evaluate stage sends a training's figures too)."""
 
     def __init__(self, experiment: str, run_id: str | None = None, run_name: str | None = None,
-                 kept_in: str = "the reports", started_at: float | None = None) -> None:
+                 kept_in: str = "the reports", started_at: float | None = None, catch_up_hint: str = "",
+                 run_uid: str | None = None) -> None:
         """Open run ``run_id`` (a resumed training, or evaluate logging into the training's run) or start
         a new one called ``run_name``. An existing run keeps its name: MLflow renames a run it reopens
         with a name, which once made every training run in the UI "evaluate". ``started_at`` (a time.time())
         dates a new run back to when its work began: a grid's or a ladder's run, opened once its runs are
-        done, then lasts as long as they did."""
+        done, then lasts as long as they did. ``run_uid``: the training's own id (its checkpoint's), a tag of
+        the run, which finds the run again where ``run_id`` is not in the store (a replay into a new one)."""
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         for name, value in HTTP_LIMITS.items():
             os.environ.setdefault(name, value)
@@ -287,17 +293,27 @@ class MlflowTracker(Tracker):
         except ImportError:
             raise UserError("train.mlflow is true but mlflow is not installed; install the project "
                             "(pip install -c constraints.txt -e .) or set train.mlflow: false") from None
-        self.mlflow, self.uri, self.kept_in, self.failed = mlflow, tracking_uri(), kept_in, False
-        self.model_id: str | None = None  # once set, every metric logged is the model's too
+        silence_store_loggers()
+        self.mlflow, self.uri, self.kept_in, self.catch_up_hint = mlflow, tracking_uri(), kept_in, catch_up_hint
+        self.model: list[str | None] = []  # [its id] once a model is logged or found: later metrics are its too
+        self.experiment_id: str | None = None
+        self.backlog: list[tuple[str, Callable[[], Any]]] = []  # calls the store has not taken yet, in order
+        self.down_since: float | None = None  # when the store stopped answering (time.monotonic())
+        self.retry_at = 0.0
+        opening = lambda: self._open(experiment, run_id, run_name, started_at, run_uid)  # noqa: E731
         if self.uri.startswith(("http://", "https://")) and not reachable(self.uri):
-            self._give_up("reach the tracking server", ConnectionError("no answer within 3 s"))
+            self.backlog.append(("open the run", opening))
+            self._go_down("reach the tracking server", ConnectionError("no answer within 3 s"))
             return
-        self._call("open the run", lambda: self._open(experiment, run_id, run_name, started_at))
-        if self.run_id:
-            logger.info(f"mlflow: run {self.run_id} ({self.run.info.run_name}) in {self.uri}; "
-                        + where_to_see(self.uri, self.experiment_id, self.run_id))
+        self.call("open the run", opening)
 
-    def _open(self, experiment: str, run_id: str | None, run_name: str | None, started_at: float | None) -> None:
+    @property
+    def failed(self) -> bool:
+        """Whether the store has calls of this run it has not taken yet."""
+        return self.down_since is not None
+
+    def _open(self, experiment: str, run_id: str | None, run_name: str | None, started_at: float | None,
+              run_uid: str | None) -> None:
         mlflow = self.mlflow
         mlflow.set_tracking_uri(self.uri)
         with store_lock(self.uri):  # the first call creates (or upgrades) the store's tables
@@ -315,21 +331,32 @@ class MlflowTracker(Tracker):
             created = mlflow.MlflowClient().create_run(self.experiment_id, start_time=int(started_at * 1000),
                                                         run_name=run_name, tags=who())
             self.run = mlflow.start_run(run_id=created.info.run_id, log_system_metrics=False)
-            self.run_id = self.run.info.run_id
-            return
-        try:
-            if run_id is None:
-                self.run = mlflow.start_run(run_name=run_name, log_system_metrics=True)
-            else:
-                self.run = mlflow.start_run(run_id=run_id, log_system_metrics=True)
-        except mlflow.exceptions.MlflowException:
-            if run_id is None:
-                raise
-            logger.info(f"mlflow: run {run_id} from the checkpoint is not in {self.uri}; starting a new run")
-            self.run = mlflow.start_run(run_name=run_name, log_system_metrics=True)
+        else:
+            try:
+                self.run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_name,
+                                            log_system_metrics=self.down_since is None)
+            except mlflow.exceptions.MlflowException:
+                if run_id is None:
+                    raise
+                again = self._run_of(run_uid)
+                logger.info(f"mlflow: run {run_id} from the checkpoint is not in {self.uri}; "
+                            + (f"continuing run {again}, started for it before" if again else "starting a new run"))
+                self.run = mlflow.start_run(run_id=again, run_name=None if again else run_name,
+                                            log_system_metrics=self.down_since is None)
+            if run_id is None or self.run.info.run_id != run_id:
+                mlflow.MlflowClient().log_batch(self.run.info.run_id,
+                                                tags=self.run_tags({**who(), "run_uid": run_uid}))
         self.run_id = self.run.info.run_id
-        if run_id is None:
-            mlflow.set_tags(who())
+        logger.info(f"mlflow: run {self.run_id} ({self.run.info.run_name}) in {self.uri}; "
+                    + where_to_see(self.uri, self.experiment_id, self.run_id))
+
+    def _run_of(self, run_uid: str | None) -> str | None:
+        """The run of this experiment tagged with the training's ``run_uid`` (one a replay started), if any."""
+        if run_uid is None:
+            return None
+        runs = self.mlflow.MlflowClient().search_runs([self.experiment_id], f"tags.run_uid = '{run_uid}'",
+                                                      max_results=1)
+        return runs[0].info.run_id if runs else None
 
     def _unique(self, name: str) -> str:
         """``name``, or ``name (2)``, ``(3)`` … where runs of this experiment already have it: a second run of
@@ -345,70 +372,111 @@ class MlflowTracker(Tracker):
             n += 1
         return f"{name} ({n})"
 
-    def _call(self, what: str, call: Callable[[], Any]) -> None:
-        """Run one tracking call, retrying a failing store within the budget; past it, stop tracking."""
-        if self.failed:
+    def call(self, what: str, call: Callable[[], Any]) -> None:
+        """Make one tracking call, retrying a failing store within the budget; past it, keep the call for later.
+        While the store is down, calls are kept, and the store is tried again every ``RETRY_EVERY_S``."""
+        if self.down_since is not None:
+            self.backlog.append((what, call))
+            if time.monotonic() >= self.retry_at:
+                self._catch_up(0.0)
             return
-        deadline, delay = time.monotonic() + RETRY_BUDGET_S, 0.5
+        try:
+            self._attempt(call, RETRY_BUDGET_S)
+        except Exception as exc:  # whatever the store raises: SQLAlchemy, HTTP, OS errors
+            self.backlog.append((what, call))
+            self._go_down(what, exc)
+
+    def _attempt(self, call: Callable[[], Any], budget_s: float) -> None:
+        deadline, delay = time.monotonic() + budget_s, 0.5
         while True:
             try:
-                with quiet(STORE_LOGGERS):  # they log each failure with a traceback before raising it
-                    call()
+                call()
                 return
-            except Exception as exc:  # whatever the store raises: SQLAlchemy, HTTP, OS errors
+            except Exception:
                 if time.monotonic() + delay > deadline:
-                    self._give_up(what, exc)
-                    return
+                    raise
                 time.sleep(delay)
                 delay *= 2
 
-    def _give_up(self, what: str, exc: BaseException) -> None:
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-        logger.warning(f"MLflow could not {what} in {self.uri} ({exc.__class__.__name__}: {first}); tracking is "
-                       f"off for the rest of this run, which goes on: its figures are in {self.kept_in}")
-        self.failed = True
-        # MLflow's own threads (system metrics) may still be inside a call to the failing store: each failure
-        # would print a traceback after the one line above. Tracking is off: nothing they say helps any more.
-        for name in (*STORE_LOGGERS, "mlflow.system_metrics"):
-            logging.getLogger(name).setLevel(logging.CRITICAL + 1)
-        if self.run_id:  # stop MLflow's system-metrics thread, which would go on failing against the store
-            from mlflow.tracking import fluent
+    def _catch_up(self, budget_s: float) -> bool:
+        """Send the kept calls in order; False (and the next try in ``RETRY_EVERY_S``) where the store still fails."""
+        sent = 0
+        if self.down_since is not None and self.uri.startswith(("http://", "https://")) and not reachable(self.uri):
+            self.retry_at = time.monotonic() + RETRY_EVERY_S  # no answer at all: not worth a request's retries
+            return False
+        while self.backlog:
+            try:
+                self._attempt(self.backlog[0][1], budget_s)
+            except Exception:  # still down: the rest waits for the next try
+                self.retry_at = time.monotonic() + RETRY_EVERY_S
+                return False
+            self.backlog.pop(0)
+            sent += 1
+        if self.down_since is not None:
+            logger.info(f"mlflow: {self.uri} answers again after {time.monotonic() - self.down_since:.0f} s; "
+                        f"sent the {sent} tracking call(s) it missed (system metrics stay off for this run)")
+            self.down_since = None
+        return True
 
-            monitor = fluent.run_id_to_system_metrics_monitor.pop(self.run_id, None)
-            if monitor is not None:
-                monitor._shutdown_event.set()
-            with contextlib.suppress(Exception):
-                fluent._active_run_stack.get().clear()  # leave no active run that atexit would try to end
+    def _go_down(self, what: str, exc: BaseException) -> None:
+        logger.warning(f"MLflow could not {what} in {self.uri} ({first_line(exc)}); the run goes on and keeps "
+                       f"what it could not log (its figures are also in {self.kept_in}): sent when the store "
+                       f"answers, tried again every {RETRY_EVERY_S:g} s")
+        self.down_since, self.retry_at = time.monotonic(), time.monotonic() + RETRY_EVERY_S
+        self._stop_system_metrics()
+
+    def _stop_system_metrics(self) -> None:
+        """MLflow's system-metrics thread would go on failing against the store at each sample: stop it."""
+        from mlflow.tracking import fluent
+
+        for monitor in list(fluent.run_id_to_system_metrics_monitor.values()):
+            monitor._shutdown_event.set()
+        fluent.run_id_to_system_metrics_monitor.clear()
+
+    @staticmethod
+    def run_tags(tags: dict[str, Any]) -> list[Any]:
+        from mlflow.entities import RunTag
+
+        return [RunTag(k, str(v)) for k, v in tags.items() if v is not None]
 
     def log_params(self, params: dict[str, Any]) -> None:
         def log() -> None:
-            existing = self.mlflow.get_run(self.run_id).data.params
+            existing = self.mlflow.MlflowClient().get_run(self.run_id).data.params
             fresh = {k: v for k, v in params.items() if k not in existing}  # a resumed run keeps its params
             if fresh:
-                self.mlflow.log_params(fresh)
+                self.mlflow.log_params(fresh, run_id=self.run_id)
 
-        self._call("log the params", log)
+        self.call("log the params", log)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self._call(f"log the metrics of step {step}",
-                   lambda: self.mlflow.log_metrics({k: v for k, v in metrics.items() if v is not None}, step=step,
-                                                   model_id=self.model_id))
+        kept = {k: v for k, v in metrics.items() if v is not None}
+        at, model = int(time.time() * 1000), self.model  # as logged now, whenever the store takes it
+        self.call(f"log the metrics of step {step}",
+                   lambda: self.mlflow.log_metrics(kept, step=step, run_id=self.run_id, timestamp=at,
+                                                   model_id=model[0] if model else None))
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        self._call("set tags", lambda: self.mlflow.set_tags({k: str(v) for k, v in tags.items() if v is not None}))
+        kept = self.run_tags(tags)
+        self.call("set tags", lambda: self.mlflow.MlflowClient().log_batch(self.run_id, tags=kept))
 
     def log_artifact(self, path: str | Path, folder: str | None = None) -> None:
         """``path`` among the run's artifacts, in ``folder`` (None: at the top)."""
-        self._call(f"store {Path(path).name}", lambda: self.mlflow.log_artifact(str(path), artifact_path=folder))
+        self.call(f"store {Path(path).name}",
+                   lambda: self.mlflow.MlflowClient().log_artifact(self.run_id, str(path), artifact_path=folder))
 
     def log_dataset(self, dataset: dict[str, Any], context: str) -> None:
         """``dataset`` (gpt2.core.provenance.describe_tokens) as the run's input, so MLflow's dataset column
         tells runs on different corpora or splits apart. ``context``: training or evaluation."""
-        self._call("log the dataset", lambda: self.mlflow.log_input(token_dataset(dataset), context=context))
+        def log() -> None:
+            from mlflow.tracking.fluent import _create_dataset_input
+
+            self.mlflow.MlflowClient().log_inputs(self.run_id, [_create_dataset_input(token_dataset(dataset), context)])
+
+        self.call("log the dataset", log)
 
     def describe(self, markdown: str) -> None:
         """The run's description, the first thing its page shows (a grid's or a ladder's verdict and table)."""
-        self._call("set the description", lambda: self.mlflow.set_tag("mlflow.note.content", markdown))
+        self.set_tags({"mlflow.note.content": markdown})
 
     def log_model(self, name: str, tags: dict[str, str], params: dict[str, Any]) -> None:
         """This run's model as an MLflow logged model whose weights stay outside MLflow (in DVC's cache): its
@@ -424,10 +492,11 @@ class MlflowTracker(Tracker):
                 name=name, source_run_id=self.run_id, model_type=MODEL_TYPE, experiment_id=self.experiment_id,
                 tags={**who(), "mlflow.note.content": note, **{k: str(v) for k, v in tags.items() if v is not None}},
                 params={k: str(v) for k, v in params.items()})
-            self.model_id = model.model_id
+            slot.append(model.model_id)
 
-        if self.run_id:
-            self._call("log the model", create)
+        slot: list[str | None] = []
+        self.model = slot  # the metrics logged from now on are the model's, whenever the store takes them
+        self.call("log the model", create)
 
     def find_model(self) -> None:
         """This run's newest logged model (a training's, which evaluate scores): the metrics logged after this
@@ -436,13 +505,35 @@ class MlflowTracker(Tracker):
             found = self.mlflow.MlflowClient().search_logged_models(
                 [self.experiment_id], filter_string=f"source_run_id = '{self.run_id}'",
                 order_by=[{"field_name": "creation_time", "ascending": False}], max_results=1)
-            self.model_id = found[0].model_id if found else None
+            slot.append(found[0].model_id if found else None)
 
-        if self.run_id:
-            self._call("find the run's model", find)
+        slot: list[str | None] = []
+        self.model = slot
+        self.call("find the run's model", find)
 
     def end(self, status: str = "FINISHED") -> None:
-        self._call(f"end the run as {status}", lambda: self.mlflow.end_run(status=status))
+        """End the run with ``status`` once the store has every kept call; where it still does not answer, say
+        what it lacks and how to send it, and leave no active run for MLflow's exit hook to end."""
+        self.backlog.append((f"end the run as {status}", lambda: self._end(status)))
+        if self._catch_up(RETRY_BUDGET_S if self.backlog[:-1] or self.down_since is None else 0.0):
+            return
+        self._stop_system_metrics()
+        from mlflow.tracking import fluent
+
+        with contextlib.suppress(Exception):
+            fluent._active_run_stack.get().clear()
+        run = f"run {self.run_id}" if self.run_id else "this run (never opened)"
+        lacked = len(self.backlog) - 1
+        later = f"; {self.catch_up_hint}" if self.catch_up_hint else ""
+        logger.warning(f"MLflow's {run} in {self.uri} lacks {lacked} tracking call(s) of this session and is not "
+                       f"marked {status}: the store did not answer again; the figures are in {self.kept_in}{later}")
+
+    def _end(self, status: str) -> None:
+        active = self.mlflow.active_run()
+        if active is not None and active.info.run_id == self.run_id:
+            self.mlflow.end_run(status=status)  # stops the system metrics too
+        else:
+            self.mlflow.MlflowClient().set_terminated(self.run_id, status)
 
 
 MODEL_TYPE = "gpt2 checkpoint (weights in DVC's cache)"
@@ -469,7 +560,7 @@ def adopt(parent: MlflowTracker, dvc_exp_names: list[str], tags: dict[str, dict[
                 found.append(run.info.run_id)
 
     if parent.run_id is not None:
-        parent._call("nest the experiments' runs under it", nest)
+        parent.call("nest the experiments' runs under it", nest)
     return 0 if parent.failed else len(found)
 
 

@@ -50,3 +50,31 @@ def _withdraw(evaluation: str, out: str) -> None:
 
 if __name__ == "__main__":
     train()
+
+
+@click.command()
+@click.argument("checkpoint", default="checkpoints/ckpt.pt")
+@user_errors
+def replay(checkpoint: str) -> None:
+    """Send what a training's MLflow run lacks (after the store stopped answering), from its CHECKPOINT.
+
+    Sends every logged step, eval and final figure the run does not have yet, nothing twice, and marks a
+    finished training's run FINISHED. A run missing from the store (a new DB) is started again with them all."""
+    from gpt2.core.errors import UserError
+    from gpt2.run import checkpoint as checkpoints
+    from gpt2.run.tracking import MlflowTracker
+    from gpt2.train.catch_up import catch_up
+
+    state = checkpoints.load(checkpoint)
+    if "history" not in state:
+        raise UserError(f"{checkpoint} holds no training history (weights imported, not trained here): "
+                        "nothing to send")
+    params = state.get("params", {})
+    name = f"gpt2-{params.get('model', {}).get('size', '?')}, step {state['step']} (replayed)"
+    tracker = MlflowTracker(params.get("train", {}).get("experiment", "gpt2"), state.get("mlflow_run_id"), name,
+                            kept_in=checkpoint, run_uid=state["history"].get("run_uid"))
+    catch_up(tracker, state["history"], state.get("metrics"))
+    tracker.end("FINISHED" if state.get("metrics") is not None else "KILLED")
+    if tracker.failed:
+        raise UserError(f"the MLflow store {tracker.uri} did not answer: nothing was sent; run this again when it "
+                        "does (MLFLOW_TRACKING_URI picks another store)")

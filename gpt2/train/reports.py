@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core import log
+from gpt2.run.tracking import flatten
 from gpt2.core.atomic import json_text, write_files
 from gpt2.run.cost import cost_figures
 from gpt2.run.flops import Throughput
@@ -85,6 +86,15 @@ COMPARED = {"train": ("loss",), "val": ("loss", "loss_se", "ppl"),
 # tag (``summary.train.loss``), so a run's charts are its curves, not a page of one-point charts.
 TRACKED = ("val.loss", "val.loss_se", "perf.tokens_per_s", "perf.tokens_per_s_iqr", "perf.step_ms", "perf.mfu",
            "mem.peak_gb", "target.time_s", "target.tokens", "cost.device_hours", "cost.usd")
+
+
+def tracked_summary(summary: dict[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
+    """A finished run's figures for MLflow: the compared ones as metrics (the runs list's columns), the rest as
+    tags (no one-point charts)."""
+    figures = {k: v for k, v in flatten(compared_figures(summary)).items()
+               if isinstance(v, int | float) and not isinstance(v, bool)}
+    return ({f"summary/{k}": v for k, v in figures.items() if k in TRACKED},
+            {f"summary.{k}": v for k, v in figures.items() if k not in TRACKED})
 
 
 def warmup_s(history: History, steps: int) -> float:

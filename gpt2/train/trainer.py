@@ -13,6 +13,7 @@ done (train/resume.py), opens its MLflow run, and writes its reports (train/repo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -31,13 +32,14 @@ from gpt2.run.compiled import compile_caches
 from gpt2.run.cost import price_per_hour
 from gpt2.run.tracking import MlflowTracker, Tracker, experiment_run_name, flatten, git_commit
 from gpt2.train import distributed
+from gpt2.train.catch_up import catch_up, replay_hint
 from gpt2.train.build import Setup, above_peak, build, inert_switch_warnings, run_name, what_runs
 from gpt2.train.determinism import reproducible
 from gpt2.train.evaluator import Evaluator
 from gpt2.train.length import length_of
 from gpt2.train.oom import out_of_memory_error
 from gpt2.train.optim import lr_at, set_lr
-from gpt2.train.reports import TRACKED, History, compared_figures, summarize, write_reports
+from gpt2.train.reports import History, summarize, tracked_summary, write_reports
 from gpt2.train.resume import changed_settings, drop_interrupted, keep_interrupted, load_for_resume, restore
 from gpt2.train.saving import Checkpointer
 from gpt2.train.signals import StopVote, TrainingInterrupted, stop_on_signals, stop_with_parent
@@ -143,8 +145,11 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
     for warning in inert_switch_warnings(s):
         logger.warning(warning)
     kept_in = f"{report_dir or 'the returned summary'} and the checkpoint's history"
-    tracker: Tracker = (MlflowTracker(cfg.experiment, run_id, experiment_run_name() or run_name(s), kept_in)
+    tracker: Tracker = (MlflowTracker(cfg.experiment, run_id, experiment_run_name() or run_name(s), kept_in,
+                                      catch_up_hint=replay_hint(ckpt_path), run_uid=history.run_uid)
                         if cfg.mlflow and s.dist.main else Tracker())
+    if run_id is not None and isinstance(tracker, MlflowTracker):  # figures an earlier session could not send
+        catch_up(tracker, dataclasses.asdict(history))
     tracker.log_params(flatten({"model": to_dict(params.model), "train": to_dict(params.train)}))
     tracker.set_tags({"git_commit": git_commit(), "dvc_exp_name": os.environ.get("DVC_EXP_NAME"),
                       "device": s.runtime.device_name, "torch_version": torch.__version__, **info})
@@ -185,10 +190,9 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
             if s.dist.main and report_dir is not None:
                 write_reports(report_dir, summary, history)
                 tracker.log_artifact(report_dir / "summary.json")
-            figures = {k: v for k, v in flatten(compared_figures(summary)).items()
-                       if isinstance(v, int | float) and not isinstance(v, bool)}
-            tracker.log_metrics({f"summary/{k}": v for k, v in figures.items() if k in TRACKED}, step=summary["steps"])
-            tracker.set_tags({f"summary.{k}": v for k, v in figures.items() if k not in TRACKED})
+            metrics, tags = tracked_summary(summary)
+            tracker.log_metrics(metrics, step=summary["steps"])
+            tracker.set_tags(tags)
     except TrainingInterrupted:
         if s.dist.main and cfg.save_checkpoint:
             keep_interrupted(ckpt_path, s)
