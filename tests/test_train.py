@@ -215,10 +215,38 @@ def test_sigterm_exit_code(tmp_path, tokens, monkeypatch):
     assert info.value.exit_code == 143
 
 
-def test_finished_checkpoint_of_other_params_starts_a_new_run(tmp_path, tokens, capsys):
+def test_a_new_run_never_overwrites_a_finished_model(tmp_path, tokens, capsys, monkeypatch):
+    """Other params onto a finished checkpoint start a new run, and the finished model is kept beside it; so is
+    any checkpoint that train.resume: never replaces. Under DVC a model its cache holds is not copied again."""
+    from gpt2.core.provenance import file_md5
+    from gpt2.run import checkpoint
+    from gpt2.train import resume
+
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    ckpt = tmp_path / "run/ckpt.pt"
     run(tmp_path, tokens, micro_params(max_steps=4))
+    first = file_md5(ckpt)
     run(tmp_path, tokens, micro_params(max_steps=4, lr=1.0e-3))
-    assert "is a finished run (4 steps) of other params or data; starting a new run" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    kept = ckpt.parent / f"ckpt.{first[:12]}.pt"
+    assert "was a finished run (4 steps) of other params or data; starting a new run" in err
+    assert f"held a finished run (4 steps) of other params or data; kept as {kept}" in err
+    assert file_md5(kept) == first and checkpoint.load(kept)["params"]["train"]["lr"] == 1.0e-2
+    assert checkpoint.load(ckpt)["params"]["train"]["lr"] == 1.0e-3
+    second = file_md5(ckpt)
+    run(tmp_path, tokens, micro_params(max_steps=4, lr=1.0e-3, resume="never"))
+    assert (ckpt.parent / f"ckpt.{second[:12]}.pt").is_file()
+
+    project = tmp_path / "project"
+    (project / ".dvc").mkdir(parents=True)
+    monkeypatch.setenv("DVC_ROOT", str(project))
+    moved = resume.keep_replaced(ckpt, "a run")
+    assert moved is not None and moved.parent == project / ".dvc/tmp/gpt2-kept" and not ckpt.exists()
+    md5 = file_md5(moved)
+    cached = project / ".dvc/cache/files/md5" / md5[:2] / md5[2:]
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(moved.read_bytes())
+    assert resume.keep_replaced(moved, "a run") is None and moved.is_file()  # DVC has it: nothing copied
 
 
 def test_finished_checkpoint_of_the_same_params_rebuilds_the_reports_without_training(tmp_path, tokens, capsys,
@@ -334,8 +362,33 @@ def test_nan_loss_stops_with_step_and_last_checkpoint(tmp_path, tokens, monkeypa
 
     monkeypatch.setattr(trainer, "backward_micro_batches", poisoned)
     with pytest.raises(Diverged, match=r"loss is nan at step 6: training diverged; last good checkpoint: .*ckpt.pt "
-                                       r"\(step 4\)"):  # steps counted from 1, as in the log lines
+                                       r"\(step 4\)") as raised:  # steps counted from 1, as in the log lines
         run(tmp_path, tokens, micro_params(checkpoint_interval=2))
+    assert str(raised.value).endswith("resume it with a lower train.lr or a lower train.grad_clip")  # no fp16 in fp32
+
+
+def test_resuming_past_max_steps_is_refused_with_what_would_finish_it(tmp_path, tokens):
+    path = tmp_path / "run/ckpt.pt"
+    run(tmp_path, tokens, micro_params(max_steps=4, checkpoint_interval=2))
+    state = checkpoint.load(path)
+    state.update(metrics=None, step=3)  # interrupted at step 3 of 4
+    torch.save(state, path)
+    with pytest.raises(UserError, match=r"unfinished run at step 3, past this run's 2 steps.*set train.max_steps 3 "
+                                        r"or more to finish it, or train.resume: never"):
+        run(tmp_path, tokens, micro_params(max_steps=2, checkpoint_interval=2))
+
+
+def test_a_checkpoint_with_nan_weights_is_not_resumed(tmp_path, tokens):
+    """Its first step would diverge whatever the learning rate: refused, naming train.resume: never."""
+    path = tmp_path / "run/ckpt.pt"
+    run(tmp_path, tokens, micro_params(max_steps=4, checkpoint_interval=2))
+    state = checkpoint.load(path)
+    state.update(metrics=None, step=2)  # an interrupted run
+    state["model"]["transformer.h.0.mlp.c_fc.weight"][0, 0] = float("inf")
+    torch.save(state, path)
+    with pytest.raises(UserError, match=r"holds NaN or inf weights \(1 tensors, transformer.h.0.mlp.c_fc.weight "
+                                        r"first\).*set train.resume: never to start over"):
+        run(tmp_path, tokens, micro_params(max_steps=4, checkpoint_interval=2))
 
 
 def test_weights_broken_by_an_update_are_never_saved_as_the_last_good_checkpoint(tmp_path, tokens, monkeypatch):

@@ -4,7 +4,8 @@
 - A finished run of exactly these params and data: nothing trains; its reports are rebuilt from it.
 - A finished run of other params or data, or no checkpoint: the interrupted run of these params kept
   in ``.dvc/tmp/gpt2-interrupted/`` continues if there is one (``dvc exp run`` puts its baseline's
-  checkpoint back before it runs), else a fresh start (said so).
+  checkpoint back before it runs), else a fresh start (said so). A checkpoint a new run would
+  overwrite is kept first (``keep_replaced``), unless DVC's cache holds it.
 - An unfinished run: it continues, unless the model, the data or the optimizer changed, which is
   refused (the weights would not fit, would go on learning other text, or the optimizer's state
   would belong to another algorithm). Other changed train settings are allowed, listed, and apply
@@ -45,23 +46,33 @@ REUSABLE_TRAIN_FIELDS = {"mlflow", "experiment", "resume", "dist_timeout_s", "di
 def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
     """The checkpoint to continue from, None for a fresh start, or a refusal (UserError)."""
     if s.params.train.resume == "never":
+        if path.exists() and s.dist.main:
+            keep_replaced(path, "a run (train.resume: never starts afresh)")
         return None
     state = checkpoint.load(path) if path.exists() else None
     if state is None or state.get("metrics") is not None or state["step"] >= (state["total_steps"] or math.inf):
         if state is not None and same_run(state, s) and state.get("metrics") is not None:
             return state  # finished with these params and data: its reports are rebuilt, nothing retrains
         kept = kept_interrupted(s)
+        finished = None if state is None else (
+            f"a finished run ({state['step']} steps) "
+            + ("of other params or data" if not same_run(state, s) else "written before checkpoints kept their summary"))
+        if finished is not None and s.dist.main:  # this run's first save would overwrite it
+            keep_replaced(path, finished)
         if kept is not None:  # `dvc exp run` put its baseline's checkpoint back in place of the interrupted one
             logger.info(f"train: resuming the interrupted run of these params and data kept in {kept} "
-                        f"({path} {'holds another run' if state is not None else 'is missing'})")
+                        f"({path} {'held another run' if state is not None else 'is missing'})")
             state, path = checkpoint.load(kept), kept
         elif state is None:
             return None
         else:
-            why = ("of other params or data" if not same_run(state, s)
-                   else "written before checkpoints kept their summary")
-            logger.info(f"train: {path} is a finished run ({state['step']} steps) {why}; starting a new run")
+            logger.info(f"train: {path} was {finished}; starting a new run")
             return None
+    bad = checkpoint.non_finite(checkpoint.clean_state_dict(state["model"]))
+    if bad:  # its first step would diverge at once, whatever the learning rate
+        raise UserError(f"{path} holds NaN or inf weights ({len(bad)} tensors, {bad[0]} first): its run diverged or "
+                        "the file is damaged, so it cannot be resumed; restore a good copy, or set train.resume: "
+                        "never to start over (the file is then kept, not overwritten)")
     old, new = state["model_config"], dataclasses.asdict(s.model_cfg)
     diffs = [f"{k} {old.get(k)} → {v}" for k, v in new.items() if k not in RESUMABLE_MODEL_FIELDS and old.get(k) != v]
     if state["data"] != s.data_identity:
@@ -75,9 +86,36 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
         raise UserError(f"{path} holds an unfinished run (step {state['step']}/{state['total_steps']}) trained "
                         f"with train.optimizer {was}; {s.params.train.optimizer}'s state cannot continue it; set "
                         f"train.optimizer: {was} to resume it, or train.resume: never (or delete {path}) to start over")
+    if s.total_steps is not None and state["step"] > s.total_steps:
+        raise UserError(f"{path} holds an unfinished run at step {state['step']}, past this run's {s.total_steps} "
+                        f"steps (train.max_steps or max_tokens); set train.max_steps {state['step']} or more to "
+                        f"finish it, or train.resume: never to start over (the file is then kept, not overwritten)")
     for key, (old, new) in changed_settings(state, s).items():
         logger.info(f"train: resuming with train.{key} changed: {old} → {new} (applies from step {state['step']})")
     return state
+
+
+def keep_replaced(path: Path, what: str) -> Path | None:
+    """A new run is about to overwrite the checkpoint at ``path``: keep it, unless DVC's cache holds it already
+    (``dvc exp apply`` or ``dvc checkout`` brings it back). Under DVC it moves to ``.dvc/tmp/gpt2-kept/``
+    (beside the stage's output folder, whose hash it would change); outside, beside itself, named by its MD5."""
+    from gpt2.core.provenance import file_md5
+
+    md5 = file_md5(path)
+    folder = interrupted_dir()
+    if folder is not None:
+        cached = Path(os.environ["DVC_ROOT"]) / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]
+        if cached.is_file():
+            logger.info(f"train: {path} holds {what}; DVC's cache keeps it ({cached}), this run replaces it here")
+            return None
+        target = folder.parent / "gpt2-kept" / f"{path.stem}.{md5[:12]}{path.suffix}"
+    else:
+        target = path.with_name(f"{path.stem}.{md5[:12]}{path.suffix}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(path, target)
+    logger.warning(f"train: {path} held {what}; kept as {target} ({target.stat().st_size / 1e6:,.0f} MB), "
+                   "not overwritten: delete it once you no longer need it")
+    return target
 
 
 def changed_settings(state: dict[str, Any], s: Setup) -> dict[str, tuple[Any, Any]]:

@@ -23,7 +23,7 @@ from gpt2.run.tracking import Tracker
 from gpt2.train import distributed, sharded
 from gpt2.train.build import Setup
 from gpt2.train.reports import History
-from gpt2.train.step_log import Diverged
+from gpt2.train.step_log import Diverged, what_helps
 
 
 class Checkpointer:
@@ -49,7 +49,7 @@ class Checkpointer:
         rngs = distributed.gather(checkpoint.rng_states(), self.s.dist)
         weights, optimizers = full_state(self.s)
         if self.s.dist.main:
-            refuse_non_finite(weights, step, self.last_good)
+            refuse_non_finite(weights, step, self.last_good, what_helps(self.s))
             self.settle(block=True)  # the previous write first: one at a time
             self.writing = step
             self.saver.save(self.path, state(self.s, step, self.history, self.tracker.run_id, rngs, summary,
@@ -101,14 +101,13 @@ class Checkpointer:
                 self.saver.wait()
 
 
-def refuse_non_finite(weights: dict[str, Any], step: int, last_good: Callable[[], str]) -> None:
+def refuse_non_finite(weights: dict[str, Any], step: int, last_good: Callable[[], str], advice: str) -> None:
     """Never keep weights with NaN or inf as the last good checkpoint: an update can break the weights while
     the loss that step reported was still finite, and resuming from them would fail again at once."""
     bad = checkpoint.non_finite(weights)
     if bad:
         raise Diverged(f"the weights hold NaN or inf after step {step} ({len(bad)} tensors, {bad[0]} first): training "
-                       f"diverged and this step was not saved; last good checkpoint: {last_good()}; lower "
-                       "train.lr, set train.grad_clip, or use bf16 instead of fp16")
+                       f"diverged and this step was not saved; last good checkpoint: {last_good()}; {advice}")
 
 
 def full_state(s: Setup) -> tuple[dict[str, Any], list[dict[str, Any]]]:

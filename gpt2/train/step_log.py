@@ -72,6 +72,13 @@ class Diverged(UserError):
     """The loss became NaN or infinite."""
 
 
+def what_helps(s: Setup) -> str:
+    """Advice for a diverged run: what this run can change (bf16 only where it trains in fp16)."""
+    clip = "a lower train.grad_clip" if s.params.train.grad_clip else "train.grad_clip (it is off)"
+    fp16 = ", or train.dtype bf16 instead of fp16" if s.runtime.dtype == "fp16" else ""
+    return f"resume it with a lower train.lr or {clip}{fp16}"
+
+
 def sync_every_step(runtime: Runtime) -> bool:
     """Off CUDA a sync costs nothing: check losses and signals after every step there."""
     return runtime.device.type != "cuda"
@@ -173,8 +180,7 @@ class StepLog:
         bad = next((i for i, value in enumerate(self.losses) if not math.isfinite(value)), None)
         if bad is not None:
             raise Diverged(f"loss is {self.losses[bad]} at step {first + bad}: training diverged; last good "
-                           f"checkpoint: {self.last_checkpoint()}; lower train.lr, set train.grad_clip, or use "
-                           "bf16 instead of fp16")
+                           f"checkpoint: {self.last_checkpoint()}; {what_helps(self.s)}")
         if not self.synced:
             distributed.set_step_deadline(self.cfg, self.s.dist)  # the first sync point: compilation is done
             self.synced = True
