@@ -208,6 +208,44 @@ def test_an_interrupted_experiment_resumes_though_dvc_restored_its_baseline_chec
     assert not list((tmp_path / ".dvc/tmp/gpt2-interrupted").iterdir())  # finished: no longer kept
 
 
+def test_an_interrupted_experiment_resumed_with_a_changed_setting_continues_and_leaves_no_copy(tmp_path, tokens,
+                                                                                              monkeypatch, capsys):
+    """`dvc exp run` interrupted, then `dvc exp run -S train.lr=...` (a learning rate that spiked): the kept run
+    continues under the new lr, as a plain resume would, and no copy is left behind. A kept run that trained on
+    other data (it can never resume) is removed at the next start; the others are listed."""
+    import shutil
+
+    from gpt2.train import resume
+
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    run(tmp_path, tokens, micro_params(max_steps=4), "baseline")
+    interrupt_at(monkeypatch, 5)
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path, tokens, micro_params())
+    monkeypatch.undo()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    folder = tmp_path / ".dvc/tmp/gpt2-interrupted"
+    stale = folder / "0123456789abcdef.0123456789abcdef.pt"  # a run on data that is gone
+    shutil.copy(next(folder.glob("*.pt")), stale)
+    stale.with_suffix(".json").write_text('{"data": {"train_md5": "gone"}}')
+    shutil.copy(tmp_path / "baseline/ckpt.pt", tmp_path / "run/ckpt.pt")  # what dvc exp run does before running
+    assert run(tmp_path, tokens, micro_params(lr=5.0e-3))["steps"] == 12
+    err = capsys.readouterr().err
+    assert f"removed the interrupted run kept in {stale}: it trained on other data" in err
+    assert "1 interrupted run(s) kept in" in err and "… (lr=0.01); each resumes when" in err
+    assert "resuming the interrupted run of these params and data kept in" in err
+    assert "resuming with train.lr changed: 0.01 → 0.005 (applies from step" in err
+    assert not list(folder.iterdir())  # finished: neither its copy nor the stale one is left
+    assert resume.kept_interrupted(resume_setup(tokens)) is None
+
+
+def resume_setup(tokens):
+    from gpt2.train.build import build
+
+    return build(micro_params(), tokens)
+
+
 def test_sigterm_exit_code(tmp_path, tokens, monkeypatch):
     interrupt_at(monkeypatch, 2, signal.SIGTERM)
     with pytest.raises(TrainingInterrupted, match="SIGTERM") as info:

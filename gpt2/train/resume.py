@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -63,6 +64,7 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
             logger.info(f"train: resuming the interrupted run of these params and data kept in {kept} "
                         f"({path} {'held another run' if state is not None else 'is missing'})")
             state, path = checkpoint.load(kept), kept
+            state["kept_from"] = str(kept)  # removed once the run finishes, or is kept again under its new settings
         elif state is None:
             return None
         else:
@@ -179,14 +181,21 @@ def load_optimizer(s: Setup, optimizer: torch.optim.Optimizer, saved: dict[str, 
 
 
 def run_key(s: Setup) -> str:
-    """What identifies a run for resuming it: its model and train params (tracking switches aside) and data."""
+    """What a kept interrupted run must share with a run to be resumed by it: the model, the data and the
+    optimizer (the rules ``load_for_resume`` enforces). Other train settings may change, as in a plain resume."""
+    return _digest({"model": to_dict(s.params.model), "optimizer": s.params.train.optimizer, "data": s.data_identity})
+
+
+def params_key(s: Setup) -> str:
+    """Every train param (tracking switches aside): which of several kept runs of one ``run_key`` is this run's."""
+    return _digest({k: v for k, v in to_dict(s.params.train).items() if k not in REUSABLE_TRAIN_FIELDS})
+
+
+def _digest(value: Any) -> str:
     import hashlib
     import json
 
-    train = {k: v for k, v in to_dict(s.params.train).items() if k not in REUSABLE_TRAIN_FIELDS}
-    text = json.dumps({"model": to_dict(s.params.model), "train": train, "data": s.data_identity}, sort_keys=True,
-                      default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def interrupted_dir() -> Path | None:
@@ -196,32 +205,77 @@ def interrupted_dir() -> Path | None:
     return Path(root) / ".dvc" / "tmp" / "gpt2-interrupted" if root and (Path(root) / ".dvc").is_dir() else None
 
 
-def keep_interrupted(path: Path, s: Setup) -> Path | None:
+def keep_interrupted(path: Path, s: Setup, resumed_from: Path | None) -> Path | None:
     """Keep the interrupted run's checkpoint beside the project's DVC state: ``dvc exp run`` restores its
     baseline's outputs before it runs, so the same command run again would otherwise find another run in
     ``checkpoints/`` and start over. A copy, not a link: a tool that rewrites the checkpoint in place would
-    change a linked one too."""
-    kept = kept_path(s)
-    if kept is None or not path.is_file():
+    change a linked one too. A JSON beside it says what it is (for the listing at the next run's start)."""
+    folder = interrupted_dir()
+    if folder is None or not path.is_file():
         return None
+    kept = folder / f"{run_key(s)}.{params_key(s)}.pt"
     with atomic_file(kept) as tmp:
         shutil.copyfile(path, tmp)
+    about = {"data": s.data_identity, "model": to_dict(s.params.model), "train": to_dict(s.params.train)}
+    kept.with_suffix(".json").write_text(json.dumps(about, default=str))
+    if resumed_from is not None and resumed_from != kept:  # the run continued under other settings: one copy
+        _remove_kept(resumed_from)
     return kept
 
 
-def kept_path(s: Setup) -> Path | None:
-    """Where this run's interrupted copy is kept (None outside DVC)."""
-    folder = interrupted_dir()
-    return folder / f"{run_key(s)}.pt" if folder is not None else None
-
-
 def kept_interrupted(s: Setup) -> Path | None:
-    kept = kept_path(s)
-    return kept if kept is not None and kept.is_file() else None
+    """This run's kept interrupted copy: the one of its exact params, else the newest of its model, data and
+    optimizer (resumed with its changed settings, as a plain resume would be)."""
+    folder = interrupted_dir()
+    if folder is None or not folder.is_dir():
+        return None
+    exact = folder / f"{run_key(s)}.{params_key(s)}.pt"
+    if exact.is_file():
+        return exact
+    others = sorted(folder.glob(f"{run_key(s)}.*.pt"), key=lambda p: p.stat().st_mtime)
+    return others[-1] if others else None
 
 
-def drop_interrupted(s: Setup) -> None:
-    """The run finished: its interrupted copy is no longer needed."""
-    kept = kept_interrupted(s)
-    if kept is not None:
-        kept.unlink(missing_ok=True)
+def drop_interrupted(s: Setup, resumed_from: Path | None) -> None:
+    """The run finished: its interrupted copies are no longer needed."""
+    folder = interrupted_dir()
+    if folder is not None:
+        _remove_kept(folder / f"{run_key(s)}.{params_key(s)}.pt")
+    if resumed_from is not None:
+        _remove_kept(resumed_from)
+
+
+def _same(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _remove_kept(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    path.with_suffix(".json").unlink(missing_ok=True)
+
+
+def tidy_interrupted(s: Setup) -> None:
+    """At a run's start under DVC: say which interrupted runs are kept, and remove those that can never resume
+    (trained on data that is no longer the project's: a resume would be refused)."""
+    folder = interrupted_dir()
+    if folder is None or not folder.is_dir():
+        return
+    kept = []
+    for path in sorted(folder.glob("*.pt")):
+        try:
+            about = json.loads(path.with_suffix(".json").read_text())
+        except (OSError, ValueError):
+            about = {}
+        if "data" in about and _same(about["data"]) != _same(s.data_identity):
+            logger.info(f"train: removed the interrupted run kept in {path}: it trained on other data, which a "
+                        "resume refuses")
+            _remove_kept(path)
+            continue
+        kept.append((path, about))
+    if kept:
+        size = sum(p.stat().st_size for p, _ in kept) / 1e6
+        now = json.loads(_same(to_dict(s.params.train)))
+        shown = "; ".join(f"{p.name[:8]}… ({', '.join(f'{k}={v}' for k, v in a.get('train', {}).items() if now.get(k) != v) or 'these params'})"
+                          for p, a in kept[:5])
+        logger.info(f"train: {len(kept)} interrupted run(s) kept in {folder} ({size:,.0f} MB): {shown}; each resumes "
+                    "when its model, data and optimizer run again (docs/training.md), or delete them")

@@ -40,7 +40,8 @@ from gpt2.train.length import length_of
 from gpt2.train.oom import out_of_memory_error
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.reports import History, summarize, tracked_summary, write_reports
-from gpt2.train.resume import changed_settings, drop_interrupted, keep_interrupted, load_for_resume, restore
+from gpt2.train.resume import (changed_settings, drop_interrupted, keep_interrupted, load_for_resume, restore,
+                               tidy_interrupted)
 from gpt2.train.saving import Checkpointer
 from gpt2.train.signals import StopVote, TrainingInterrupted, stop_on_signals, stop_with_parent
 from gpt2.train.step import backward_micro_batches, optimizer_step
@@ -124,7 +125,10 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
     """One session of a run: resume or reuse, track, fit, report."""
     params, cfg = s.params, s.params.train
     history, step, run_id, changes = History(), 0, None, None
+    if s.dist.main:
+        tidy_interrupted(s)
     state = load_for_resume(ckpt_path, s)
+    resumed_from = Path(state["kept_from"]) if state is not None and "kept_from" in state else None
     if state is not None and state.get("metrics") is not None:
         if s.dist.main and report_dir is not None:
             write_reports(report_dir, state["metrics"], History(**state["history"]))
@@ -195,10 +199,10 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
             tracker.set_tags(tags)
     except TrainingInterrupted:
         if s.dist.main and cfg.save_checkpoint:
-            keep_interrupted(ckpt_path, s)
+            keep_interrupted(ckpt_path, s, resumed_from)
         raise
     if s.dist.main:
-        drop_interrupted(s)
+        drop_interrupted(s, resumed_from)
     return summary
 
 
