@@ -23,7 +23,7 @@ def test_project_params_load_and_match_the_dataclass_defaults():
 
 
 def test_missing_sections_take_defaults(tmp_path):
-    assert load(tmp_path, "") == Params()
+    assert load(tmp_path, "train: {}\n") == Params()  # an empty file is refused (below)
 
 
 def test_unknown_key_names_key_and_suggests(tmp_path):
@@ -77,6 +77,18 @@ def test_missing_file(tmp_path):
 def test_invalid_yaml(tmp_path):
     with pytest.raises(UserError, match="not valid YAML"):
         load(tmp_path, "download: [\n")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("train:\n  lr: 1.0e-3\n  max_steps: 10\n  lr: 2.0e-3\n", r": the key 'lr' is written twice \(lines 2 and 4\): keep one$"),
+    ("train: {}\neval: {}\ntrain: {}\n", r"the key 'train' is written twice \(lines 1 and 3\)"),
+    ("", r"is empty: it must hold the stages' sections"),
+    ("# all commented out\n", r"is empty"),
+])
+def test_a_key_written_twice_or_an_empty_file_is_refused(tmp_path, text, message):
+    """PyYAML would keep the last of two values silently, and an empty file would train on every default."""
+    with pytest.raises(UserError, match=message):
+        load(tmp_path, text)
 
 
 def test_section_must_be_mapping(tmp_path):

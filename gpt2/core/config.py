@@ -280,6 +280,9 @@ class Params:
 def load_params(path: str | os.PathLike = "params.yaml") -> Params:
     """Read and validate params.yaml; raise :class:`UserError` on any problem."""
     data = read_yaml(path, "params", "--params")
+    if data == {}:
+        raise ParamError(f"params file {str(path)!r} is empty: it must hold the stages' sections (download, tokenize, "
+                         "model, train, eval...); `git checkout params.yaml` restores the committed one")
     if not isinstance(data, dict):
         raise ParamError(f"params file {str(path)!r} must be a mapping of sections, got {type(data).__name__}")
     return build(Params, data, "", MOVED)

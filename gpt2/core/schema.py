@@ -58,9 +58,37 @@ def read_yaml(path: str | os.PathLike, kind: str, option: str) -> Any:
     if not path.is_file():
         raise UserError(f"{kind} file {str(path)!r} not found; run from the project root or pass {option} PATH")
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        return yaml.load(path.read_text(), Loader=_unique_key_loader()) or {}  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
+        if "is written twice" in str(getattr(exc, "problem", "")):
+            raise UserError(f"{kind} file {str(path)!r}: {exc.problem}") from None
         raise UserError(f"{kind} file {str(path)!r} is not valid YAML: {exc}") from None
+
+
+def _unique_keys(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
+    """A mapping whose keys are each written once: PyYAML keeps the last of two silently, so one of two values
+    the user wrote would be ignored without a word."""
+    import yaml
+
+    first: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in first:
+            raise yaml.constructor.ConstructorError(
+                "while reading a mapping", node.start_mark, f"the key {key!r} is written twice (lines "
+                f"{first[key] + 1} and {key_node.start_mark.line + 1}): keep one", key_node.start_mark)
+        first[key] = key_node.start_mark.line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+def _unique_key_loader() -> type:
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_keys)
+    return UniqueKeyLoader
 
 
 def build(cls: type, data: Any, at: str, moved: dict[str, str] | None = None) -> Any:
