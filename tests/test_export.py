@@ -57,6 +57,15 @@ def test_autotokenizer_gives_the_pipelines_ids(tmp_path, tokens):
         assert tokenizer.encode(text) == ours.encode(text, allowed_special="all"), text
     assert tokenizer.decode(ours.encode_ordinary(texts[2])) == texts[2]
     assert tokenizer.eos_token_id == 50256 and len(tokenizer) == 50257
+    modes = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "hf").iterdir()}
+    assert len(set(modes.values())) == 1, modes  # model.safetensors readable like the rest (safetensors writes 0600)
+
+
+def test_a_checkpoint_folder_names_the_file_to_pass(tmp_path, tokens):
+    ckpt = trained(tmp_path, tokens)
+    with pytest.raises(UserError, match=rf"checkpoint {ckpt.parent} is a folder \(ckpt.pt there\): pass the checkpoint "
+                                        rf"file, e.g. {ckpt}"):
+        export(ckpt.parent, tmp_path / "hf")
 
 
 def test_weights_convert_both_ways_exactly():

@@ -11,6 +11,7 @@ may be shorter than the model's context: the position embeddings past it never l
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from gpt2.core import log
@@ -43,6 +44,9 @@ def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
     weights = to_hf(trained, cfg)
     with atomic_dir(out, owns=EXPORT_FILES, command="gpt2 export") as tmp:
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp / "model.safetensors", 0o666 & ~umask)  # safetensors writes 0600; the rest of the folder 0644
         (tmp / "config.json").write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 50256, "eos_token_id": 50256}) + "\n")
         write_tokenizer(tmp)

@@ -171,6 +171,11 @@ class BackgroundSaver:
 def load(path: str | os.PathLike) -> dict[str, Any]:
     """Read a checkpoint onto the CPU, or raise :class:`UserError` saying why it cannot be used."""
     path = Path(path)
+    if path.is_dir():
+        files = sorted(f.name for f in path.glob("*.pt"))
+        inside = f" ({', '.join(files[:3])} there)" if files else " (no .pt file there)"
+        raise UserError(f"checkpoint {path} is a folder{inside}: pass the checkpoint file, e.g. "
+                        f"{path / (files[0] if files else 'ckpt.pt')}")
     if not path.is_file():
         raise UserError(f"checkpoint {path} not found; train first (dvc repro train) or pass the right path")
     try:
