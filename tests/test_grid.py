@@ -149,3 +149,13 @@ def test_a_budget_and_a_length_in_the_grid_are_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match=r"-S train.max_steps and --time-budget both set the run's length"):
         grid.run_grid(("train.max_steps=10,20",), time_budget_s=30.0)
+
+
+def test_a_name_too_long_for_a_file_is_refused_before_any_run(tmp_path, monkeypatch):
+    import pytest
+
+    from gpt2.core.errors import UserError
+
+    monkeypatch.chdir(tmp_path)  # not a DVC project: the name is checked before anything else
+    with pytest.raises(UserError, match=r"--name is 300 bytes long; .* give one of at most 100"):
+        grid.run_grid(("train.lr=1.0e-3,2.0e-3",), name="x" * 300)

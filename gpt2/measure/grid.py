@@ -88,6 +88,9 @@ class Row:
     device_hours: float | None = None  # a run's device-hours, median over the runs
 
 
+MAX_NAME = 100  # a grid's name, in bytes: its report files and experiment names add a suffix to it
+
+
 def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "evaluate", out: str | Path = "reports/grid",
              mlflow: bool | None = None, params_path: str | Path = "params.yaml", repeats: int = 1,
              time_budget_s: float | None = None, apply: bool = False, as_json: bool = False) -> dict[str, Any]:
@@ -97,6 +100,9 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
     winner into params.yaml. Returns the comparison as the report's JSON holds it; ``as_json`` prints it on stdout
     (also when a run failed, before the error)."""
     root, started = Path.cwd(), time.time()
+    if name is not None and len(name.encode()) > MAX_NAME:  # before an hour of runs, not at the report after them
+        raise UserError(f"gpt2 grid --name is {len(name.encode())} bytes long; the report's files and the experiments "
+                        f"are named after it, and a file name holds at most 255: give one of at most {MAX_NAME}")
     grid = parse_sets(sets)
     if not grid:
         raise UserError("gpt2 grid needs at least one -S section.key=value[,value...]")
