@@ -214,3 +214,28 @@ def test_sigterm_during_tokenize_cleans_up_as_ctrl_c_does(tmp_path):
     assert stage.wait(timeout=60) == 143
     assert "terminated (SIGTERM); no output was written" in stage.stderr.read()
     assert not list(tmp_path.glob(".tokens*")) and not (tmp_path / "tokens").exists()
+
+
+def test_an_unwritable_home_falls_back_to_a_temporary_cache_and_an_unwritable_choice_is_named(tmp_path, monkeypatch,
+                                                                                             caplog):
+    """Cluster homes are often read-only or over quota: the tokenizer's files go to a folder of this user's in the
+    system's temporary directory, said once. A GPT2_CACHE_DIR the user chose and cannot be written is an error."""
+    import tempfile
+
+    import pytest
+
+    from gpt2.core.errors import UserError
+    from gpt2.data import pypi
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # a folder below a file cannot be made, even by root
+    monkeypatch.delenv("GPT2_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked / "cache"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    fallback = pypi.cache_dir()
+    assert fallback.parent == tmp_path / "tmp" and fallback.is_dir()
+    assert "cannot be written (a read-only or full home?)" in caplog.text and str(fallback) in caplog.text
+    monkeypatch.setenv("GPT2_CACHE_DIR", str(blocked / "mine"))
+    with pytest.raises(UserError, match="GPT2_CACHE_DIR=.* is not a folder this user can write"):
+        pypi.cache_dir()

@@ -22,11 +22,38 @@ logger = log.get("download")
 
 
 def cache_dir() -> Path:
-    """``$GPT2_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpt2-pipeline``, else ``~/.cache/gpt2-pipeline``."""
-    if os.environ.get("GPT2_CACHE_DIR"):
-        return Path(os.environ["GPT2_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "gpt2-pipeline"
+    """``$GPT2_CACHE_DIR``, else ``$XDG_CACHE_HOME/gpt2-pipeline``, else ``~/.cache/gpt2-pipeline``. Where that
+    home cannot be written (read-only or over quota on a cluster) and holds no tokenizer yet: a folder of this
+    user's in the system's temporary directory, said once."""
+    explicit = os.environ.get("GPT2_CACHE_DIR")
+    preferred = Path(explicit) if explicit else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / \
+        "gpt2-pipeline"
+    if (preferred / "gpt2.tiktoken").is_file() or _writable(preferred):
+        return preferred
+    if explicit:
+        raise UserError(f"GPT2_CACHE_DIR={explicit} is not a folder this user can write; point it at one (the GPT-2 "
+                        "tokenizer's files are kept there)")
+    fallback = Path(tempfile.gettempdir()) / f"gpt2-pipeline-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
+    if not _writable(fallback):
+        raise UserError(f"neither {preferred} nor {fallback} can be written; set GPT2_CACHE_DIR to a writable folder "
+                        "(the GPT-2 tokenizer's files are kept there)")
+    if fallback not in _SAID:
+        _SAID.add(fallback)
+        logger.warning(f"{preferred} cannot be written (a read-only or full home?); the GPT-2 tokenizer's files are "
+                       f"kept in {fallback} instead; set GPT2_CACHE_DIR to keep them elsewhere")
+    return fallback
+
+
+_SAID: set[Path] = set()
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def fetch_sdist(name: str, version: str, sha256: str) -> Path:
