@@ -246,6 +246,25 @@ def resume_setup(tokens):
     return build(micro_params(), tokens)
 
 
+def test_a_second_ctrl_c_while_the_stop_is_saved_waits_for_the_checkpoint(tmp_path, tokens, monkeypatch, capsys):
+    """Ctrl-C twice, the second while the first's checkpoint is written: the write ends, whole, and the run stops
+    as after one (it used to abort mid-write: exit 134 and half a temporary file)."""
+    original = checkpoint.save
+
+    def slow_save(path, state):
+        os.kill(os.getpid(), signal.SIGINT)  # the impatient second Ctrl-C, mid-write
+        time.sleep(0.2)
+        original(path, state)
+
+    interrupt_at(monkeypatch, 3)
+    monkeypatch.setattr(checkpoint, "save", slow_save)
+    with pytest.raises(TrainingInterrupted, match="interrupted by SIGINT at step 4/12"):
+        run(tmp_path, tokens, micro_params(checkpoint_interval=100))
+    assert "the checkpoint is being written; the run stops as soon as it is" in capsys.readouterr().err
+    assert checkpoint.load(tmp_path / "run/ckpt.pt")["step"] == 4
+    assert [f.name for f in (tmp_path / "run").iterdir() if f.name.startswith(".")] == []
+
+
 def test_sigterm_exit_code(tmp_path, tokens, monkeypatch):
     interrupt_at(monkeypatch, 2, signal.SIGTERM)
     with pytest.raises(TrainingInterrupted, match="SIGTERM") as info:

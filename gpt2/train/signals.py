@@ -32,6 +32,7 @@ class TrainingInterrupted(Stopped):
 
 class StopRequest:
     signum: int | None = None
+    saving = False  # the stop's checkpoint is being written: a second signal waits for it, not abort it
 
     @property
     def asked(self) -> bool:
@@ -52,6 +53,10 @@ def stop_on_signals() -> Iterator[StopRequest]:
     request = StopRequest()
 
     def handler(signum: int, frame: Any) -> None:
+        if request.saving:  # aborting now would leave half a file and kill the writer mid-write
+            logger.info(f"\n{signal.Signals(signum).name}: the checkpoint is being written; the run stops as soon "
+                        "as it is", extra=log.EVERY_RANK)
+            return
         if request.asked and signum == signal.SIGINT:
             raise KeyboardInterrupt
         request.signum = signum

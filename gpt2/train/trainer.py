@@ -85,6 +85,7 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
                 step_log.set_aside(evaluator.evaluate(step))  # a compiled run's first eval compiles: not steady
             done = last or evaluator.stop
             summary = finish(step) if done else None
+            signals.saving = stopping  # from here a second Ctrl-C waits for the write (checkpointer's exit)
             if done or stopping or checkpointer.due(step):
                 checkpointer.save(step, summary)
             if stopping:
