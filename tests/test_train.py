@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import time
 
@@ -608,21 +609,27 @@ def test_a_run_without_a_report_folder_writes_only_its_checkpoint(tmp_path, toke
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["ckpt.pt"]
 
 
-def test_out_of_memory_is_an_answer_and_the_last_checkpoint_stays(tmp_path, tokens, monkeypatch):
+@pytest.mark.parametrize("failure", ["cuda", "cpu"])
+def test_out_of_memory_is_an_answer_and_the_last_checkpoint_stays(tmp_path, tokens, monkeypatch, failure):
     original, calls = trainer.backward_micro_batches, []
 
     def backward(*args, **kwargs):
         calls.append(1)
         if len(calls) == 5:  # step 5, after the checkpoint of step 4
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB") if failure == "cuda" else
+                   RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                                "you tried to allocate 2147483648 bytes. Error code 12 (Cannot allocate memory)"))
         return original(*args, **kwargs)
 
     monkeypatch.setattr(trainer, "backward_micro_batches", backward)
     with pytest.raises(UserError) as caught:
         run(tmp_path, tokens, micro_params(micro_batch_size=6, grad_accum_steps=2, checkpoint_interval=2))
     message = str(caught.value)
-    assert message.startswith("out of memory on cpu at micro-batch 6 × 16 tokens (tiny, fp32); the memory model "
-                              "expected 0.1 GB: ")
+    assert re.match(r"out of memory on cpu \(\d+\.\d GB of RAM\) at micro-batch 6 × 16 tokens \(tiny, fp32\); the "
+                    r"memory model expected 0.1 GB: ", message), message
+    if failure == "cpu":
+        assert message.endswith("(the CPU allocator failed)")
+        return
     assert "set train.micro_batch_size 3 and train.grad_accum_steps 4 (the same batch of 12 sequences)" in message
     assert "or train.micro_batch_size auto with train.batch_tokens 192 and train.grad_accum_steps 1" in message
     assert "ckpt.pt) is intact and train.resume auto continues from it (OutOfMemoryError)" in message

@@ -15,6 +15,11 @@ from gpt2.core.errors import UserError
 from gpt2.train.build import Setup
 
 
+def is_cpu_out_of_memory(exc: BaseException) -> bool:
+    """PyTorch's CPU allocator says it with a RuntimeError (a micro-batch too large for the RAM, ``ulimit -v``)."""
+    return isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc)
+
+
 def smaller_micro_batch(micro_batch: int, accum: int) -> tuple[int, int] | None:
     """The largest smaller micro-batch that divides this one, with the accumulation keeping the batch."""
     for size in range(micro_batch // 2, 0, -1):
@@ -29,6 +34,10 @@ def out_of_memory_error(exc: BaseException, s: Setup, ckpt_path: Path) -> UserEr
     capacity = ""
     if device.type == "cuda":
         capacity = f" of {torch.cuda.get_device_properties(device).total_memory / 1e9:.1f} GB"
+    elif device.type == "cpu":
+        import psutil
+
+        capacity = f" ({psutil.virtual_memory().total / 1e9:.1f} GB of RAM)"
     micro, accum = s.batch.micro, s.batch.accum
     what = (f"out of memory on {device}{capacity} at micro-batch {micro} × {s.seq_len} tokens "
             f"({s.params.model.size}, {s.runtime.dtype}); the memory model expected {s.recipe.bytes(micro) / 1e9:.1f} GB")
@@ -46,4 +55,5 @@ def out_of_memory_error(exc: BaseException, s: Setup, ckpt_path: Path) -> UserEr
         fix = "one sequence does not fit: a smaller model.size or train.block_size, or bf16 (train.dtype auto)"
     kept = (f"the last checkpoint ({ckpt_path}) is intact and train.resume auto continues from it"
             if ckpt_path.exists() else "no checkpoint was written")
-    return UserError(f"{what}: {fix}; {kept} ({type(exc).__name__})")
+    cause = "the CPU allocator failed" if is_cpu_out_of_memory(exc) else type(exc).__name__
+    return UserError(f"{what}: {fix}; {kept} ({cause})")

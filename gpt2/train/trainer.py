@@ -37,7 +37,7 @@ from gpt2.train.build import Setup, above_peak, build, inert_switch_warnings, ru
 from gpt2.train.determinism import reproducible
 from gpt2.train.evaluator import Evaluator
 from gpt2.train.length import length_of
-from gpt2.train.oom import out_of_memory_error
+from gpt2.train.oom import is_cpu_out_of_memory, out_of_memory_error
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.reports import History, summarize, tracked_summary, write_reports
 from gpt2.train.resume import (changed_settings, drop_interrupted, keep_interrupted, load_for_resume, restore,
@@ -115,6 +115,8 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
         except torch.OutOfMemoryError as exc:
             raise out_of_memory_error(exc, s, ckpt_path) from None
         except (getattr(torch.distributed, "DistError", RuntimeError), RuntimeError) as exc:
+            if is_cpu_out_of_memory(exc):
+                raise out_of_memory_error(exc, s, ckpt_path) from None
             if s.dist.world > 1 and _is_collective_failure(exc):
                 raise distributed.collective_error(exc, s.dist, params.train.dist_timeout_s) from None
             raise
