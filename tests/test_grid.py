@@ -159,3 +159,43 @@ def test_a_name_too_long_for_a_file_is_refused_before_any_run(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)  # not a DVC project: the name is checked before anything else
     with pytest.raises(UserError, match=r"--name is 300 bytes long; .* give one of at most 100"):
         grid.run_grid(("train.lr=1.0e-3,2.0e-3",), name="x" * 300)
+
+
+FAKE_DVC = """
+import os, signal, sys, time
+workspace = os.path.join(os.getcwd(), ".dvc", "tmp", "exps", "tmp123")
+os.makedirs(workspace)
+def clean(*_):  # what DVC does on Ctrl-C: remove its temporary workspace
+    os.rmdir(workspace)
+    sys.exit(130)
+signal.signal(signal.SIGINT, clean)
+print("started", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_sigterm_to_the_group_stops_dvc_as_ctrl_c_does_and_leaves_no_workspace(tmp_path):
+    """A scheduler's SIGTERM to a grid's or a ladder's process group: DVC would die of it with its temporary
+    workspace (a copy of the repo) left in .dvc/tmp; it runs in its own session and gets Ctrl-C instead."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "fake/dvc").mkdir(parents=True)
+    (tmp_path / "fake/dvc/__init__.py").write_text("")  # a regular package: it comes before the real one
+    (tmp_path / "fake/dvc/__main__.py").write_text(FAKE_DVC)
+    child = ("import sys\nfrom pathlib import Path\nfrom gpt2.core.cli import user_errors\n"
+             "from gpt2.measure.experiments import run_now\n"
+             "user_errors(lambda: run_now(Path.cwd(), 'e', {}, 'train', Path('log.txt')))()\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'fake'}:{os.environ.get('PYTHONPATH', '')}"}
+    process = subprocess.Popen([sys.executable, "-c", child], cwd=tmp_path, env=env, start_new_session=True,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while "started" not in ((tmp_path / "log.txt").read_text() if (tmp_path / "log.txt").exists() else ""):
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGTERM)  # the whole group, as a scheduler does
+    assert process.wait(timeout=60) == 143, process.stderr.read()
+    assert not (tmp_path / ".dvc/tmp/exps/tmp123").exists()

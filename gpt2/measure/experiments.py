@@ -7,6 +7,7 @@ list, compare, apply or remove with the usual ``dvc exp`` commands.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -81,23 +82,27 @@ def run_now(root: Path, name: str, sets: dict[str, Any], target: str, log: Path,
 
     The same experiment a queued one would be (``dvc exp show`` lists it) without the queue's
     worker, which costs seconds before and after every run. DVC's output is appended to ``log``.
-    Returns DVC's exit status. On Ctrl-C DVC, which gets the signal too, is waited for: it removes
-    its temporary workspace and keeps the experiments that finished. ``run_name``: the experiment's
-    MLflow run name (the trainer reads it from ``GPT2_RUN_NAME``)."""
+    Returns DVC's exit status. DVC runs in a session of its own, so that a signal to this command's
+    process group (a scheduler's SIGTERM, Ctrl-C in a terminal) reaches it only as this command forwards
+    it: SIGINT to DVC's group, on which DVC stops the stage, removes its temporary workspace (over
+    100 MB: a copy of the repo) and keeps the experiments that finished; a SIGTERM would kill it with
+    the workspace left behind. ``run_name``: the experiment's MLflow run name (``GPT2_RUN_NAME``)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as sink:
         process = subprocess.Popen([sys.executable, "-m", "dvc", "exp", "run", "--temp", "-n", name,
                                     *_set_args(sets), target], cwd=root, stdout=sink, stderr=subprocess.STDOUT,
-                                   env={**_env(), **({"GPT2_RUN_NAME": run_name} if run_name else {})})
+                                   env={**_env(), **({"GPT2_RUN_NAME": run_name} if run_name else {})},
+                                   start_new_session=True)
         try:
             return process.wait()
-        except KeyboardInterrupt as interrupt:
-            if isinstance(interrupt, Terminated):  # only this process got it: DVC cleans up on SIGINT
-                process.send_signal(signal.SIGINT)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (Terminated): DVC and its stage stop as on Ctrl-C
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGINT)
             try:
-                process.wait(timeout=30)
+                process.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                process.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
             raise
 
 
