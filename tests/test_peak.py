@@ -106,6 +106,13 @@ def test_an_unwritable_cache_is_measured_around(tmp_path, monkeypatch):
     monkeypatch.setenv(peak.CACHE_ENV, str(tmp_path / "a-file" / "peaks.json"))  # its folder cannot be made
     values, fresh = peak.cpu_peaks()
     assert fresh and values["fp32"] > 0
+    from click.testing import CliRunner
+
+    from gpt2.cli import main
+
+    result = CliRunner().invoke(main, ["peak"])
+    assert result.exit_code == 0 and "kept in" not in result.output
+    assert f"not kept: {tmp_path / 'a-file' / 'peaks.json'} cannot be written" in result.output
 
 
 def test_a_peak_measured_under_load_says_so_and_is_measured_again_when_quiet(cache, runner, monkeypatch):

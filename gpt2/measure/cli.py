@@ -132,7 +132,7 @@ def peak(threads: int, fresh: bool) -> None:
     only raises the kept figure (one taken beside other work reads low), as does a run that goes faster."""
     import torch
 
-    from gpt2.run.peak import cache_path, keep, machine_key, measure
+    from gpt2.run.peak import cache_path, keep, kept_on_disk, machine_key, measure
 
     if threads:
         torch.set_num_threads(threads)
@@ -148,4 +148,8 @@ def peak(threads: int, fresh: bool) -> None:
     if measured.get("under_load"):
         click.echo(f"measured under load: {100 * measured['load']:.0f}% of the cores were busy with other work, so it "
                    "may read low; training measures it again on a quiet machine (or run `gpt2 peak` then)")
-    click.echo(f"kept in {cache_path()}")
+    if kept_on_disk(kept):
+        click.echo(f"kept in {cache_path()}")
+    else:
+        click.echo(f"not kept: {cache_path()} cannot be written (a read-only or full home?); set GPT2_PEAK_CACHE to a "
+                   "writable file to keep it (training measures it again meanwhile)")

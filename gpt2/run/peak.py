@@ -142,12 +142,20 @@ def raise_to_run(kind: str, flops: float) -> dict[str, float | str | None]:
     return kept
 
 
-def _write(cached: dict, key: str, kept: dict[str, float | str | None]) -> None:
+def _write(cached: dict, key: str, kept: dict[str, float | str | None]) -> bool:
+    """Whether the figures were kept: a read-only home or a full disk leaves them unkept (the next run measures
+    again)."""
     try:
         with atomic_file(cache_path()) as temp:
             temp.write_text(json_text({**cached, key: kept}))
-    except (OSError, UserError):  # a read-only home, a full disk: the next run measures again
-        pass
+    except (OSError, UserError):
+        return False
+    return True
+
+
+def kept_on_disk(kept: dict[str, float | str | None]) -> bool:
+    """Whether ``kept`` is what the cache file now holds for this machine."""
+    return read_cache().get(machine_key(torch.get_num_threads())) == json.loads(json_text(kept))
 
 
 def cpu_peaks(may_measure: bool = True) -> tuple[dict[str, float | str | None] | None, bool]:
