@@ -1,7 +1,7 @@
 """A DDP training process for tests, run under torchrun, that can misbehave on purpose.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/ddp_driver.py PARAMS TOKENS CKPT OUT \\
-        [--fault signal|hang|die --fault-rank R --fault-step S] [--defer-syncs]
+        [--fault signal|hang|die|kill --fault-rank R --fault-step S] [--defer-syncs]
 
 signal: SIGTERM to this rank while step S runs (the other rank must stop at the same step);
 hang: this rank sleeps --hang-s seconds at step S (the others must time out first); die: this rank exits at step S.
@@ -28,7 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     for name in ("params", "tokens", "ckpt", "out"):
         parser.add_argument(name)
-    parser.add_argument("--fault", choices=["signal", "hang", "die"])
+    parser.add_argument("--fault", choices=["signal", "hang", "die", "kill"])
     parser.add_argument("--fault-rank", type=int, default=1)
     parser.add_argument("--fault-step", type=int, default=3)
     parser.add_argument("--hang-s", type=float, default=15.0)
@@ -45,6 +45,8 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGTERM)
                 elif args.fault == "hang":
                     time.sleep(args.hang_s)
+                elif args.fault == "kill":  # as the kernel's out-of-memory killer or `kill -9` would
+                    os.kill(os.getpid(), signal.SIGKILL)
                 else:
                     os._exit(3)
             return original(step, cfg, *rest)

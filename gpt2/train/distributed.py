@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -61,6 +62,8 @@ def launch(cfg: TrainConfig, args: list[str]) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(cfg)))}
     code = run_forwarding_signals(command, env)
     if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        return code
+    if code > 128:  # a rank killed by a signal: the launcher's `error:` line above names it
         return code
     if code != 0:
         logger.info(f"train: {cfg.nproc_per_node} processes ended with exit status {code}. The first rank to fail says why "
@@ -180,7 +183,11 @@ def gather(obj: object, d: Dist) -> list[object]:
     return out
 
 
-def collective_error(exc: BaseException, d: Dist, timeout_s: float) -> UserError:
+def collective_error(exc: BaseException, d: Dist, timeout_s: float, ckpt_path: Path) -> UserError:
+    """What a rank says when a collective fails: the cause is a peer's, and what is on disk is what was saved."""
+    saved = (f"nothing more was saved: the last checkpoint is {ckpt_path} (train.resume auto continues from it)"
+             if ckpt_path.is_file() else "no checkpoint was saved")
     return UserError(f"rank {d.rank}/{d.world}: a collective failed ({exc.__class__.__name__}: "
                      f"{str(exc).splitlines()[0][:300] if str(exc) else ''}); a peer process died or hung longer than "
-                     f"train.dist_timeout_s = {timeout_s:g} s; the first rank to fail says why in its log")
+                     f"train.dist_timeout_s = {timeout_s:g} s (the first rank to fail, or the launcher, says which); "
+                     f"{saved}")

@@ -118,7 +118,7 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
             if is_cpu_out_of_memory(exc):
                 raise out_of_memory_error(exc, s, ckpt_path) from None
             if s.dist.world > 1 and _is_collective_failure(exc):
-                raise distributed.collective_error(exc, s.dist, params.train.dist_timeout_s) from None
+                raise distributed.collective_error(exc, s.dist, params.train.dist_timeout_s, ckpt_path) from None
             raise
         finally:
             distributed.shutdown(s.dist)
