@@ -83,7 +83,7 @@ def test_sharded_tokens_slice_and_gather_windows_like_one_array():
         assert np.array_equal(windows(sharded, starts, length), windows(whole, starts, length))
 
 
-def test_llmc_shards_are_linked_not_copied_and_read_as_one_split(tmp_path):
+def test_llmc_shards_are_copied_once_then_linked_and_read_as_one_split(tmp_path):
     stream, n_docs = llmc_corpus(tmp_path / "fineweb")
     tokens_dir = pipeline(tmp_path, f"{tmp_path}/fineweb/fineweb_*.bin")
     meta = read_meta(tokens_dir)
@@ -94,7 +94,9 @@ def test_llmc_shards_are_linked_not_copied_and_read_as_one_split(tmp_path):
         assert meta["splits"][split]["tokens"] == len(stream[split])
     for shard in meta["splits"]["train"]["shards"]:
         original = tmp_path / "fineweb" / shard["file"].split("-", 1)[1]
-        assert (tokens_dir / shard["file"]).stat().st_ino == original.stat().st_ino  # one file on disk, three names
+        raw = tmp_path / "raw" / "docs" / shard["file"]
+        assert (tokens_dir / shard["file"]).stat().st_ino == raw.stat().st_ino  # the project's own: one file, linked
+        assert raw.stat().st_ino != original.stat().st_ino  # the user's file: copied, never linked into DVC's cache
     stats, lengths, _ = compute(StatsConfig(), tokens_dir)
     assert stats["documents"]["total"] == n_docs and stats["bytes_per_token"] is None
     assert sorted(lengths.tolist()) == sorted(len(d) for d in gpt2_docs(40))
@@ -194,7 +196,7 @@ def test_ids_of_another_tokenizer_are_refused(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["llm.c", "nanogpt"])
-def test_dvc_repro_trains_and_evaluates_on_shards_without_a_second_copy(tmp_path, fmt):
+def test_dvc_repro_trains_and_evaluates_on_shards_with_one_copy(tmp_path, fmt):
     source = tmp_path / "shards"
     stream, _ = llmc_corpus(source) if fmt == "llm.c" else nanogpt_corpus(source)
     root = new_project(tmp_path)
@@ -207,7 +209,7 @@ def test_dvc_repro_trains_and_evaluates_on_shards_without_a_second_copy(tmp_path
     cached = {p.stat().st_ino: p for p in (root / ".dvc" / "cache").rglob("*") if p.is_file()}
     for name in (s["file"] for split in ("train", "val") for s in meta["splits"][split]["shards"]):
         raw, tokens = root / "data" / "raw" / "docs" / name, root / "data" / "tokens" / name
-        # one file on disk: the source shard, DVC's cache object, data/raw and data/tokens
+        # one copy of the user's shard: DVC's cache object, data/raw and data/tokens; the user's file apart from it
         source_file = source / name.split("-", 1)[1]
-        assert raw.stat().st_ino == tokens.stat().st_ino == source_file.stat().st_ino and raw.stat().st_ino in cached
+        assert raw.stat().st_ino == tokens.stat().st_ino != source_file.stat().st_ino and raw.stat().st_ino in cached
     assert "Data and pipelines are up to date" in run(root, sys.executable, "-m", "dvc", "status").stdout

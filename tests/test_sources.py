@@ -215,10 +215,13 @@ def test_hf_shards_are_stored_compressed_and_tokenized_in_place(tmp_path, monkey
     assert tokens[0] == tokens[6]
 
 
-def test_a_local_text_file_is_linked_not_copied(tmp_path, corpus):
+def test_a_local_text_file_is_copied_never_linked_into_what_dvc_caches(tmp_path, corpus):
+    """DVC moves data/raw's files into its cache: a hard link would make the user's file the cache object, and
+    an edit of it (root writes through the read-only bit) would change the cache behind DVC's back."""
     (tmp_path / "via-symlink.txt").symlink_to(corpus / "doc01.txt")
     manifest, out = fetch(tmp_path, corpus)
     first = out / manifest["files"][0]["path"]
-    assert first.stat().st_ino == (corpus / "doc00.txt").stat().st_ino
+    assert first.stat().st_ino != (corpus / "doc00.txt").stat().st_ino
+    assert first.read_bytes() == (corpus / "doc00.txt").read_bytes()
     manifest, out = fetch(tmp_path, tmp_path / "via-symlink.txt")
     assert (out / manifest["files"][0]["path"]).read_bytes() == (corpus / "doc01.txt").read_bytes()

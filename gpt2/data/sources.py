@@ -8,7 +8,8 @@ know nothing about where text came from:
 - ``docs/NNNNN-name.jsonl``: one document per line, ``{"text": ...}``
   (for corpora of many small documents: JSON Lines files, Hugging Face datasets);
 - ``docs/NNNNN-name.bin``: a pre-tokenized shard (llm.c or nanoGPT format, see
-  ``shards.py``), hard-linked from the source, not copied; tokenize links it on;
+  ``shards.py``), copied from the source (a user's file is never linked into DVC's cache); tokenize
+  links it on;
 - ``manifest.json``: the source, each file's bytes, sha256 and document count
   (token count and split for shards).
 """
@@ -35,7 +36,7 @@ from gpt2.core.errors import UserError
 from gpt2.core.progress import Progress
 from gpt2.data.http import download_url
 from gpt2.data.pypi import fetch_sdist
-from gpt2.data.shards import inspect_shard, is_shard, link_or_copy
+from gpt2.data.shards import inspect_shard, is_shard
 
 logger = log.get("download")
 
@@ -112,12 +113,10 @@ class RawWriter:
                            **({"text_bytes": text_bytes} if text_bytes is not None else {})})
 
     def add_text_file(self, source: Path, name: str) -> None:
-        """A local text document: hard-linked in (copied across filesystems), then read once for the NUL
-        check and the sha256. A 45 GB corpus in a local folder is not stored a second time."""
-        path = self._path(name, ".txt")
-        link_or_copy(source, path)
-        with open(path, "rb") as handle:
-            self._take_text(path, name, handle, None)
+        """A local text document: copied, never hard-linked. DVC moves data/raw's files into its cache: a
+        link would make the user's own file the cache object, and an edit of it would change the cache."""
+        with open(source, "rb") as handle:
+            self.add_text(handle, name)
 
     def add_text(self, stream: IO[bytes], name: str) -> None:
         """Copy one document's bytes (an archive member, a decompressed file)."""
@@ -145,16 +144,17 @@ class RawWriter:
         self._record(path, size, digest.hexdigest(), 1, "text", name)
 
     def add_shard(self, source: Path, name: str) -> None:
-        """A pre-tokenized shard: header and length checked, then hard-linked in (copied across filesystems)."""
+        """A pre-tokenized shard: header and length checked, then copied in (never hard-linked: see
+        ``add_text_file``); tokenize links the copy on, so data/raw, data/tokens and DVC's cache share it."""
         shard = inspect_shard(source, name)
         if shard.tokens == 0:
             logger.warning(f"skipped {name}: no tokens")
             return
         path = self._path(name, ".bin")
-        link_or_copy(source, path)
         digest = hashlib.sha256()
-        with open(path, "rb") as handle:
+        with open(source, "rb") as handle, open(path, "wb") as out:
             while chunk := handle.read(BLOCK):
+                out.write(chunk)
                 digest.update(chunk)
                 self._advance(len(chunk))
         self._record(path, path.stat().st_size, digest.hexdigest(), 0, shard.format, name)
