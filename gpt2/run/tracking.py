@@ -449,11 +449,17 @@ class MlflowTracker(Tracker):
         self.call("log the params", log)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        kept = {k: v for k, v in metrics.items() if v is not None}
+        kept = {k: float(v) for k, v in metrics.items() if v is not None}
         at, model = int(time.time() * 1000), self.model  # as logged now, whenever the store takes it
-        self.call(f"log the metrics of step {step}",
-                   lambda: self.mlflow.log_metrics(kept, step=step, run_id=self.run_id, timestamp=at,
-                                                   model_id=model[0] if model else None))
+
+        def log() -> None:
+            from mlflow.entities import Metric
+
+            model_id = model[0] if model else None
+            self.mlflow.MlflowClient().log_batch(self.run_id, metrics=[Metric(k, v, at, step, model_id=model_id)
+                                                                       for k, v in kept.items()])
+
+        self.call(f"log the metrics of step {step}", log)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         kept = self.run_tags(tags)
