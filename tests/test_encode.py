@@ -239,3 +239,18 @@ def test_an_unwritable_home_falls_back_to_a_temporary_cache_and_an_unwritable_ch
     monkeypatch.setenv("GPT2_CACHE_DIR", str(blocked / "mine"))
     with pytest.raises(UserError, match="GPT2_CACHE_DIR=.* is not a folder this user can write"):
         pypi.cache_dir()
+
+
+@pytest.mark.parametrize("failure", [MemoryError(), RuntimeError("can't start new thread")])
+def test_tokenize_out_of_memory_is_one_error_and_leaves_nothing(tmp_path, monkeypatch, failure):
+    """A corpus too large for the RAM, or an address-space limit (ulimit -v) under which not even a thread starts."""
+    from gpt2.data import encode
+
+    def fail(*args):
+        raise failure
+
+    monkeypatch.setattr(encode, "encode_batch", fail)
+    with pytest.raises(UserError, match=r"tokenize ran out of memory .*: lower tokenize.workers \(now 2\) or "
+                                        r"tokenize.chunk_kb \(now 1024\), or raise the limit; nothing was written"):
+        tokenize(tmp_path, raw_from(tmp_path, make_corpus(tmp_path / "corpus", 3)), workers=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "raw"]

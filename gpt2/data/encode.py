@@ -77,8 +77,21 @@ _EOT = np.array([EOT_ID], dtype=DTYPE)
 
 def tokenize_corpus(cfg: TokenizeConfig, raw_dir: str | Path = "data/raw",
                     out_dir: str | Path = "data/tokens") -> dict[str, Any]:
-    """Tokenize the raw folder into ``out_dir`` atomically; return meta.json's content."""
-    raw_dir = Path(raw_dir)
+    """Tokenize the raw folder into ``out_dir`` atomically; return meta.json's content. Out of memory (the RAM,
+    or an address-space limit such as ``ulimit -v``, where even a thread cannot start) is one error that says
+    what to lower; the temporary output is removed."""
+    try:
+        return _tokenize_corpus(cfg, Path(raw_dir), out_dir)
+    except (MemoryError, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and "can't start new thread" not in str(exc):
+            raise
+        workers = cfg.workers or os.cpu_count() or 1
+        raise UserError(f"tokenize ran out of memory ({type(exc).__name__}: {exc or 'no detail'}; the RAM, or a limit "
+                        f"such as ulimit -v): lower tokenize.workers (now {workers}) or tokenize.chunk_kb (now "
+                        f"{cfg.chunk_kb}), or raise the limit; nothing was written") from None
+
+
+def _tokenize_corpus(cfg: TokenizeConfig, raw_dir: Path, out_dir: str | Path) -> dict[str, Any]:
     manifest = read_manifest(raw_dir)
     if manifest.get("tokens"):
         return import_token_shards(raw_dir, manifest, Path(out_dir))
