@@ -136,6 +136,18 @@ def test_plan_for_gpt2_on_h100_prints_a_budget(runner, tmp_path):
         assert expected in result.output
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--tokens", "1e300"], "'--tokens': 1e+300 is not in the range 0<x<=1e+16"),  # it printed `inf h`, JSON Infinity
+    (["--tokens", "nan"], "'--tokens': 'nan' is not a finite number"),
+    (["--tokens", "1e9", "--peak-tflops", "1e-30"], "'--peak-tflops': 1e-30 is not in the range 0.01<=x<=100000.0"),
+    (["--tokens", "1e9", "--memory-gb", "0.001"], "'--memory-gb': 0.001 is not in the range 0.1<=x<=100000.0"),
+    (["--tokens", "1e9", "--root", "/no/such/folder"], "'--root': Directory '/no/such/folder' does not exist"),
+])
+def test_plan_refuses_nonsense_inputs(runner, args, message):
+    result = runner.invoke(main, ["plan", "--model", "gpt2", *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
 def test_plan_gives_the_memory_per_gpu_under_fsdp_and_with_muon(runner, tmp_path):
     args = ["plan", "--model", "gpt2-xl", "--tokens", "1e9", "--device", "l4", "--gpus", "4", "--root", str(tmp_path)]
     replica = runner.invoke(main, args)

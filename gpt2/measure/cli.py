@@ -78,8 +78,8 @@ def grid(params_path: str, sets: tuple[str, ...], name: str | None, target: str,
 @click.command()
 @click.option("--model", default="gpt2", show_default=True,
               type=click.Choice(["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]))
-@click.option("--tokens", required=True, type=Finite(min=0, min_open=True),
-              help="training tokens, e.g. 10e9")
+@click.option("--tokens", required=True, type=Finite(min=0, max=1e16, min_open=True),
+              help="training tokens, e.g. 10e9 (at most 1e16)")
 @click.option("--device", default="h100", show_default=True,
               type=click.Choice(["h100", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "b200", "a100", "a100-40gb", "l40s",
                                  "l4", "v100", "cpu"]))
@@ -91,10 +91,11 @@ def grid(params_path: str, sets: tuple[str, ...], name: str | None, target: str,
 @click.option("--attention", default="flash", show_default=True, type=click.Choice(["flash", "manual"]))
 @click.option("--mfu", default=None, type=Finite(0, 1, min_open=True),
               help="model FLOPs utilization (default: measured here on that device, else 40%)")
-@click.option("--price-per-hour", default=None, type=Finite(min=0), help="USD per GPU-hour")
-@click.option("--memory-gb", default=None, type=Finite(min=0, min_open=True), help="memory per device")
-@click.option("--peak-tflops", default=None, type=Finite(min=0, min_open=True), help="peak per device")
-@click.option("--root", default=".", show_default=True, type=click.Path(file_okay=False),
+@click.option("--price-per-hour", default=None, type=Finite(min=0, max=1e4), help="USD per GPU-hour")
+@click.option("--memory-gb", default=None, type=Finite(min=0.1, max=1e5), help="memory per device (0.1 to 1e5 GB)")
+@click.option("--peak-tflops", default=None, type=Finite(min=0.01, max=1e5),
+              help="peak per device (0.01 to 1e5 TFLOP/s)")
+@click.option("--root", default=".", show_default=True, type=click.Path(exists=True, file_okay=False),
               help="project whose reports/ladder and mlflow.db hold measured MFU")
 @click.option("--loss-chunk", default=8192, show_default=True, type=click.IntRange(min=0),
               help="train.loss_chunk: positions whose logits exist at once; 0 = plain loss")
