@@ -16,10 +16,10 @@ class Finite(click.FloatRange):
     def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
         import math
 
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):  # said as such, before the range's own message
             self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
+        return super().convert(number, param, ctx)
 
 
 @click.command()
