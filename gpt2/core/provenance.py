@@ -56,7 +56,12 @@ def model_tags(ckpt_path: str | Path, hashes: dict[str, str], dataset: dict[str,
             "dvc_exp_name": exp_name, "checkpoint_path": Path(ckpt_path).as_posix(),
             "weights": "in DVC's cache, not in MLflow",
             "get_weights": f"dvc exp apply {exp_name}" if exp_name else None,
-            "dvc_cache_file": f".dvc/cache/files/md5/{md5[:2]}/{md5[2:]}"}
+            "dvc_cache_file": dvc_cache_file(md5)}
+
+
+def dvc_cache_file(md5: str) -> str:
+    """Where DVC 3 keeps a file of this MD5, relative to the project root."""
+    return f".dvc/cache/files/md5/{md5[:2]}/{md5[2:]}"
 
 
 def dvc_hash(path: str | Path, root: str | Path) -> str | None:

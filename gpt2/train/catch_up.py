@@ -8,6 +8,7 @@ run, the evaluate stage and ``gpt2 replay`` send what the run lacks, step by ste
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,6 @@ def missing(client: Any, run_id: str, history: dict[str, Any], summary: dict[str
 def catch_up(tracker: MlflowTracker, history: dict[str, Any], summary: dict[str, Any] | None = None) -> None:
     """Send what the tracker's run lacks of ``history`` (and of a finished run's ``summary``)."""
     def send() -> None:
-        import time
-
         from mlflow.entities import Metric
 
         client = tracker.mlflow.MlflowClient()

@@ -55,9 +55,9 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
         if state is not None and same_run(state, s) and state.get("metrics") is not None:
             return state  # finished with these params and data: its reports are rebuilt, nothing retrains
         kept = kept_interrupted(s)
-        finished = None if state is None else (
-            f"a finished run ({state['step']} steps) "
-            + ("of other params or data" if not same_run(state, s) else "written before checkpoints kept their summary"))
+        why = None if state is None else ("of other params or data" if not same_run(state, s)
+                                          else "written before checkpoints kept their summary")
+        finished = None if state is None else f"a finished run ({state['step']} steps) {why}"
         if finished is not None and s.dist.main:  # this run's first save would overwrite it
             keep_replaced(path, finished)
         if kept is not None:  # `dvc exp run` put its baseline's checkpoint back in place of the interrupted one
@@ -101,12 +101,12 @@ def keep_replaced(path: Path, what: str) -> Path | None:
     """A new run is about to overwrite the checkpoint at ``path``: keep it, unless DVC's cache holds it already
     (``dvc exp apply`` or ``dvc checkout`` brings it back). Under DVC it moves to ``.dvc/tmp/gpt2-kept/``
     (beside the stage's output folder, whose hash it would change); outside, beside itself, named by its MD5."""
-    from gpt2.core.provenance import file_md5
+    from gpt2.core.provenance import dvc_cache_file, file_md5
 
     md5 = file_md5(path)
     folder = interrupted_dir()
     if folder is not None:
-        cached = Path(os.environ["DVC_ROOT"]) / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]
+        cached = Path(os.environ["DVC_ROOT"]) / dvc_cache_file(md5)
         if cached.is_file():
             logger.info(f"train: {path} holds {what}; DVC's cache keeps it ({cached}), this run replaces it here")
             return None
@@ -193,9 +193,8 @@ def params_key(s: Setup) -> str:
 
 def _digest(value: Any) -> str:
     import hashlib
-    import json
 
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(_same(value).encode()).hexdigest()[:16]
 
 
 def interrupted_dir() -> Path | None:
@@ -213,7 +212,7 @@ def keep_interrupted(path: Path, s: Setup, resumed_from: Path | None) -> Path | 
     folder = interrupted_dir()
     if folder is None or not path.is_file():
         return None
-    kept = folder / f"{run_key(s)}.{params_key(s)}.pt"
+    kept = _exact(folder, s)
     with atomic_file(kept) as tmp:
         shutil.copyfile(path, tmp)
     about = {"data": s.data_identity, "model": to_dict(s.params.model), "train": to_dict(s.params.train)}
@@ -229,7 +228,7 @@ def kept_interrupted(s: Setup) -> Path | None:
     folder = interrupted_dir()
     if folder is None or not folder.is_dir():
         return None
-    exact = folder / f"{run_key(s)}.{params_key(s)}.pt"
+    exact = _exact(folder, s)
     if exact.is_file():
         return exact
     others = sorted(folder.glob(f"{run_key(s)}.*.pt"), key=lambda p: p.stat().st_mtime)
@@ -240,12 +239,18 @@ def drop_interrupted(s: Setup, resumed_from: Path | None) -> None:
     """The run finished: its interrupted copies are no longer needed."""
     folder = interrupted_dir()
     if folder is not None:
-        _remove_kept(folder / f"{run_key(s)}.{params_key(s)}.pt")
+        _remove_kept(_exact(folder, s))
     if resumed_from is not None:
         _remove_kept(resumed_from)
 
 
+def _exact(folder: Path, s: Setup) -> Path:
+    """The kept copy of this run's exact params."""
+    return folder / f"{run_key(s)}.{params_key(s)}.pt"
+
+
 def _same(value: Any) -> str:
+    """``value`` as JSON, the same text for the same content (a tuple and its list alike)."""
     return json.dumps(value, sort_keys=True, default=str)
 
 
@@ -275,7 +280,10 @@ def tidy_interrupted(s: Setup) -> None:
     if kept:
         size = sum(p.stat().st_size for p, _ in kept) / 1e6
         now = json.loads(_same(to_dict(s.params.train)))
-        shown = "; ".join(f"{p.name[:8]}… ({', '.join(f'{k}={v}' for k, v in a.get('train', {}).items() if now.get(k) != v) or 'these params'})"
-                          for p, a in kept[:5])
+
+        def changed(about: dict[str, Any]) -> str:
+            return ", ".join(f"{k}={v}" for k, v in about.get("train", {}).items() if now.get(k) != v) or "these params"
+
+        shown = "; ".join(f"{p.name[:8]}… ({changed(a)})" for p, a in kept[:5])
         logger.info(f"train: {len(kept)} interrupted run(s) kept in {folder} ({size:,.0f} MB): {shown}; each resumes "
                     "when its model, data and optimizer run again (docs/training.md), or delete them")
