@@ -84,3 +84,57 @@ def test_a_grid_setting_without_values_is_refused_before_anything_is_queued(runn
         "error: -S 'train.lr': write section.key=value[,value...], e.g. -S train.lr=1.0e-3,2.0e-3")
     result = runner.invoke(main, ["grid", "-S", "train.lr=1.0e-3"])
     assert result.exit_code == 2 and "has no dvc.yaml; run from the project root" in result.output
+
+
+def test_s_sets_one_key_for_this_run_and_is_checked_as_the_file_is(runner, tmp_path, tokens):
+    from conftest import MICRO_MODEL, MICRO_TRAIN
+
+    from gpt2.core import schema
+    from gpt2.run import checkpoint
+
+    params = write_params(tmp_path / "p.yaml", model=MICRO_MODEL, train=MICRO_TRAIN)
+    before = params.read_text()
+    common = ["--params", str(params), "--tokens", str(tokens), "--checkpoint", str(tmp_path / "ckpt.pt"),
+              "--out", str(tmp_path / "r")]
+    result = runner.invoke(main, ["train", *common, "-S", "train.max_steps=2", "-S", "train.eval_interval=2"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "r/summary.json").read_text())["steps"] == 2
+    assert checkpoint.load(tmp_path / "ckpt.pt")["params"]["train"]["max_steps"] == 2  # the run says what it used
+    assert params.read_text() == before
+    for sets, message in ((["train.max_stepz=2"], "unknown key 'train.max_stepz'; did you mean 'max_steps'?"),
+                          (["train.lr=6e-4"], "train.lr"), (["max_steps=2"], "write section.key=value"),
+                          (["train.lr.x=1"], "train.lr is a value, not a section")):
+        result = runner.invoke(main, ["train", *common, *[a for s in sets for a in ("-S", s)]])
+        assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1, result.output
+    assert schema.override({"a": {"b": 1}}, ["a.c=[1, 2]", "d.e=x"]) == {"a": {"b": 1, "c": [1, 2]}, "d": {"e": "x"}}
+
+
+def test_commands_in_a_subfolder_read_and_write_the_projects_files(runner, tmp_path, tokens, monkeypatch):
+    """As DVC does: `gpt2 sample` in docs/ finds checkpoints/ckpt.pt, and no second MLflow store starts there."""
+    import shutil
+
+    from conftest import MICRO_MODEL, MICRO_TRAIN
+
+    from gpt2.run.tracking import tracking_uri
+
+    project = tmp_path / "project"
+    (project / "docs").mkdir(parents=True)
+    (project / "dvc.yaml").write_text("stages: {}\n")
+    shutil.copytree(tokens, project / "data/tokens")
+    write_params(project / "params.yaml", model=MICRO_MODEL, train={**MICRO_TRAIN, "max_steps": 2},
+                 eval={"max_new_tokens": 3, "num_samples": 2, "device": "cpu"})
+    monkeypatch.chdir(project / "docs")
+    result = runner.invoke(main, ["train"])
+    assert result.exit_code == 0, result.output
+    assert (project / "checkpoints/ckpt.pt").is_file() and (project / "reports/train/summary.json").is_file()
+    assert sorted(p.name for p in (project / "docs").iterdir()) == []
+    assert tracking_uri() == f"sqlite:///{project.resolve()}/mlflow.db"
+    result = runner.invoke(main, ["sample", "--prompt", "Hello"])  # the eval section's settings: two samples
+    assert result.exit_code == 0 and result.output.count("Hello") == 2, result.output
+    result = runner.invoke(main, ["sample", "--prompt", "Hello", "-S", "eval.num_samples=3"])
+    assert result.exit_code == 0 and result.output.count("Hello") == 3, result.output
+    result = runner.invoke(main, ["sample", "--prompt", "Hello", "-S", "eval.num_samples=3", "--num-samples", "1"])
+    assert result.exit_code == 0 and result.output.count("Hello") == 1, result.output
+    own = tmp_path / "own.pt"  # a path the user types is theirs, relative to where they are
+    result = runner.invoke(main, ["sample", "--prompt", "Hello", "--checkpoint", "own.pt"])
+    assert result.exit_code == 2 and "checkpoint own.pt not found" in result.output and not own.exists()

@@ -10,13 +10,16 @@ from typing import Any
 
 import click
 
-from gpt2.core import log
+from gpt2.core import log, paths
 from gpt2.core.errors import Terminated, UserError
 
 logger = log.get("cli")
 
-PARAMS = click.option("--params", "params_path", default="params.yaml", show_default=True,
-                      type=click.Path(dir_okay=False), help="params file to read the stage's section from")
+PARAMS = paths.option("--params", "params_path", default=paths.PARAMS, type=click.Path(dir_okay=False),
+                      help="params file to read the stage's section from")
+SETS = click.option("-S", "--set", "sets", multiple=True, metavar="SECTION.KEY=VALUE",
+                    help="this run only: one params.yaml key set to VALUE (YAML, as dvc exp run -S reads it), "
+                         "checked as the file is; repeatable, e.g. -S train.lr=1.0e-3 -S train.max_steps=50")
 
 
 def _terminate(signum: int, frame: Any) -> None:
@@ -71,10 +74,11 @@ def check_devices(params: Any) -> None:
 
 @click.command()
 @PARAMS
-@click.option("--out", default="reports/validate/params.ok", show_default=True,
+@SETS
+@paths.option("--out", default=paths.VALID_MARK,
               help="marker written when every section is valid (the first DVC stage's output)")
 @user_errors
-def validate(params_path: str, out: str) -> None:
+def validate(params_path: str, sets: tuple[str, ...], out: str) -> None:
     """Check every section of params.yaml: unknown keys, types, ranges.
 
     As the first DVC stage, it runs whenever params.yaml changes, before any other stage can
@@ -87,7 +91,7 @@ def validate(params_path: str, out: str) -> None:
 
     from gpt2.core.sizes import check_shapes
 
-    params = load_params(params_path)
+    params = load_params(params_path, sets)
     check_shapes(params.model, params.train)
     check_devices(params)
     with atomic_file(Path(out)) as tmp:

@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gpt2.core.schema import ParamError, build, markdown_table, param, read_yaml, require, to_dict
+from gpt2.core.schema import ParamError, build, markdown_table, override, param, read_yaml, require, to_dict
 
 __all__ = ["DownloadConfig", "TokenizeConfig", "StatsConfig", "ModelParams", "TrainConfig", "EvalConfig", "Params",
            "ParamError", "build", "load_params", "read_yaml", "to_dict"]
@@ -277,15 +277,16 @@ class Params:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-def load_params(path: str | os.PathLike = "params.yaml") -> Params:
-    """Read and validate params.yaml; raise :class:`UserError` on any problem."""
+def load_params(path: str | os.PathLike = "params.yaml", sets: tuple[str, ...] = ()) -> Params:
+    """Read and validate params.yaml, with ``-S section.key=value`` overrides; raise :class:`UserError` on any
+    problem."""
     data = read_yaml(path, "params", "--params")
     if data == {}:
         raise ParamError(f"params file {str(path)!r} is empty: it must hold the stages' sections (download, tokenize, "
                          "model, train, eval...); `git checkout params.yaml` restores the committed one")
     if not isinstance(data, dict):
         raise ParamError(f"params file {str(path)!r} must be a mapping of sections, got {type(data).__name__}")
-    return build(Params, data, "", MOVED)
+    return build(Params, override(data, sets), "", MOVED)
 
 
 def params_markdown() -> str:

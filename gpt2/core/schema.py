@@ -12,6 +12,7 @@ not pydantic, and the library must run there without an install.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import os
@@ -63,6 +64,31 @@ def read_yaml(path: str | os.PathLike, kind: str, option: str) -> Any:
         if "is written twice" in str(getattr(exc, "problem", "")):
             raise UserError(f"{kind} file {str(path)!r}: {exc.problem}") from None
         raise UserError(f"{kind} file {str(path)!r} is not valid YAML: {exc}") from None
+
+
+def override(data: dict[str, Any], sets: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``data`` with each ``-S section.key=value`` set, the value read as YAML (as ``dvc exp run -S`` reads it), so
+    that the run checks it exactly as it checks the file."""
+    import yaml
+
+    data = copy.deepcopy(data)
+    for item in sets:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or len(parts) < 2 or not all(parts):
+            raise UserError(f"-S {item!r}: write section.key=value, e.g. -S train.lr=1.0e-3")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text  # a plain string; the key's check says what it allows
+        section = data
+        for depth, part in enumerate(parts[:-1]):
+            inner = section.setdefault(part, {})
+            if not isinstance(inner, dict):
+                raise UserError(f"-S {item!r}: {'.'.join(parts[:depth + 1])} is a value, not a section")
+            section = inner
+        section[parts[-1]] = value
+    return data
 
 
 def _unique_keys(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:

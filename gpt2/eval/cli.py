@@ -4,53 +4,73 @@ from __future__ import annotations
 
 import click
 
-from gpt2.core.cli import PARAMS, user_errors
+from gpt2.core import paths
+from gpt2.core.cli import PARAMS, SETS, user_errors
 
 
 @click.command()
 @PARAMS
-@click.option("--checkpoint", "ckpt", default="checkpoints/ckpt.pt", show_default=True, help="checkpoint file")
-@click.option("--tokens", default="data/tokens", show_default=True, help="token files folder")
-@click.option("--out", default="reports/eval", show_default=True, help="report folder (metrics.json, samples.md)")
+@SETS
+@paths.option("--checkpoint", "ckpt", default=paths.CHECKPOINT, help="checkpoint file")
+@paths.option("--tokens", default=paths.TOKENS, help="token files folder")
+@paths.option("--out", default=paths.EVAL_REPORTS, help="report folder (metrics.json, samples.md)")
 @click.option("--pretrained", default=None, help="score gpt2 ... gpt2-xl or a Hugging Face directory instead of "
               "the checkpoint (eval.pretrained)")
 @user_errors
-def evaluate(params_path: str, ckpt: str, tokens: str, out: str, pretrained: str | None) -> None:
+def evaluate(params_path: str, sets: tuple[str, ...], ckpt: str, tokens: str, out: str,
+             pretrained: str | None) -> None:
     """Val loss, perplexity and a unigram baseline of a checkpoint (or a pretrained GPT-2), plus samples."""
     import dataclasses
 
     from gpt2.core.config import load_params
     from gpt2.eval.evaluate import evaluate as run
 
-    cfg = load_params(params_path).eval
+    cfg = load_params(params_path, sets).eval
     run(dataclasses.replace(cfg, pretrained=pretrained) if pretrained else cfg, ckpt, tokens, out)
 
 
+def _flag(help: str, **kwargs) -> dict:
+    return {"default": None, "help": f"{help} (default: the eval section's)", **kwargs}
+
+
 @click.command()
-@click.option("--checkpoint", "ckpt", default="checkpoints/ckpt.pt", show_default=True, help="checkpoint file")
+@PARAMS
+@SETS
+@paths.option("--checkpoint", "ckpt", default=paths.CHECKPOINT, help="checkpoint file")
 @click.option("--prompt", required=True, help="text to continue")
-@click.option("--max-new-tokens", default=200, show_default=True, type=click.IntRange(min=0))
-@click.option("--temperature", default=0.8, show_default=True, type=float, help="0 = greedy")
-@click.option("--top-k", default=200, show_default=True, type=int, help="0 = off")
-@click.option("--top-p", default=0.95, show_default=True, type=float, help="1.0 = off")
-@click.option("--num-samples", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("--seed", default=1337, show_default=True, type=int)
-@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda", "mps"]))
-@click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "fp32", "bf16", "fp16"]))
-@click.option("--kv-cache/--no-kv-cache", default=True, show_default=True)
-@click.option("--stop-at-eot/--no-stop-at-eot", default=True, show_default=True)
+@click.option("--max-new-tokens", **_flag("tokens per sample", type=click.IntRange(min=0)))
+@click.option("--temperature", **_flag("0 = greedy", type=float))
+@click.option("--top-k", **_flag("0 = off", type=int))
+@click.option("--top-p", **_flag("1.0 = off", type=float))
+@click.option("--num-samples", **_flag("continuations", type=click.IntRange(min=1)))
+@click.option("--seed", **_flag("the first sample's seed", type=int))
+@click.option("--device", **_flag("where to run", type=click.Choice(["auto", "cpu", "cuda", "mps"])))
+@click.option("--dtype", **_flag("precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"])))
+@click.option("--kv-cache/--no-kv-cache", **_flag("a KV cache"))
+@click.option("--stop-at-eot/--no-stop-at-eot", **_flag("stop at <|endoftext|>"))
 @user_errors
-def sample(ckpt: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int, top_p: float,
-           num_samples: int, seed: int, device: str, dtype: str, kv_cache: bool, stop_at_eot: bool) -> None:
-    """Continue PROMPT with a checkpoint, streaming tokens as they are generated."""
-    from gpt2.core.config import EvalConfig, build
+def sample(params_path: str, sets: tuple[str, ...], ckpt: str, prompt: str, **flags) -> None:
+    """Continue PROMPT with a checkpoint, streaming tokens as they are generated.
+
+    Sampling is set as the evaluate stage's samples are: params.yaml's eval section (when there is one), then
+    -S, then these flags."""
+    import dataclasses
+    from pathlib import Path
+
+    from gpt2.core.config import EvalConfig, Params, load_params
+    from gpt2.core.schema import build, override, to_dict
     from gpt2.eval.evaluate import stream_sample
     from gpt2.eval.sample import SamplingConfig
 
-    # the same validation as params.yaml's eval section: one message naming the bad value
-    build(EvalConfig, {"temperature": temperature, "top_k": top_k, "top_p": top_p}, "sample")
-    sampling = SamplingConfig(max_new_tokens, temperature, top_k, top_p, stop_at_eot, kv_cache)
-    stream_sample(ckpt, prompt, sampling, num_samples, seed, device, dtype)
+    ctx = click.get_current_context()
+    given = ctx.get_parameter_source("params_path") is not click.core.ParameterSource.DEFAULT
+    if given or Path(params_path).is_file():
+        cfg = load_params(params_path, sets).eval
+    else:  # a checkpoint outside a project: the eval section's defaults
+        cfg = build(Params, override({}, sets), "").eval
+    chosen = {name: value for name, value in flags.items() if value is not None}
+    cfg = build(EvalConfig, {**to_dict(cfg), **chosen}, "sample")  # the flags checked as the params are
+    stream_sample(ckpt, prompt, SamplingConfig.of(cfg), cfg.num_samples, cfg.seed, cfg.device, cfg.dtype)
 
 
 @click.command()

@@ -197,7 +197,7 @@ def samples(loaded: Loaded, cfg: EvalConfig, encoded: list[list[int]], eot_id: i
     from gpt2.data.tokenizer import gpt2_encoding
 
     encoding = gpt2_encoding()
-    sampling = SamplingConfig(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_at_eot, cfg.kv_cache)
+    sampling = SamplingConfig.of(cfg)
     state = loaded.state
     lines = ["# Samples", "",
              (f"Pretrained {state['pretrained']}" if state.get("pretrained") else f"Checkpoint step {state['step']}")

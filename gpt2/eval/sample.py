@@ -16,17 +16,26 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt2.core.config import EvalConfig
 from gpt2.model.gpt import GPT, KVCache
+
+_EVAL = EvalConfig()  # the defaults live once, in params.yaml's eval section
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    max_new_tokens: int = 100
-    temperature: float = 0.8  # 0 = greedy
-    top_k: int = 200  # 0 = no top-k filter
-    top_p: float = 0.95  # 1.0 = no nucleus filter
-    stop_at_eot: bool = True
-    kv_cache: bool = True
+    """How one continuation is drawn; each field as the eval section's key of the same name (docs/params.md)."""
+
+    max_new_tokens: int = _EVAL.max_new_tokens
+    temperature: float = _EVAL.temperature
+    top_k: int = _EVAL.top_k
+    top_p: float = _EVAL.top_p
+    stop_at_eot: bool = _EVAL.stop_at_eot
+    kv_cache: bool = _EVAL.kv_cache
+
+    @classmethod
+    def of(cls, cfg: EvalConfig) -> SamplingConfig:
+        return cls(cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, cfg.stop_at_eot, cfg.kv_cache)
 
 
 def filter_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

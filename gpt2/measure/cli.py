@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from gpt2.core import paths
 from gpt2.core.cli import PARAMS, user_errors
 
 
@@ -24,9 +25,9 @@ class Finite(click.FloatRange):
 
 @click.command()
 @PARAMS
-@click.option("--ladder", "ladder_path", default="ladder.yaml", show_default=True, type=click.Path(dir_okay=False),
+@paths.option("--ladder", "ladder_path", default=paths.LADDER, type=click.Path(dir_okay=False),
               help="the rungs and per-device profiles")
-@click.option("--out", default="reports/ladder", show_default=True, help="report folder (ladder.md, .png, .json)")
+@paths.option("--out", default=paths.LADDER_REPORTS, help="report folder (ladder.md, .png, .json)")
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda", "mps"]),
               help="where to train; picks the ladder's profile (cuda: gpt2 124M, T=1024; else tiny)")
 @click.option("--model", default=None, type=click.Choice(["tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"]),
@@ -58,7 +59,7 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
               help="section.key=value[,value...]: one experiment per combination of the values (repeatable)")
 @click.option("--name", default=None, help="the grid's name in the report and MLflow (default: grid MM-DD HH:MM)")
 @click.option("--target", default="evaluate", show_default=True, help="the dvc.yaml stage each experiment runs to")
-@click.option("--out", default="reports/grid", show_default=True, help="report folder (<name>.md, .json, dvc.log)")
+@paths.option("--out", default=paths.GRID_REPORTS, help="report folder (<name>.md, .json, dvc.log)")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 1000),
               help="runs per setting, in alternating order: 2 or more give each speed ratio an interval and a verdict")
 @click.option("--mlflow/--no-mlflow", default=None, help="a parent MLflow run (default: params.yaml train.mlflow)")

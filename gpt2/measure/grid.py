@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpt2.core import log
+from gpt2.core import log, paths
 from gpt2.core.atomic import write_files
 from gpt2.core.config import read_yaml
 from gpt2.core.errors import UserError
@@ -99,7 +99,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
     trains for that long (train.time_budget_s), so the settings compare at equal time. ``apply``: write the
     winner into params.yaml. Returns the comparison as the report's JSON holds it; ``as_json`` prints it on stdout
     (also when a run failed, before the error)."""
-    root, started = Path.cwd(), time.time()
+    root, started = paths.root(), time.time()
     if name is not None and len(name.encode()) > MAX_NAME:  # before an hour of runs, not at the report after them
         raise UserError(f"gpt2 grid --name is {len(name.encode())} bytes long; the report's files and the experiments "
                         f"are named after it, and a file name holds at most 255: give one of at most {MAX_NAME}")
@@ -413,7 +413,7 @@ def log_parent(name: str, grid: dict[str, list[Any]], rows: list[Row], out: Path
                                                                         if row.quality and row.quality.time_s else None),
                                  "grid/speedup_at_equal_loss": _round(row.quality.speedup if row.quality else None),
                                  "grid/cost_usd": _round(row.cost_usd)}, step=i)
-        if dataset := experiments.workspace_dataset(Path.cwd()):
+        if dataset := experiments.workspace_dataset(paths.root()):
             tracker.log_dataset(dataset, context="training")
         for suffix in (".md", ".json", ".png"):
             tracker.log_artifact(out / f"{slug}{suffix}")

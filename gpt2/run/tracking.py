@@ -4,7 +4,8 @@ MLflow is imported only here and only when tracking is on: the import takes
 seconds, and the library must run on machines without it (GPU boxes, CI).
 The default store is an absolute SQLite DB at the project root, found through
 ``DVC_ROOT`` so that ``dvc exp run --queue/--temp`` (which run in a temporary
-copy of the repo) write to the same DB as a plain ``dvc repro``.
+copy of the repo) write to the same DB as a plain ``dvc repro``, and from a
+subfolder as DVC finds the project (gpt2.core.paths).
 """
 
 from __future__ import annotations
@@ -19,20 +20,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from gpt2.core import log
+from gpt2.core import log, paths
 from gpt2.core.errors import Stopped, UserError
 from gpt2.core.net import reachable
 
 logger = log.get("train")
 
 
-def project_root() -> Path:
-    return Path(os.environ.get("DVC_ROOT") or os.getcwd()).resolve()
-
-
 def tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<project root>/mlflow.db``."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{paths.tracking_root() / paths.MLFLOW_DB}"
 
 
 # A model-training experiment, not a GenAI one (MLflow 3's UI has both kinds).
@@ -121,7 +118,7 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project_root(), capture_output=True, text=True,
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=paths.tracking_root(), capture_output=True, text=True,
                              timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -144,7 +141,7 @@ def experiment_run_name(params_path: str | Path = "params.yaml") -> str | None:
     try:
         import yaml
 
-        out = subprocess.run(["git", "show", f"{rev}:params.yaml"], cwd=project_root(), capture_output=True,
+        out = subprocess.run(["git", "show", f"{rev}:params.yaml"], cwd=paths.tracking_root(), capture_output=True,
                              text=True, timeout=10)
         before = yaml.safe_load(out.stdout) if out.returncode == 0 else None
         after = yaml.safe_load(Path(params_path).read_text())
@@ -193,7 +190,7 @@ def who() -> dict[str, str]:
 
     tags = {"host": socket.gethostname()}
     try:  # git's own answer: GIT_AUTHOR_NAME/EMAIL, then the config
-        out = subprocess.run(["git", "var", "GIT_AUTHOR_IDENT"], cwd=project_root(), capture_output=True, text=True,
+        out = subprocess.run(["git", "var", "GIT_AUTHOR_IDENT"], cwd=paths.tracking_root(), capture_output=True, text=True,
                              timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return tags

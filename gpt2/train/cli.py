@@ -6,26 +6,29 @@ import sys
 
 import click
 
-from gpt2.core.cli import PARAMS, user_errors
+from gpt2.core import paths
+from gpt2.core.cli import PARAMS, SETS, user_errors
 
 
 @click.command()
 @PARAMS
-@click.option("--tokens", default="data/tokens", show_default=True, help="token files folder")
-@click.option("--checkpoint", "ckpt", default="checkpoints/ckpt.pt", show_default=True, help="checkpoint file")
-@click.option("--out", default="reports/train", show_default=True, help="report folder (metrics.json, plots/)")
+@SETS
+@paths.option("--tokens", default=paths.TOKENS, help="token files folder")
+@paths.option("--checkpoint", "ckpt", default=paths.CHECKPOINT, help="checkpoint file")
+@paths.option("--out", default=paths.TRAIN_REPORTS, help="report folder (metrics.json, plots/)")
 @click.option("--evaluation", default=None, metavar="DIR",
               help="the checkpoint's evaluation (the DVC stage: reports/eval): removed once this run has replaced "
                    "the checkpoint it scored, so no report shows another run's figures as this run's")
 @user_errors
-def train(params_path: str, tokens: str, ckpt: str, out: str, evaluation: str | None) -> None:
+def train(params_path: str, sets: tuple[str, ...], tokens: str, ckpt: str, out: str, evaluation: str | None) -> None:
     """Train GPT-2 on data/tokens/ as params.yaml says; resume an interrupted run."""
     from gpt2.core.config import load_params
     from gpt2.train import distributed
 
-    params = load_params(params_path)
+    params = load_params(params_path, sets)
     if distributed.must_launch(params.train):  # train.distributed: ddp on N processes: torchrun runs this again
-        code = distributed.launch(params.train, ["--params", params_path, "--tokens", tokens,
+        overrides = [arg for item in sets for arg in ("-S", item)]
+        code = distributed.launch(params.train, ["--params", params_path, *overrides, "--tokens", tokens,
                                                  "--checkpoint", ckpt, "--out", out])
         if code == 0 and evaluation:
             _withdraw(evaluation, out)
@@ -53,7 +56,7 @@ if __name__ == "__main__":
 
 
 @click.command()
-@click.argument("checkpoint", default="checkpoints/ckpt.pt")
+@click.argument("checkpoint", default=paths.CHECKPOINT, callback=paths.default_in_project)
 @user_errors
 def replay(checkpoint: str) -> None:
     """Send what a training's MLflow run lacks (after the store stopped answering), from its CHECKPOINT.

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpt2.core import paths
 from gpt2.core.atomic import atomic_dir
 from gpt2.measure import experiments
 from gpt2.measure.apply import Change
@@ -201,7 +202,7 @@ def log_to_mlflow(rows: list[Row], resolved: Resolved, runs: list[list[experimen
                                "vs_baseline/speedup": row.cumulative}
                     for row, group in zip(rows, runs) for exp in group}
         adopt(tracker, list(rungs), rungs, verdicts)
-        if dataset := experiments.workspace_dataset(Path.cwd()):
+        if dataset := experiments.workspace_dataset(paths.root()):
             tracker.log_dataset(dataset, context="training")
         tracker.set_tags({"kind": "ladder", "device": rows[0].runtime.get("device_name", resolved.device)})
         tracker.log_params({"ladder.steps": resolved.profile.steps, "ladder.repeats": resolved.profile.repeats,

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpt2.core import log
+from gpt2.core import log, paths
 from gpt2.core.atomic import check_owned
 from gpt2.core.config import ModelParams, TrainConfig, build, read_yaml, to_dict
 from gpt2.core.errors import UserError
@@ -58,7 +58,7 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
     """Measure every rung as DVC experiments (reusing ones already measured), then write the report.
     ``time_budget_s``: every run trains that long, and rungs compare val loss at equal time. ``apply``: write
     the winning rungs' changes into params.yaml. ``as_json``: the comparison on stdout as JSON, not the table."""
-    root, started = Path.cwd(), time.time()
+    root, started = paths.root(), time.time()
     check_owned(Path(out).absolute(), LADDER_FILES, "gpt2 ladder")  # before an hour of runs, not after
     if apply:
         from gpt2.measure.apply import refuse_uncommitted
