@@ -209,6 +209,50 @@ def new_project(base: Path) -> Path:
     return root
 
 
+def _data_stages(base: Path) -> None:
+    root = new_project(base)
+    dvc(root, "repro", "stats")
+    commit_all(root)
+
+
+def _whole_pipeline(base: Path) -> None:
+    shutil.copytree(built(base.parent, "data-stages", _data_stages), base / "project", symlinks=True,
+                    ignore=_dvc_tmp)
+    run(base / "project", sys.executable, "-m", "dvc", "repro")
+
+
+def _dvc_tmp(folder: str, names: list[str]) -> list[str]:
+    """DVC's locks and its cache of file hashes (by inode) stay with the project they describe."""
+    return ["tmp"] if Path(folder).name == ".dvc" else []
+
+
+def built(shared: Path, name: str, build) -> Path:
+    """A project that ``build`` makes once per session, for every xdist worker (the first to ask builds it)."""
+    import fcntl
+
+    folder = shared / name
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "built").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / "built").touch()
+    return folder / "project"
+
+
+def project_copy(tmp_path_factory: pytest.TempPathFactory, base: Path, stages: str = "data") -> Path:
+    """A copy of a new project (tiny corpus, micro model) whose data stages (``data``) or whole pipeline
+    (``all``, uncommitted past the data stages) already ran: each test gets its own, the stages run once."""
+    shared = tmp_path_factory.getbasetemp()
+    shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared  # every worker's common folder
+    template = built(shared, "data-stages", _data_stages) if stages == "data" else \
+        built(shared, "whole-pipeline", _whole_pipeline)
+    root = base / "project"
+    shutil.copytree(template, root, symlinks=True, ignore=_dvc_tmp)
+    return root
+
+
 def dvc(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     return run(root, sys.executable, "-m", "dvc", *args, check=check)
 

@@ -4,7 +4,7 @@
         [--fault signal|hang|die|kill --fault-rank R --fault-step S] [--defer-syncs]
 
 signal: SIGTERM to this rank while step S runs (the other rank must stop at the same step);
-hang: this rank sleeps --hang-s seconds at step S (the others must time out first); die: this rank exits at step S.
+hang: this rank sleeps --hang-s seconds at step S (or at each of S1,S2) (the others must time out first); die: this rank exits at step S.
 --defer-syncs: sync only at log, eval and checkpoint steps, as on CUDA.
 """
 
@@ -30,7 +30,8 @@ def main() -> None:
         parser.add_argument(name)
     parser.add_argument("--fault", choices=["signal", "hang", "die", "kill"])
     parser.add_argument("--fault-rank", type=int, default=1)
-    parser.add_argument("--fault-step", type=int, default=3)
+    parser.add_argument("--fault-step", type=lambda text: {int(step) for step in text.split(",")}, default={3},
+                        help="the step(s), comma-separated")
     parser.add_argument("--hang-s", type=float, default=15.0)
     parser.add_argument("--defer-syncs", action="store_true")
     args = parser.parse_args()
@@ -40,7 +41,7 @@ def main() -> None:
         original = trainer.lr_at
 
         def lr_at(step, cfg, *rest):
-            if step == args.fault_step:
+            if step in args.fault_step:
                 if args.fault == "signal":
                     os.kill(os.getpid(), signal.SIGTERM)
                 elif args.fault == "hang":

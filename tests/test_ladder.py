@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT, commit_all, dvc, exp_rows, new_project, run
+from conftest import ROOT, commit_all, dvc, exp_rows, project_copy, run
 
 from gpt2.core.errors import UserError
 from gpt2.measure import ladder
@@ -230,12 +230,11 @@ profiles:
 
 
 @pytest.mark.slow
-def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path):
+def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path, tmp_path_factory):
     mlflow = pytest.importorskip("mlflow")
-    root = new_project(tmp_path)
+    root = project_copy(tmp_path_factory, tmp_path)  # the experiments start from a commit with the tokens in dvc.lock
     (root / "two.yaml").write_text(TWO_RUNGS)
-    dvc(root, "repro", "tokenize")
-    commit_all(root)  # the experiments start from a commit with the tokens in its dvc.lock
+    commit_all(root)
     command = [sys.executable, "-m", "gpt2.cli", "ladder", "--ladder", "two.yaml", "--device", "cpu", "--mlflow"]
     first = run(root, *command)
     assert "2 to run, 0 reused; rung 1 'tf32' cannot show on cpu: TF32 is a CUDA" in first.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import commit_all, dvc, environment, exp_rows, new_project, run, set_params
+from conftest import commit_all, dvc, environment, exp_rows, new_project, project_copy, run, set_params
 
 from gpt2.measure import experiments
 
@@ -23,9 +23,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    root = new_project(tmp_path_factory.mktemp("e2e"))
-    run(root, sys.executable, "-m", "dvc", "repro")
-    return root
+    return project_copy(tmp_path_factory, tmp_path_factory.mktemp("e2e"), "all")
 
 
 def test_repro_produces_every_output(project):
@@ -181,11 +179,10 @@ def test_an_experiment_of_the_train_stage_alone_shows_no_evaluation_of_another_r
     assert not (project / "reports/eval/samples.md").exists()
 
 
-def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path):
+def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, tmp_path_factory):
     mlflow = pytest.importorskip("mlflow")
-    root = new_project(tmp_path)
+    root = project_copy(tmp_path_factory, tmp_path)  # the data stages ran: the experiments run train and evaluate
     set_params(root, train={"mlflow": True}, eval={"mlflow": True})
-    dvc(root, "repro", "stats")  # the data stages once, in the shared cache: the experiments run train and evaluate
     commit_all(root)
     # one run per setting: the repeats' order and pairing are tests/test_grid.py's, on figures it chooses
     done = run(root, sys.executable, "-m", "gpt2.cli", "grid", "-S", "model.attention=flash,manual", "--name", "attn",
@@ -241,10 +238,9 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path):
     assert hashlib.md5((root / model.tags["checkpoint_path"]).read_bytes()).hexdigest() == model.tags["checkpoint_md5"]
 
 
-def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tmp_path):
-    root = new_project(tmp_path)
+def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tmp_path, tmp_path_factory):
+    root = project_copy(tmp_path_factory, tmp_path)
     set_params(root, train={"max_steps": 100000, "eval_interval": 100000, "checkpoint_interval": 100000})
-    dvc(root, "repro", "stats")
     process = subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=root, env=environment(), text=True,
                                stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
     for line in process.stderr:

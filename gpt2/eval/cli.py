@@ -54,7 +54,6 @@ def sample(params_path: str, sets: tuple[str, ...], ckpt: str, prompt: str, **fl
 
     Sampling is set as the evaluate stage's samples are: params.yaml's eval section (when there is one), then
     -S, then these flags."""
-    import dataclasses
     from pathlib import Path
 
     from gpt2.core.config import EvalConfig, Params, load_params
