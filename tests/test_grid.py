@@ -199,3 +199,21 @@ def test_a_sigterm_to_the_group_stops_dvc_as_ctrl_c_does_and_leaves_no_workspace
     os.killpg(process.pid, signal.SIGTERM)  # the whole group, as a scheduler does
     assert process.wait(timeout=60) == 143, process.stderr.read()
     assert not (tmp_path / ".dvc/tmp/exps/tmp123").exists()
+
+
+def test_a_setting_an_earlier_experiment_left_in_params_yaml_is_named_before_a_comparison(tmp_path):
+    """`dvc exp run -S train.compile=true` leaves it in the workspace: every later experiment would compile."""
+    import subprocess
+
+    from conftest import ROOT, environment
+
+    from gpt2.measure.experiments import uncommitted_params
+
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    for command in (["git", "init", "-q"], ["git", "add", "params.yaml"], ["git", "commit", "-qm", "params"]):
+        subprocess.run(command, cwd=tmp_path, check=True, env=environment())
+    assert uncommitted_params(tmp_path, tmp_path / "params.yaml") == ""
+    edited = (tmp_path / "params.yaml").read_text().replace("  compile: false", "  compile: true", 1)
+    (tmp_path / "params.yaml").write_text(edited)
+    assert uncommitted_params(tmp_path, tmp_path / "params.yaml") == "compile=true"
+    assert uncommitted_params(tmp_path / "nowhere", tmp_path / "params.yaml") == ""  # no repository: nothing said

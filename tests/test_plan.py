@@ -201,3 +201,19 @@ def test_bad_plan_arguments_are_one_clear_error(runner, args, message):
     result = runner.invoke(main, ["plan", "--tokens", "1e9", *args])
     assert result.exit_code != 0
     assert message in result.output
+
+
+def test_plan_says_what_does_not_fit_the_step_auto_would_run_and_this_cpus_peak(runner, tmp_path):
+    def planned(*args: str) -> str:
+        result = runner.invoke(main, ["plan", "--tokens", "1e9", "--root", str(tmp_path), *args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    l4 = planned("--model", "gpt2", "--device", "l4", "--micro-batch", "64")
+    assert "micro-batch 64 does NOT fit (amp flash): 28.6 GB of the 21.6 GB usable per GPU" in l4
+    assert ("a step of 524,288 tokens (512 sequences per GPU): train.micro_batch_size 32 × train.grad_accum_steps 16 "
+            "(what micro_batch_size: auto picks") in l4  # 44 fit; 32 is the largest that divides 512
+    assert "does NOT fit" not in planned("--model", "gpt2", "--device", "h100")
+    assert "--batch-tokens must be a multiple of 3,072" in planned("--model", "gpt2", "--gpus", "3")
+    cpu = planned("--model", "tiny", "--device", "cpu")  # the peak tests/conftest.py keeps for this machine
+    assert "0.2 TFLOP/s fp32 peak, measured here before" in cpu and "time              " in cpu and "unknown" not in cpu

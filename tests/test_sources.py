@@ -96,10 +96,13 @@ def test_a_downloaded_archive_is_known_by_its_url_not_its_cache_name(tmp_path, c
     assert manifest["documents"] == 12
 
 
-def test_empty_files_in_a_directory_are_skipped(tmp_path, corpus):
-    (corpus / "empty.txt").write_text("")
+def test_empty_files_in_a_directory_are_skipped_and_said_once(tmp_path, corpus, caplog):
+    for n in range(5):
+        (corpus / f"empty{n}.txt").write_text("")
     (corpus / ".hidden.txt").write_text("secret")
     assert fetch(tmp_path, corpus)[0]["documents"] == 12
+    said = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert said == ["download: skipped 5 files with no bytes (e.g. empty0.txt, empty1.txt, empty2.txt, …)"]
 
 
 def test_a_binary_file_is_refused_by_name_and_nothing_is_written(tmp_path, corpus):

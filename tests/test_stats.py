@@ -38,13 +38,17 @@ def test_metrics_match_a_direct_count(tmp_path, tokens_dir, corpus):
     top = ids[np.argsort(-counts, kind="stable")][:5]
     assert [t["id"] for t in metrics["top_tokens"]] == top.tolist()
     assert metrics["top_tokens"][0]["token"] == enc.decode([int(top[0])])
+    assert metrics["top_tokens"][0]["share"] == round(counts.max() / len(all_ids), 4)  # of the text's tokens
     assert json.loads((tmp_path / "report" / "summary.json").read_text()) == metrics
     assert sorted(json.loads((tmp_path / "report" / "metrics.json").read_text())) == [
         "bytes_per_token", "documents", "tokens", "unique_tokens", "vocab_coverage"]
 
 
 def test_plot_files(tmp_path, tokens_dir):
-    dataset_stats(StatsConfig(length_bins=4), tokens_dir, tmp_path / "report")
+    metrics = dataset_stats(StatsConfig(length_bins=4), tokens_dir, tmp_path / "report", context=100)
+    longer = metrics["doc_tokens"]["p50"] > 100  # the training context on the plot, and the documents past it
+    assert metrics["context"]["tokens"] == 100 and (metrics["context"]["documents_longer"] >= 0.5) == longer
+    assert "context" not in dataset_stats(StatsConfig(length_bins=4), tokens_dir, tmp_path / "r2")
     report = tmp_path / "report"
     hist = (report / "doc_lengths.tsv").read_text().splitlines()
     assert hist[0] == "doc_tokens\tdocuments"

@@ -682,3 +682,12 @@ def test_an_evaluation_of_another_run_is_withdrawn_and_one_of_this_run_kept(tmp_
         assert json.loads((tmp_path / "eval/metrics.json").read_text()) == {"eval": {"val_loss": None,
                                                                                      "hellaswag_acc": None}}
         assert sorted(p.name for p in (tmp_path / "eval").iterdir()) == ["metrics.json"]
+
+
+def test_a_run_no_longer_than_its_warmup_says_so(tmp_path, tokens, capfd):
+    train(micro_params(max_steps=3, eval_interval=3), tokens, tmp_path / "ckpt.pt", tmp_path / "r")  # warmup 3
+    said = capfd.readouterr().err
+    assert ("warning: the run is 3 steps and train.warmup_steps is 3: the learning rate is still warming up when the "
+            "run ends (it never reaches train.lr); lower train.warmup_steps (e.g. 1) or train longer") in said
+    train(micro_params(max_steps=4, eval_interval=4), tokens, tmp_path / "four.pt", tmp_path / "r4")
+    assert "still warming up" not in capfd.readouterr().err

@@ -244,8 +244,9 @@ class EvalConfig:
     unigram_max_tokens: int | None = param(100_000_000, "the unigram baseline counts at most this many train tokens "
                                                         "(evenly spaced); null = all", ge=1)
     seed: int = param(1337, "that subset, and the sampling")
-    prompts: tuple[str, ...] = param(("ROMEO:", "To be, or not to be", "KING HENRY:"),
-                                     "sample from each; a prompt longer than the context is an error")
+    prompts: Literal["auto"] | tuple[str, ...] = param(
+        "auto", "sample from each; a prompt longer than the context is an error",
+        note="auto = Shakespeare's on the embedded corpus, else the first words of 3 val documents; [] = none")
     max_new_tokens: int = param(100, "tokens per sample", ge=0)
     temperature: float = param(0.8, "sampling temperature", ge=0, note="0 = greedy")
     top_k: int = param(200, "keep the k likeliest tokens", ge=0, note="0 = off")

@@ -44,6 +44,9 @@ def tokenize(params_path: str, sets: tuple[str, ...], raw: str, out: str) -> Non
 def stats(params_path: str, sets: tuple[str, ...], tokens: str, out: str) -> None:
     """Dataset statistics and plots of data/tokens/ into reports/stats/."""
     from gpt2.core.config import load_params
+    from gpt2.core.sizes import sequence_length
     from gpt2.data.stats import dataset_stats
 
-    dataset_stats(load_params(params_path, sets).stats, tokens, out)
+    params = load_params(params_path, sets)
+    context = sequence_length(params.model.size, params.model.block_size, params.train.block_size)
+    dataset_stats(params.stats, tokens, out, context)

@@ -86,7 +86,18 @@ class RawWriter:
         self.files: list[dict[str, Any]] = []
         self.progress: Progress | None = None  # set while a local source is read: bytes done, rate, ETA
         self._on_disk: CountingFile | None = None  # a compressed file being read: progress counts its bytes
+        self.skipped: dict[str, list[str]] = {}  # why -> the names skipped for it, said once at the end
         (root / "docs").mkdir(parents=True, exist_ok=True)
+
+    def skip(self, name: str, why: str) -> None:
+        self.skipped.setdefault(why, []).append(name)
+
+    def report_skipped(self) -> None:
+        """One line per reason: a folder of 138 empty files is one warning, not 138."""
+        for why, names in self.skipped.items():
+            shown = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
+            what = f"{len(names)} files" if len(names) > 1 else "1 file"
+            logger.warning(f"download: skipped {what} with {why} ({'e.g. ' if len(names) > 3 else ''}{shown})")
 
     @property
     def documents(self) -> int:
@@ -139,7 +150,7 @@ class RawWriter:
             self._advance(len(chunk))
         if size == 0:
             path.unlink()
-            logger.warning(f"skipped {name}: empty (0 bytes)")
+            self.skip(name, "no bytes")
             return
         self._record(path, size, digest.hexdigest(), 1, "text", name)
 
@@ -148,7 +159,7 @@ class RawWriter:
         ``add_text_file``); tokenize links the copy on, so data/raw, data/tokens and DVC's cache share it."""
         shard = inspect_shard(source, name)
         if shard.tokens == 0:
-            logger.warning(f"skipped {name}: no tokens")
+            self.skip(name, "no tokens")
             return
         path = self._path(name, ".bin")
         digest = hashlib.sha256()
@@ -196,7 +207,7 @@ class RawWriter:
                 self._advance(len(line))
         if count == 0:
             path.unlink()
-            logger.warning(f"skipped {name}: no non-empty documents")
+            self.skip(name, "no non-empty documents")
             return
         self._record(path, path.stat().st_size, sha256_file(path), count, "jsonl", name,
                      text_bytes=size if compressed else None)
@@ -279,6 +290,7 @@ def download(cfg: DownloadConfig, out_dir: str | Path = "data/raw") -> dict[str,
             raise UserError(f"download.source: unsupported scheme in {source!r}; use http(s)://, hf:, a path or embedded")
         else:
             details = add_local(writer, source)
+        writer.report_skipped()
         if writer.tokens and writer.documents:
             raise UserError(f"download.source {source!r} mixes text files and token shards (.bin); "
                             "point it at one kind")

@@ -91,7 +91,8 @@ def compute(cfg: StatsConfig, tokens_dir: str | Path) -> tuple[dict[str, Any], n
         "vocab_coverage": round(unique / vocab, 4),
         "doc_tokens": {f"p{q}": float(np.percentile(lengths, q)) for q in (50, 90, 99)} | {
             "max": int(lengths.max()), "mean": round(float(lengths.mean()), 1)},
-        "top_tokens": [{"rank": r + 1, "id": int(i), "token": decode_token(int(i)), "count": int(text_tokens[i])}
+        "top_tokens": [{"rank": r + 1, "id": int(i), "token": decode_token(int(i)), "count": int(text_tokens[i]),
+                        "share": round(int(text_tokens[i]) / max(1, int(text_tokens.sum())), 4)}
                        for r, i in enumerate(order) if text_tokens[i] > 0],
     }
     return metrics, lengths, text_tokens
@@ -126,26 +127,31 @@ def rank_frequency(counts: np.ndarray, points: int = 200) -> tuple[np.ndarray, n
     return ranks, sorted_counts[ranks - 1]
 
 
-def dataset_stats(cfg: StatsConfig, tokens_dir: str | Path = "data/tokens", out_dir: str | Path = "reports/stats"
-                  ) -> dict[str, Any]:
-    """Compute the statistics, then write every report file (all of them or none)."""
+def dataset_stats(cfg: StatsConfig, tokens_dir: str | Path = "data/tokens", out_dir: str | Path = "reports/stats",
+                  context: int | None = None) -> dict[str, Any]:
+    """Compute the statistics, then write every report file (all of them or none). ``context``: the training
+    sequence length, marked on the length plot with the share of documents longer than it."""
     metrics, lengths, counts = compute(cfg, tokens_dir)
+    if context is not None:
+        metrics["context"] = {"tokens": context, "documents_longer": round(float(np.mean(lengths > context)), 4)}
     hist, edges = length_histogram(lengths, cfg.length_bins)
     ranks, rank_counts = rank_frequency(counts)
     hist_tsv = "doc_tokens\tdocuments\n" + "".join(f"{int(e)}\t{int(h)}\n" for e, h in zip(edges[:-1], hist))
     rank_tsv = "rank\tcount\tlog10_rank\tlog10_count\n" + "".join(
         f"{r}\t{c}\t{np.log10(r):.4f}\t{np.log10(c):.4f}\n" for r, c in zip(ranks, rank_counts))
-    pngs = render_pngs(edges, hist, ranks, rank_counts)
+    pngs = render_pngs(edges, hist, ranks, rank_counts, metrics.get("context"))
     out = Path(out_dir)
     write_files(out, {"doc_lengths.tsv": hist_tsv, "rank_frequency.tsv": rank_tsv, **pngs,  # all of them or none
                       "summary.json": json_text(metrics), "metrics.json": json_text(compared_figures(metrics))})
+    top = ", ".join(f"{t['token']!r} {t['share']:.1%}" for t in metrics["top_tokens"][:3])
     logger.info(f"stats: {metrics['documents']['total']} documents, {metrics['tokens']['total']:,} tokens, "
                 f"{metrics['bytes_per_token']} bytes/token, {metrics['unique_tokens']:,} unique tokens "
-                f"({metrics['vocab_coverage']:.1%} of the vocab) → {out}/")
+                f"({metrics['vocab_coverage']:.1%} of the vocab); most frequent: {top} → {out}/")
     return metrics
 
 
-def render_pngs(edges: np.ndarray, hist: np.ndarray, ranks: np.ndarray, counts: np.ndarray) -> dict[str, bytes]:
+def render_pngs(edges: np.ndarray, hist: np.ndarray, ranks: np.ndarray, counts: np.ndarray,
+                context: dict[str, Any] | None = None) -> dict[str, bytes]:
     import matplotlib
     import matplotlib.ticker
 
@@ -157,6 +163,11 @@ def render_pngs(edges: np.ndarray, hist: np.ndarray, ranks: np.ndarray, counts: 
     ax.stairs(hist, edges, fill=True, alpha=0.8)
     if edges[-1] / max(edges[0], 1) > 100:
         ax.set_xscale("log")
+    if context:
+        ax.axvline(context["tokens"], color="C3", linestyle="--",
+                   label=f"training context, {context['tokens']:,} tokens: "
+                         f"{context['documents_longer']:.0%} of documents are longer")
+        ax.legend(loc="upper right", fontsize="small")
     ax.set(xlabel="document length (tokens)", ylabel="documents", title="Document lengths")
     ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     out["doc_lengths.png"] = _png(fig)

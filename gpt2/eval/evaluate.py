@@ -182,6 +182,37 @@ def unigram_loss(counts: np.ndarray, val: Tokens, spans: list[tuple[int, int]]) 
     return total / n
 
 
+SHAKESPEARE_PROMPTS = ("ROMEO:", "To be, or not to be", "KING HENRY:")
+
+
+def resolve_prompts(cfg: EvalConfig, meta: dict[str, Any], val: Any) -> tuple[str, ...]:
+    """``eval.prompts`` as given, or for ``auto`` prompts of the corpus's own kind: Shakespeare's on the embedded
+    corpus, else the opening words of the first val documents (a code corpus gets code to continue)."""
+    if cfg.prompts != "auto":
+        return cfg.prompts
+    if "sdist" in (meta.get("source") or {}):
+        return SHAKESPEARE_PROMPTS
+    return document_openings(val, meta["eot_id"])
+
+
+def document_openings(val: Any, eot_id: int, count: int = 3, length: int = 8, scan: int = 1 << 20) -> tuple[str, ...]:
+    """The first line of the first ``length`` tokens of the first ``count`` val documents (blank ones skipped)."""
+    from gpt2.data.tokenizer import gpt2_encoding
+
+    head = np.asarray(val[:scan])
+    starts = [0, *(np.flatnonzero(head == eot_id) + 1).tolist()]
+    openings: list[str] = []
+    for start in starts:
+        ids = head[start:start + length].tolist()
+        ids = ids[:ids.index(eot_id)] if eot_id in ids else ids
+        line = gpt2_encoding().decode(ids).lstrip().split("\n")[0].rstrip()
+        if line and line not in openings:
+            openings.append(line)
+        if len(openings) == count:
+            break
+    return tuple(openings)
+
+
 def encode_prompts(prompts: tuple[str, ...], block: int) -> list[list[int]]:
     """Token ids of each prompt, checked against the model's context (before any slow work)."""
     from gpt2.data.tokenizer import gpt2_encoding
@@ -192,7 +223,8 @@ def encode_prompts(prompts: tuple[str, ...], block: int) -> list[list[int]]:
     return encoded
 
 
-def samples(loaded: Loaded, cfg: EvalConfig, encoded: list[list[int]], eot_id: int) -> tuple[str, float]:
+def samples(loaded: Loaded, cfg: EvalConfig, prompts: tuple[str, ...], encoded: list[list[int]],
+            eot_id: int) -> tuple[str, float]:
     """samples.md text and the generation speed in tokens/s."""
     from gpt2.data.tokenizer import gpt2_encoding
 
@@ -204,7 +236,9 @@ def samples(loaded: Loaded, cfg: EvalConfig, encoded: list[list[int]], eot_id: i
              + f"; temperature {cfg.temperature}, top_k {cfg.top_k}, top_p {cfg.top_p}, "
              f"seed {cfg.seed}, KV cache {'on' if cfg.kv_cache else 'off'}.", ""]
     generated, seconds = 0, 0.0
-    for p, (prompt, ids) in enumerate(zip(cfg.prompts, encoded)):
+    if not prompts:
+        lines += ["No prompts (eval.prompts is empty)."]
+    for p, (prompt, ids) in enumerate(zip(prompts, encoded)):
         lines += [f"## {prompt}", ""]
         for i in range(cfg.num_samples):
             generator = torch.Generator().manual_seed(cfg.seed + 1000 * p + i)
@@ -244,7 +278,8 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
     if top >= model_vocab:
         raise UserError(f"{label} holds token id {top}, outside the checkpoint's vocab of {model_vocab}; "
                         "the tokens do not match this checkpoint: re-run tokenize or retrain")
-    encoded = encode_prompts(cfg.prompts, loaded.model.cfg.block_size)
+    prompts = resolve_prompts(cfg, meta, val)
+    encoded = encode_prompts(prompts, loaded.model.cfg.block_size)
     spans = windows(len(val), loaded.model.cfg.block_size, cfg.max_tokens, cfg.seed)
     started = time.perf_counter()
     try:
@@ -254,7 +289,7 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tok
         logger.info(f"evaluate: val loss {loss:.4f} {spread} (ppl {math.exp(loss):.1f}) over {n:,} tokens in "
                     f"{time.perf_counter() - started:.1f} s; unigram baseline {baseline:.4f}")
         hellaswag = score_hellaswag(loaded, cfg) if cfg.hellaswag else None
-        text, tokens_per_s = samples(loaded, cfg, encoded, meta["eot_id"])
+        text, tokens_per_s = samples(loaded, cfg, prompts, encoded, meta["eot_id"])
     except torch.OutOfMemoryError:
         raise out_of_memory(cfg, loaded, out_dir) from None
     summary = {

@@ -28,11 +28,8 @@ EXPORT_FILES = ("*.json", "*.safetensors", "merges.txt")  # a Hugging Face model
 
 
 def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        raise UserError("gpt2 export writes model.safetensors and needs the safetensors package: "
-                        "pip install -c constraints.txt -e '.[hf]'") from None
+    from safetensors.torch import save_file
+
     out = Path(out_dir)
     check_owned(out.absolute(), EXPORT_FILES, "gpt2 export")
     state = checkpoint.load(ckpt_path)

@@ -115,6 +115,10 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
     if clash := [k for k in grid if k in fixed]:
         raise UserError(f"-S {clash[0]} and --time-budget both set the run's length; give one")
     experiments.check_repo(root)
+    if changed := experiments.uncommitted_params(root, params_path):
+        logger.warning(f"grid: {params_path} differs from the last commit ({changed}), and every experiment starts "
+                       "from it, as dvc exp run does; to compare from the committed params: git checkout "
+                       f"{params_path} (an earlier dvc exp run -S leaves its setting there)")
     if waiting := experiments.pending(root):
         raise UserError(f"{len(waiting)} DVC experiment(s) already queued or running ({', '.join(waiting[:5])}); "
                         "a grid times one experiment at a time: run them (dvc exp run --run-all) or remove them "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core.errors import UserError
-from gpt2.core.memory_model import largest_micro_batch, memory, shape
+from gpt2.core.memory_model import HEADROOM, largest_micro_batch, memory, shape
 from gpt2.core.sizes import SIZES
 from gpt2.run.cost import ASSUMED_PRICE_PER_HOUR
 from gpt2.run.flops import PEAK_TFLOPS, device_key, flops_per_token
@@ -28,6 +28,8 @@ class Device:
 def _device(name: str, memory_gb: float, price: float | None = None) -> Device:
     return Device(name, memory_gb, ASSUMED_PRICE_PER_HOUR[name] if price is None else price)
 
+
+GPT2_BATCH_TOKENS = 524_288  # GPT-2's 0.5 M tokens per step
 
 DEVICES: dict[str, Device] = {
     "h100": _device("H100", 80),
@@ -99,7 +101,7 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
          gpus: int = 1, dtype: str | None = None, attention: str = "flash", mfu: float | None = None,
          price_per_hour: float | None = None, memory_gb: float | None = None, peak_tflops: float | None = None,
          root: Path = Path("."), loss_chunk: int = 8192, optimizer: str = "adamw",
-         distributed: str = "ddp") -> dict[str, Any]:
+         distributed: str = "ddp", batch_tokens: int = GPT2_BATCH_TOKENS) -> dict[str, Any]:
     """Everything ``gpt2 plan`` prints, as a dict; memory per GPU (``distributed`` fsdp: sharded over ``gpus``)."""
     if device not in DEVICES:
         raise UserError(f"unknown device {device!r}; one of {', '.join(DEVICES)}")
@@ -119,6 +121,11 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
             for name in variants}
     peak_kind = "tf32" if dtype == "fp32" else dtype
     peak = (peak_tflops or PEAK_TFLOPS.get(dev.name, {}).get(peak_kind, 0.0)) * 1e12
+    peak_source = "given (--peak-tflops)" if peak_tflops else "the card's datasheet"
+    if device == "cpu" and not peak_tflops:
+        peak, peak_source = _cpu_peak(dtype)
+    chosen = f"{'fp32' if dtype == 'fp32' else 'amp'} {attention}"
+    step = _step(batch_tokens, seq, gpus, fits[chosen])
     if mfu is not None:
         used_mfu, source = mfu, "given (--mfu)"
     else:
@@ -134,11 +141,34 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
         "attention": attention, "micro_batch": micro_batch, "loss_chunk": loss_chunk, "optimizer": optimizer,
         "distributed": distributed if gpus > 1 or distributed == "fsdp" else "off",
         "memory": {name: {**asdict(m), "total": m.total} for name, m in variants.items()},
-        "largest_micro_batch": fits, "peak_tflops": peak / 1e12, "mfu": used_mfu, "mfu_source": source,
+        "largest_micro_batch": fits, "chosen": chosen, "fits": variants[chosen].total <= HEADROOM * mem_gb * 1e9,
+        "usable_gb": HEADROOM * mem_gb, "batch_tokens": batch_tokens, "step": step,
+        "peak_tflops": peak / 1e12, "peak_source": peak_source, "mfu": used_mfu, "mfu_source": source,
         "hours": seconds / 3600 if seconds else None, "price_per_hour": price,
         "price_source": "given (--price-per-hour)" if price_per_hour is not None else "assumed on-demand price",
         "cost": seconds / 3600 * gpus * price if seconds else None,
     }
+
+
+def _step(batch_tokens: int, seq: int, gpus: int, largest: int) -> dict[str, Any]:
+    """The micro-batch × accumulation that ``train.micro_batch_size: auto`` picks for ``batch_tokens``: the
+    largest divisor of the sequences per GPU that fits."""
+    per_gpu, rest = divmod(batch_tokens, seq * gpus)
+    if rest or per_gpu == 0:
+        return {"sequences_per_gpu": None, "unit": seq * gpus}
+    micro = next((d for d in range(min(per_gpu, largest), 0, -1) if per_gpu % d == 0), 0)
+    return {"sequences_per_gpu": per_gpu, "micro_batch": micro, "grad_accum_steps": per_gpu // micro if micro else None}
+
+
+def _cpu_peak(dtype: str) -> tuple[float, str]:
+    """This CPU's matmul peak as training measures it (kept by ``gpt2 peak``; measured now if none is kept)."""
+    from gpt2.run.peak import cache_path, cpu_peaks
+
+    peaks, measured_now = cpu_peaks()
+    flops = (peaks or {}).get("bf16" if dtype == "bf16" else "fp32")
+    if not flops:
+        return 0.0, f"no {dtype} peak: this CPU has no native {dtype} matmul"
+    return float(flops), "measured here now" if measured_now else f"measured here before ({cache_path()})"
 
 
 def _ram_gb() -> float:
@@ -149,10 +179,11 @@ def _ram_gb() -> float:
 
 def render(p: dict[str, Any]) -> str:
     gb = 1e9
-    chosen = f"{'amp' if p['dtype'] != 'fp32' else 'fp32'} {'flash' if p['attention'] == 'flash' else 'manual'}"
+    chosen = p["chosen"]
     f = p["flops_per_token"]
     unit, overhead = ("process", "the OS and other programs") if p["cpu"] else ("GPU", "the CUDA context")
-    peak = f"{p['peak_tflops']:.0f} TFLOP/s {p['dtype']} peak" if p["peak_tflops"] else f"{p['dtype']}, peak unknown"
+    peak = (f"{p['peak_tflops']:.3g} TFLOP/s {p['dtype']} peak, {p['peak_source']}" if p["peak_tflops"]
+            else f"{p['dtype']}, peak unknown")
     lines = [
         f"Plan: {p['model']} on {p['gpus']} × {p['device']} ({p['memory_gb']:.0f} GB{' RAM' if p['cpu'] else ''}, "
         f"{peak}), {p['tokens']:.3g} tokens at T={p['seq_len']}",
@@ -177,8 +208,23 @@ def render(p: dict[str, Any]) -> str:
         f"  (eager estimate, see gpt2/core/memory_model.py; torch.compile needs less; 10% of memory left for {overhead})",
         "",
         f"largest micro-batch that fits ({chosen}): {p['largest_micro_batch'][chosen]}",
-        f"MFU               {100 * p['mfu']:.1f}% ({p['mfu_source']})",
     ]
+    if not p["fits"]:
+        total = p["memory"][chosen]["total"] / gb
+        lines.append(f"micro-batch {p['micro_batch']} does NOT fit ({chosen}): {total:.1f} GB of the "
+                     f"{p['usable_gb']:.1f} GB usable per {unit}")
+    step = p["step"]
+    if step["sequences_per_gpu"] is None:
+        lines.append(f"a step of {p['batch_tokens']:,} tokens is not whole sequences on every {unit}: "
+                     f"--batch-tokens must be a multiple of {step['unit']:,}")
+    elif step["micro_batch"]:
+        lines.append(f"a step of {p['batch_tokens']:,} tokens ({step['sequences_per_gpu']} sequences per {unit}): "
+                     f"train.micro_batch_size {step['micro_batch']} × train.grad_accum_steps "
+                     f"{step['grad_accum_steps']} (what micro_batch_size: auto picks: the largest divisor that fits)")
+    else:
+        lines.append(f"a step of {p['batch_tokens']:,} tokens: not even one sequence fits per {unit}; shard the "
+                     "model (--distributed fsdp over more --gpus), use bf16 or a shorter --seq-len")
+    lines.append(f"MFU               {100 * p['mfu']:.1f}% ({p['mfu_source']})")
     if p["hours"] is not None:
         lines.append(f"time              {p['hours']:,.1f} h on {p['gpus']} × {p['device']} ({p['hours'] / 24:,.2f} days)")
         if p["price_per_hour"]:

@@ -161,9 +161,6 @@ def read_pretrained(weights: Path, key: str = "train.init_from"
             state = load_file(str(weights))
         else:
             state = torch.load(weights, map_location="cpu", weights_only=True)
-    except ImportError:
-        raise UserError(f"{key}: reading {weights.name} needs safetensors "
-                        "(pip install -c constraints.txt -e '.[hf]')") from None
     except Exception as exc:
         raise UserError(f"{key}: {weights} is not a readable weights file ({exc.__class__.__name__}); "
                         "check the download") from None

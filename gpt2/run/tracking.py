@@ -149,7 +149,12 @@ def experiment_run_name(params_path: str | Path = "params.yaml") -> str | None:
         return dvc_name
     if not isinstance(before, dict) or not isinstance(after, dict):
         return dvc_name
-    return changes_name(flatten(_checked(before)), flatten(_checked(after))) or "params as committed"
+    return params_changes(before, after) or "params as committed"
+
+
+def params_changes(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """What ``after`` changes from ``before`` (two params.yaml contents), as runs are named: ``lr=0.02``."""
+    return changes_name(flatten(_checked(before)), flatten(_checked(after)))
 
 
 def _checked(raw: dict[str, Any]) -> dict[str, Any]:

@@ -71,6 +71,10 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
     device = resolve_device(device)
     resolved = resolve(ladder, raw, device, model, steps, repeats, mlflow, target, time_budget_s)
     experiments.check_repo(root)
+    if changed := experiments.uncommitted_params(root, params_path):
+        logger.warning(f"ladder: {params_path} differs from the last commit ({changed}), and every rung starts from "
+                       "it, as dvc exp run does; to measure from the committed params: git checkout "
+                       f"{params_path} (an earlier dvc exp run -S leaves its setting there)")
     running = experiments.pending(root, ("Running",))
     if running:
         raise UserError(f"{len(running)} queued DVC experiment(s) running ({', '.join(running[:5])}); the ladder "
