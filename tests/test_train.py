@@ -691,3 +691,28 @@ def test_a_run_no_longer_than_its_warmup_says_so(tmp_path, tokens, capfd):
             "run ends (it never reaches train.lr); lower train.warmup_steps (e.g. 1) or train longer") in said
     train(micro_params(max_steps=4, eval_interval=4), tokens, tmp_path / "four.pt", tmp_path / "r4")
     assert "still warming up" not in capfd.readouterr().err
+
+
+def test_the_curves_flag_a_noisy_step_time_and_keep_a_flat_memory_line_off_the_frame(monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from gpt2.train import reports
+
+    titles, limits = {}, {}
+    savefig = plt.Figure.savefig
+
+    def seen(fig, *args, **kwargs):  # what the PNG shows, read from the figure before it is written
+        for ax in fig.axes:
+            titles[ax.get_ylabel()] = ax.get_title()
+            limits[ax.get_ylabel()] = ax.get_ylim()
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", seen)
+    train = [{"step": s, "train/loss": 5.0, "perf/step_ms": ms, "perf/tokens_per_s": 1000.0, "mem/rss_gb": 0.88}
+             for s, ms in zip(range(1, 9), (100, 150, 90, 160, 100, 140, 95, 155))]
+    reports.render_curves(train, [], "noisy")
+    assert titles["ms"].startswith("Step time (logged steps): median 120 ms, IQR") and "(noisy" in titles["ms"]
+    assert limits["GB"][1] > 0.88 * 1.1  # the flat line below the top frame
+    steady = [{**row, "perf/step_ms": 100.0 + row["step"] % 2} for row in train]
+    reports.render_curves(steady, [], "steady")
+    assert "noisy" not in titles["ms"]

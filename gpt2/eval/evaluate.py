@@ -36,6 +36,7 @@ from gpt2.core.tokens import (
 )
 from gpt2.eval.sample import SamplingConfig, TextStream, generate_ids
 from gpt2.model.gpt import GPT, GPTConfig
+from gpt2.model.loss import chunk_rows
 from gpt2.run import checkpoint
 from gpt2.run.device import Runtime, runtime_for
 
@@ -114,6 +115,9 @@ def val_loss(loaded: Loaded, tokens: Tokens, spans: list[tuple[int, int]], batch
     """Token-weighted mean cross-entropy over the windows, its standard error over the windows, and the
     number of predicted tokens."""
     model, runtime = loaded.model, loaded.runtime
+    # the loss in chunks of positions, as training's: the whole batch's logits (16 x 128 x 50,304 fp32: 0.4 GB,
+    # then as much again for the vocabulary mask and the log-softmax) never exist at once
+    model.loss_chunk = chunk_rows("auto", runtime.device.type, model.cfg.padded_vocab_size)
     losses, lengths = [], []  # each window's mean loss, and its predicted tokens
     by_length: dict[int, list[int]] = {}
     for start, length in spans:

@@ -102,6 +102,9 @@ def warmup_s(history: History, steps: int) -> float:
     return round(sum(t for t, warm in zip(history.step_s, history.warm(steps)) if warm), 3)
 
 
+NOISY_STEP_IQR = 0.10  # a run whose step times' IQR passes 10% of their median: one run cannot give its speed
+
+
 def iqr(values: list[float]) -> float:
     """The interquartile range (0 for fewer than two values)."""
     if len(values) < 2:
@@ -275,8 +278,15 @@ def render_curves(train: list[dict[str, Any]], val: list[dict[str, Any]], title:
                   marker="o", markersize=3, capsize=2)
     loss.set(ylabel="loss (nats/token)", title="Loss")
     loss.legend()
-    step_ms.plot(*series(train, "perf/step_ms"), linewidth=1)
+    steps_ms = series(train, "perf/step_ms")
+    step_ms.plot(*steps_ms, linewidth=1)
     step_ms.set(ylabel="ms", title="Step time (warm-up steps left out)")
+    if len(steps_ms[1]) >= 2:
+        median, spread = statistics.median(steps_ms[1]), iqr(steps_ms[1])
+        noisy = spread > NOISY_STEP_IQR * median
+        step_ms.axhline(median, color="C3" if noisy else "C2", linestyle=":", linewidth=1)
+        step_ms.set_title(f"Step time (logged steps): median {median:,.4g} ms, IQR {100 * spread / median:.0f}%"
+                          + (" (noisy: repeat to compare)" if noisy else ""), color="C3" if noisy else "black")
     tps.plot(*series(train, "perf/tokens_per_s"), linewidth=1)
     tps.set(ylabel="tokens/s", title="Throughput")
     mem.plot(*series(train, "mem/allocated_gb", "mem/rss_gb"), linewidth=1, label="now")
@@ -287,8 +297,9 @@ def render_curves(train: list[dict[str, Any]], val: list[dict[str, Any]], title:
     mem.set(ylabel="GB", title="Memory (CPU: resident set; CUDA: allocated)")
     for ax in axes.flat:
         ax.grid(True, alpha=0.3)
-    for ax in (step_ms, tps, mem):
-        ax.set_ylim(bottom=0)
+    for ax in (step_ms, tps, mem):  # from 0, with room above the highest point: a flat line is not the frame
+        top = max((max(line.get_ydata(), default=0) for line in ax.lines), default=0)
+        ax.set_ylim(0, 1.15 * top if top > 0 else 1)
     for ax in axes[1]:
         ax.set_xlabel("step")
     fig.suptitle(title)
