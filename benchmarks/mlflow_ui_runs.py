@@ -11,14 +11,19 @@ ROOT/mlflow.db. Then screenshot the UI (docs/benchmarks.md, "MLflow UI check"):
 from __future__ import annotations
 
 import os
-import sys
 
-from gpt2.core.config import EvalConfig, Params, build
-from gpt2.eval.evaluate import evaluate
-from gpt2.train.trainer import train
+import click
 
 
+@click.command()
+@click.argument("root", type=click.Path(file_okay=False))
+@click.argument("tokens", type=click.Path(exists=True, file_okay=False))
 def main(root: str, tokens: str) -> None:
+    """Two trainings and their evaluations on TOKENS, logged to ROOT/mlflow.db."""
+    from gpt2.core.config import EvalConfig, Params, build
+    from gpt2.eval.evaluate import evaluate
+    from gpt2.train.trainer import train
+
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{os.path.abspath(root)}/mlflow.db"
     for name, switches in (("compile-on", {"compile": True}), (None, {})):
         if name:
@@ -33,4 +38,4 @@ def main(root: str, tokens: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main()

@@ -65,7 +65,11 @@ def ours(jsonl: Path, work: Path, workers: int) -> dict:
 
 def theirs(jsonl: Path, work: Path, workers: int) -> dict:
     os.environ["HF_DATASETS_CACHE"] = str(work / "hf-cache")
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        raise SystemExit("the peer's approach needs Hugging Face's datasets: pip install -c constraints.txt -e '.[hf]'") \
+            from None
 
     from gpt2.data.tokenizer import EOT_ID, gpt2_encoding
 

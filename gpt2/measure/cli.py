@@ -59,7 +59,7 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
               help="section.key=value[,value...]: one experiment per combination of the values (repeatable)")
 @click.option("--name", default=None, help="the grid's name in the report and MLflow (default: grid MM-DD HH:MM)")
 @click.option("--target", default="evaluate", show_default=True, help="the dvc.yaml stage each experiment runs to")
-@paths.option("--out", default=paths.GRID_REPORTS, help="report folder (<name>.md, .json, dvc.log)")
+@paths.option("--out", default=paths.GRID_REPORTS, help="report folder (<slug>.md, .json, .png: the name, spaces as -)")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 1000),
               help="runs per setting, in alternating order: 2 or more give each speed ratio an interval and a verdict")
 @click.option("--mlflow/--no-mlflow", default=None, help="a parent MLflow run (default: params.yaml train.mlflow)")

@@ -127,8 +127,8 @@ def _from_hub(name: str, key: str) -> Path:
     from gpt2.core.errors import UserError
 
     repo = HUB_NAMES[name]
-    fix = (f"download it where the hub is reachable (`hf download {repo} --local-dir {name}`) and copy the folder, "
-           f"then point {key} at it")
+    fix = (f"download it where the hub is reachable (`hf download {repo} --local-dir hf-{name}`), copy that folder "
+           f"into the project and set {key} to ./hf-{name}")
     from gpt2.core.net import reachable
 
     try:
