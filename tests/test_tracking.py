@@ -162,8 +162,8 @@ def test_the_suite_never_sees_the_users_mlflow_or_dvc_settings():
     assert os.environ["DVC_GLOBAL_CONFIG_DIR"] == os.environ["DVC_SYSTEM_CONFIG_DIR"]
 
 
-def test_three_processes_that_open_a_fresh_store_at_once_all_log_their_runs(tmp_path):
-    """What `dvc queue start -j 3` does on a new project: the store's tables are created once, not thrice."""
+def test_processes_that_open_a_fresh_store_at_once_all_log_their_runs(tmp_path):
+    """What `dvc queue start -j 2` does on a new project: the store's tables are created once, not twice."""
     import subprocess
     import sys
     import time
@@ -180,12 +180,12 @@ def test_three_processes_that_open_a_fresh_store_at_once_all_log_their_runs(tmp_
     start = time.time() + 5  # after their imports (a late one starts at once: the test still holds)
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     children = [subprocess.Popen([sys.executable, "-c", child, str(start), str(i)], env=env, stderr=subprocess.PIPE,
-                                 text=True) for i in range(3)]
+                                 text=True) for i in range(2)]
     errors = [c.communicate(timeout=120)[1] for c in children]
-    assert [c.returncode for c in children] == [0, 0, 0], errors
+    assert [c.returncode for c in children] == [0, 0], errors
     client = mlflow.MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
-    assert sorted(r.info.run_name for r in runs) == ["run0", "run1", "run2"]
+    assert sorted(r.info.run_name for r in runs) == ["run0", "run1"]
 
 
 @pytest.mark.parametrize("fault", ["locked", "deleted", "unreachable"])
