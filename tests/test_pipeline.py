@@ -165,6 +165,8 @@ def test_dvc_exp_run_compares_a_switch(project):
     for column in ("val.loss", "perf.tokens_per_s", "perf.tokens_per_s_iqr", "model.attention", "train.lr"):
         assert column in header, shown
     assert "params.yaml" not in header and "train.loss" not in header and "…" not in shown
+    table = run(project, *shlex.split(command.replace("dvc ", f"{sys.executable} -m dvc ", 1)), "--md").stdout
+    assert table.startswith("| Experiment") and "| train.lr" in table and "…" not in table  # a file's, whole
 
 
 def test_an_experiment_of_the_train_stage_alone_shows_no_evaluation_of_another_run(project):
