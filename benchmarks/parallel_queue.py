@@ -45,26 +45,32 @@ def sh(cwd: Path, *cmd: str) -> subprocess.CompletedProcess:
     return result
 
 
-def project(base: Path, threads: int) -> Path:
-    """A copy of this project in a fresh git repo, with a local corpus and the small settings above."""
-    root = base / "project"
+def small_project(base: Path, name: str, settings: dict[str, dict], documents: int = 20, lines: int = 400) -> Path:
+    """A copy of this project in ``base/name`` (code, dvc.yaml, params.yaml with ``settings`` on top) reading a
+    small local corpus of made-up verse in ``base/corpus``; not yet a git or DVC repository."""
+    root = base / name
     root.mkdir()
-    for name in ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore"):
-        shutil.copy(ROOT / name, root / name)
-    for name in ("stages", "gpt2"):
-        shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for file in ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore"):
+        shutil.copy(ROOT / file, root / file)
+    for folder in ("stages", "gpt2"):
+        shutil.copytree(ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
     corpus = base / "corpus"
     corpus.mkdir()
     words = "the king queen lord thou art my good sweet love night day fair death life heaven speak".split()
-    for i in range(20):
+    for i in range(documents):
         (corpus / f"doc{i:02d}.txt").write_text("\n".join(" ".join(words[(i + j + k) % len(words)] for k in range(9))
-                                                          for j in range(400)) + "\n")
+                                                          for j in range(lines)) + "\n")
     params = yaml.safe_load((root / "params.yaml").read_text())
     params["download"]["source"] = str(corpus)
-    for section, values in SMALL.items():
+    for section, values in settings.items():
         params[section].update(values)
-    params["train"]["threads"] = threads
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return root
+
+
+def project(base: Path, threads: int) -> Path:
+    """The small project with its data stages run and committed."""
+    root = small_project(base, "project", {**SMALL, "train": {**SMALL["train"], "threads": threads}})
     sh(root, "git", "init", "-q")
     sh(root, sys.executable, "-m", "dvc", "init", "-q")
     sh(root, sys.executable, "-m", "dvc", "repro", "-q", "tokenize")  # the data, once, before any timing

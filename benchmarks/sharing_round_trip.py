@@ -27,9 +27,9 @@ import urllib.request
 from pathlib import Path
 
 import click
-import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from parallel_queue import small_project
+
 SMALL = {"model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64},
          "train": {"max_steps": 30, "micro_batch_size": 8, "eval_interval": 15, "log_interval": 10,
                    "checkpoint_interval": 30, "warmup_steps": 5},
@@ -62,27 +62,6 @@ def check(ok: bool, what: str) -> None:
 
 def md5(path: Path) -> str:
     return hashlib.md5(path.read_bytes()).hexdigest()
-
-
-def alice_project(base: Path) -> Path:
-    root = base / "alice"
-    root.mkdir()
-    for name in ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore"):
-        shutil.copy(ROOT / name, root / name)
-    for name in ("stages", "gpt2"):
-        shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    corpus = base / "corpus"
-    corpus.mkdir()
-    words = "the king queen lord thou art my good sweet love night day fair death life heaven speak".split()
-    for i in range(12):
-        (corpus / f"doc{i:02d}.txt").write_text("\n".join(" ".join(words[(i + j + k) % len(words)] for k in range(9))
-                                                          for j in range(300)) + "\n")
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    params["download"]["source"] = str(corpus)
-    for section, values in SMALL.items():
-        params[section].update(values)
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    return root
 
 
 def free_port() -> int:
@@ -123,7 +102,7 @@ def main(keep: bool) -> None:
     print(f"team MLflow server at {uri} (store {team / 'mlflow.db'}, artifacts {team / 'artifacts'})")
     try:
         print("Alice: trains, pushes")
-        alice = alice_project(base)
+        alice = small_project(base, "alice", SMALL, documents=12, lines=300)
         sh(alice, uri, "git", "init", "-q")
         sh(alice, uri, sys.executable, "-m", "dvc", "init", "-q")
         sh(alice, uri, sys.executable, "-m", "dvc", "remote", "add", "-d", "team", str(team / "dvc-remote"))

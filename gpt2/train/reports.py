@@ -280,13 +280,13 @@ def render_curves(train: list[dict[str, Any]], val: list[dict[str, Any]], title:
     loss.legend()
     steps_ms = series(train, "perf/step_ms")
     step_ms.plot(*steps_ms, linewidth=1)
-    step_ms.set(ylabel="ms", title="Step time (warm-up steps left out)")
-    if len(steps_ms[1]) >= 2:
+    step_ms.set(ylabel="ms (warm-up steps left out)", title="Step time")
+    if len(steps_ms[1]) >= 2:  # the logged steps' median and spread; noisy: one run cannot give its speed
         median, spread = statistics.median(steps_ms[1]), iqr(steps_ms[1])
         noisy = spread > NOISY_STEP_IQR * median
         step_ms.axhline(median, color="C3" if noisy else "C2", linestyle=":", linewidth=1)
-        step_ms.set_title(f"Step time (logged steps): median {median:,.4g} ms, IQR {100 * spread / median:.0f}%"
-                          + (" (noisy: repeat to compare)" if noisy else ""), color="C3" if noisy else "black")
+        step_ms.set_title(f"Step time: median {median:,.3g} ms, IQR {100 * spread / median:.0f}%"
+                          + (" (noisy)" if noisy else ""), color="C3" if noisy else "black")
     tps.plot(*series(train, "perf/tokens_per_s"), linewidth=1)
     tps.set(ylabel="tokens/s", title="Throughput")
     mem.plot(*series(train, "mem/allocated_gb", "mem/rss_gb"), linewidth=1, label="now")
