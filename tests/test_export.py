@@ -169,7 +169,8 @@ def test_evaluate_pretrained_offline_fails_at_once_naming_its_option(tmp_path, m
     monkeypatch.setattr(hub, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     started = time.perf_counter()
     with pytest.raises(UserError, match=r"^eval.pretrained \(gpt2 evaluate --pretrained\) gpt2: .* nor reachable at "
-                                        r"http://127.0.0.1:9; download it .*then point eval.pretrained"):
+                                        r"http://127.0.0.1:9; download it .*--local-dir hf-gpt2.* set "
+                                        r"eval.pretrained .*to \./hf-gpt2"):
         load_pretrained_model("gpt2", eval_runtime("cpu", "fp32"))
     assert time.perf_counter() - started < 5
 

@@ -276,7 +276,7 @@ def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path, tm
     assert refused.returncode == 2 and "params.yaml has uncommitted edits; --apply never overwrites" in refused.stderr
     (root / "params.yaml").write_text(dirty)
     dvc(root, "exp", "run", "--queue", "-n", "waiting", "train")
-    second = run(root, *command[:-1], "--no-mlflow", "--json", "--apply")  # a queued experiment: neither run nor waited for
+    second = run(root, *command, "--json", "--apply")  # a queued experiment is neither run nor waited for
     assert "0 to run, 2 reused" in second.stderr  # the experiments above are the ones it read
     assert "waiting" in dvc(root, "queue", "status").stdout
     said = json.loads(second.stdout)  # stdout holds the JSON alone, the logs went to stderr

@@ -116,21 +116,25 @@ def val_loss(loaded: Loaded, tokens: Tokens, spans: list[tuple[int, int]], batch
     number of predicted tokens."""
     model, runtime = loaded.model, loaded.runtime
     # the loss in chunks of positions, as training's: the whole batch's logits (16 x 128 x 50,304 fp32: 0.4 GB,
-    # then as much again for the vocabulary mask and the log-softmax) never exist at once
-    model.loss_chunk = chunk_rows("auto", runtime.device.type, model.cfg.padded_vocab_size)
+    # then as much again for the vocabulary mask and the log-softmax) never exist at once. Only here: HellaSwag
+    # and sampling read the logits themselves
     losses, lengths = [], []  # each window's mean loss, and its predicted tokens
     by_length: dict[int, list[int]] = {}
     for start, length in spans:
         by_length.setdefault(length, []).append(start)
-    for length, starts in by_length.items():
-        for lo in range(0, len(starts), batch_size):
-            batch = np.stack([tokens[s:s + length + 1] for s in starts[lo:lo + batch_size]]).astype(np.int64)
-            x = torch.from_numpy(batch[:, :-1]).to(runtime.device)
-            y = torch.from_numpy(batch[:, 1:]).to(runtime.device)
-            with runtime.autocast():
-                _, window_losses = model(x, y, per_window=True)
-            losses += window_losses.double().tolist()
-            lengths += [length] * len(window_losses)
+    previous, model.loss_chunk = model.loss_chunk, chunk_rows("auto", runtime.device.type, model.cfg.padded_vocab_size)
+    try:
+        for length, starts in by_length.items():
+            for lo in range(0, len(starts), batch_size):
+                batch = np.stack([tokens[s:s + length + 1] for s in starts[lo:lo + batch_size]]).astype(np.int64)
+                x = torch.from_numpy(batch[:, :-1]).to(runtime.device)
+                y = torch.from_numpy(batch[:, 1:]).to(runtime.device)
+                with runtime.autocast():
+                    _, window_losses = model(x, y, per_window=True)
+                losses += window_losses.double().tolist()
+                lengths += [length] * len(window_losses)
+    finally:
+        model.loss_chunk = previous
     mean, se = weighted_mean_and_error(np.array(losses), np.array(lengths, dtype=np.float64))
     return mean, se, int(sum(lengths))
 
