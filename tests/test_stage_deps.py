@@ -144,3 +144,24 @@ def test_lazy_and_relative_imports_are_followed(tmp_path):
     (tmp_path / "stages" / "s.py").write_text("from gpt2.sub.a import f\n")
     reached = reached_modules(Path("stages/s.py"), tmp_path)
     assert sorted(reached) == ["gpt2", "gpt2.c", "gpt2.d", "gpt2.sub", "gpt2.sub.a", "gpt2.sub.b"]
+
+
+def test_the_stages_write_where_the_commands_read_by_default():
+    """dvc.yaml's outputs and gpt2/core/paths.py (the commands' defaults) name the same places: a stage's output
+    moved in one and not the other would leave `gpt2 evaluate` reading a checkpoint no stage writes."""
+    import yaml
+
+    from gpt2.core import paths
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+    def written(stage: str) -> set[str]:
+        entries = stages[stage].get("outs", []) + stages[stage].get("metrics", [])
+        return {next(iter(e)) if isinstance(e, dict) else e for e in entries}
+
+    assert paths.VALID_MARK in written("validate") and paths.RAW in written("download")
+    assert paths.TOKENS in written("tokenize") and all(p.startswith(paths.STATS + "/") for p in written("stats"))
+    checkpoints = paths.CHECKPOINT.rsplit("/", 1)[0]
+    assert checkpoints in written("train")
+    assert all(p.startswith(paths.TRAIN_REPORTS + "/") for p in written("train") - {checkpoints})
+    assert all(p.startswith(paths.EVAL_REPORTS + "/") for p in written("evaluate"))
