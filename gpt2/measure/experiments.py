@@ -55,20 +55,14 @@ def _env() -> dict[str, str]:
 def uncommitted_params(root: Path, params_path: str | Path) -> str:
     """The params the workspace's params.yaml changes from the last commit (``compile=True``), or "": every
     experiment starts from the workspace, so a setting an earlier ``dvc exp run -S`` left there is in all of them."""
-    import yaml
-
-    from gpt2.run.tracking import params_changes
+    from gpt2.run.tracking import changes_since
 
     path = Path(params_path).resolve()
     try:
-        committed = subprocess.run(["git", "show", f"HEAD:./{path.relative_to(root.resolve()).as_posix()}"],
-                                   cwd=root, capture_output=True, text=True, timeout=10)
-        before, after = yaml.safe_load(committed.stdout), yaml.safe_load(path.read_text())
-    except (OSError, ValueError, subprocess.TimeoutExpired, yaml.YAMLError):
+        committed = f"./{path.relative_to(root.resolve()).as_posix()}"
+    except ValueError:  # a params file outside the project: no commit holds it
         return ""
-    if committed.returncode != 0 or not isinstance(before, dict) or not isinstance(after, dict):
-        return ""
-    return params_changes(before, after)
+    return changes_since("HEAD", committed, path, root) or ""
 
 
 def check_repo(root: Path) -> None:

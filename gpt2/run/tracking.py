@@ -138,22 +138,24 @@ def experiment_run_name(params_path: str | Path = "params.yaml") -> str | None:
     rev, dvc_name = os.environ.get("DVC_EXP_BASELINE_REV"), os.environ.get("DVC_EXP_NAME")
     if not dvc_name or not rev:
         return dvc_name
-    try:
-        import yaml
+    changed = changes_since(rev, "params.yaml", params_path, paths.tracking_root())
+    return dvc_name if changed is None else changed or "params as committed"
 
-        out = subprocess.run(["git", "show", f"{rev}:params.yaml"], cwd=paths.tracking_root(), capture_output=True,
-                             text=True, timeout=10)
+
+def changes_since(rev: str, committed: str, params_path: str | Path, repo: Path) -> str | None:
+    """What ``params_path`` changes from the params file ``committed`` (its path in ``repo``) at ``rev``, as
+    runs are named (``lr=0.02``; "" for nothing); None where either cannot be read."""
+    import yaml
+
+    try:
+        out = subprocess.run(["git", "show", f"{rev}:{committed}"], cwd=repo, capture_output=True, text=True,
+                             timeout=10)
         before = yaml.safe_load(out.stdout) if out.returncode == 0 else None
         after = yaml.safe_load(Path(params_path).read_text())
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return dvc_name
+    except (OSError, subprocess.TimeoutExpired, ValueError, yaml.YAMLError):
+        return None
     if not isinstance(before, dict) or not isinstance(after, dict):
-        return dvc_name
-    return params_changes(before, after) or "params as committed"
-
-
-def params_changes(before: dict[str, Any], after: dict[str, Any]) -> str:
-    """What ``after`` changes from ``before`` (two params.yaml contents), as runs are named: ``lr=0.02``."""
+        return None
     return changes_name(flatten(_checked(before)), flatten(_checked(after)))
 
 
