@@ -12,7 +12,7 @@ from gpt2.run import checkpoint
 from gpt2.train import step_log, trainer
 from gpt2.train.length import Budget
 from gpt2.train.optim import lr_at
-from gpt2.train.reports import History
+from gpt2.train.history import History
 from gpt2.train.trainer import TrainingInterrupted
 
 

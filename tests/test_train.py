@@ -19,7 +19,8 @@ from gpt2.run import checkpoint
 from gpt2.run.tracking import flatten
 from gpt2.train import step_log, trainer
 from gpt2.train.reports import PLOT_COLUMNS
-from gpt2.train.trainer import Diverged, TrainingInterrupted, train
+from gpt2.core.errors import Diverged
+from gpt2.train.trainer import TrainingInterrupted, train
 
 
 def run(tmp_path, tokens, params, name="run"):

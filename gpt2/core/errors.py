@@ -25,3 +25,7 @@ class Terminated(KeyboardInterrupt):
 
 class Stopped(UserError):
     """A run stopped on purpose (Ctrl-C or SIGTERM, with its work saved): tracked as KILLED, not FAILED."""
+
+
+class Diverged(UserError):
+    """The loss, or the weights after an update, became NaN or infinite."""

@@ -121,20 +121,12 @@ def _tokenize_corpus(cfg: TokenizeConfig, raw_dir: Path, out_dir: str | Path) ->
                 writer.handle.close()
         if within:
             split_within_document(splits, cfg.val_fraction, encoding)
-        meta = {
-            "format": FORMAT,
-            "dtype": DTYPE,
-            "vocab_size": VOCAB_SIZE,
-            "eot_id": EOT_ID,
-            "tokenizer": {"name": NAME, "bpe_sha256": RANKS_SHA256},
-            "manifest_sha256": sha256_file(raw_dir / MANIFEST),
-            "source": source_record(manifest),
-            "split": {"mode": "within-document" if within else "documents", "val_fraction": cfg.val_fraction,
-                      "seed": cfg.seed},
-            "splits": {name: {"file": w.path.name, "tokens": w.tokens, "documents": w.documents, "bytes": w.bytes}
-                       for name, w in splits.items()},
-            "decode": {"on_error": cfg.on_decode_error, "replaced_chars": decode.replaced},
-        }
+        meta = token_meta(raw_dir, manifest, RANKS_SHA256,
+                          split={"mode": "within-document" if within else "documents",
+                                 "val_fraction": cfg.val_fraction, "seed": cfg.seed},
+                          splits={name: {"file": w.path.name, "tokens": w.tokens, "documents": w.documents,
+                                         "bytes": w.bytes} for name, w in splits.items()},
+                          decode={"on_error": cfg.on_decode_error, "replaced_chars": decode.replaced})
         write_json(tmp / META, meta)
     total = sum(s["tokens"] for s in meta["splits"].values())
     logger.info(f"tokenize: {total:,} tokens (train {meta['splits']['train']['tokens']:,}, "
@@ -147,21 +139,20 @@ def import_token_shards(raw_dir: Path, manifest: dict[str, Any], out_dir: Path) 
     with atomic_dir(out_dir, owns=TOKEN_FILES, command="tokenize") as tmp:
         splits = import_shards(raw_dir, manifest, tmp, VOCAB_SIZE, EOT_ID)
         fmt = next(e["format"] for e in manifest["files"])
-        meta = {
-            "format": FORMAT,
-            "dtype": DTYPE,
-            "vocab_size": VOCAB_SIZE,
-            "eot_id": EOT_ID,
-            "tokenizer": {"name": NAME, "bpe_sha256": None},  # the shards' own: GPT-2's ids, checked in range
-            "manifest_sha256": sha256_file(raw_dir / MANIFEST),
-            "source": source_record(manifest),
-            "split": {"mode": "shards", "shard_format": fmt, "eot": EOT_POSITION[fmt]},
-            "splits": splits,
-        }
+        meta = token_meta(raw_dir, manifest, None,  # the shards' own ids: GPT-2's, checked in range
+                          split={"mode": "shards", "shard_format": fmt, "eot": EOT_POSITION[fmt]}, splits=splits)
         write_json(tmp / META, meta)
     logger.info(f"tokenize: {len(manifest['files'])} {fmt} shards linked, not re-tokenized: train "
                 f"{splits['train']['tokens']:,} tokens, val {splits['val']['tokens']:,}")
     return meta
+
+
+def token_meta(raw_dir: Path, manifest: dict[str, Any], bpe_sha256: str | None, **splitting: Any) -> dict[str, Any]:
+    """meta.json: the token format, the tokenizer, the raw text it came from, then how it was split
+    (``split``, ``splits`` and, for text, ``decode``)."""
+    return {"format": FORMAT, "dtype": DTYPE, "vocab_size": VOCAB_SIZE, "eot_id": EOT_ID,
+            "tokenizer": {"name": NAME, "bpe_sha256": bpe_sha256}, "manifest_sha256": sha256_file(raw_dir / MANIFEST),
+            "source": source_record(manifest), **splitting}
 
 
 def source_record(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,6 @@ The PNGs are rendered with matplotlib because ``dvc plots show`` needs a CDN.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import numpy as np
 
 from gpt2.core import log
 from gpt2.core.atomic import json_text, write_files
+from gpt2.core.plots import png, pyplot
 from gpt2.core.config import StatsConfig
 from gpt2.core.errors import UserError
 from gpt2.core.tokens import SPLITS, read_chunks, read_meta, split_label, split_shards
@@ -152,11 +152,9 @@ def dataset_stats(cfg: StatsConfig, tokens_dir: str | Path = "data/tokens", out_
 
 def render_pngs(edges: np.ndarray, hist: np.ndarray, ranks: np.ndarray, counts: np.ndarray,
                 context: dict[str, Any] | None = None) -> dict[str, bytes]:
-    import matplotlib
     import matplotlib.ticker
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out = {}
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
@@ -170,18 +168,11 @@ def render_pngs(edges: np.ndarray, hist: np.ndarray, ranks: np.ndarray, counts: 
         ax.legend(loc="upper right", fontsize="small")
     ax.set(xlabel="document length (tokens)", ylabel="documents", title="Document lengths")
     ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    out["doc_lengths.png"] = _png(fig)
+    out["doc_lengths.png"] = png(fig)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     ax.loglog(ranks, counts, marker=".", linestyle="-")
     ax.set(xlabel="rank", ylabel="count", title="Token rank-frequency (Zipf)")
     ax.grid(True, which="major", alpha=0.3)
-    out["rank_frequency.png"] = _png(fig)
-    plt.close("all")
+    out["rank_frequency.png"] = png(fig)
     return out
 
-
-def _png(fig: Any) -> bytes:
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()

@@ -14,7 +14,6 @@ grid is a parent run holding the comparison, each experiment's run a child carry
 from __future__ import annotations
 
 import dataclasses
-import io
 import itertools
 import json
 import re
@@ -26,6 +25,7 @@ from typing import Any
 
 from gpt2.core import log, paths
 from gpt2.core.atomic import write_files
+from gpt2.core.plots import png, pyplot
 from gpt2.core.config import read_yaml
 from gpt2.core.errors import UserError
 from gpt2.measure import experiments
@@ -342,10 +342,7 @@ def render_png(rows: list[Row], title: str, said: str) -> bytes:
     inside noise, a note where failed."""
     import textwrap
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     shown, by_eval = rows[::-1], evaluated(rows)
     labels = [textwrap.shorten(describe(r.setting), 48) for r in shown]
@@ -368,11 +365,7 @@ def render_png(rows: list[Row], title: str, said: str) -> bytes:
     loss.set(xlabel=f"{'evaluate' if by_eval else 'training'}'s val loss (± 2 s.e.; blue: apart from the baseline)",
              title="Quality")
     fig.suptitle(f"{title}\n{head}", fontsize=8)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return buffer.getvalue()
+    return png(fig)
 
 
 def _ratio_bars(ax: Any, rows: list[Row], figures: Any) -> None:

@@ -5,12 +5,15 @@ run. ``dtype: auto`` means bf16 on CUDA with bf16 support, fp16 (with a
 GradScaler) on older CUDA, and fp32 on CPU: there bf16 is emulated and many times slower than fp32
 without AVX512-BF16 or AMX, and a default that changed with the CPU would not repeat across
 machines (docs/benchmarks.md measures both kinds of CPU).
+
+It also reads the process's memory (``memory_gb``): what the device holds now and at its peak.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import platform
 import sys
 from dataclasses import dataclass, field
@@ -192,3 +195,49 @@ def sdpa_backend(runtime: Runtime, n_head: int, head_dim: int, seq_len: int) -> 
         return SDPBackend(torch._fused_sdp_choice(q, k, v, None, 0.0, True)).name.lower()
     except (AttributeError, RuntimeError, ValueError):  # private API: absent in some builds
         return "unknown"
+
+
+def memory_gb(runtime: Runtime) -> dict[str, float]:
+    """Memory now and at its peak since ``reset_memory_peak``. CUDA: PyTorch's allocated and reserved
+    bytes (reserved adds the caching allocator's free blocks). CPU: the process's resident set; its peak
+    is the kernel's high-water mark, which sees a transient allocation that the end of a run no longer
+    holds."""
+    if runtime.device.type == "cuda":
+        return {"mem/allocated_gb": torch.cuda.memory_allocated(runtime.device) / 1e9,
+                "mem/peak_allocated_gb": torch.cuda.max_memory_allocated(runtime.device) / 1e9,
+                "mem/peak_reserved_gb": torch.cuda.max_memory_reserved(runtime.device) / 1e9}
+    return {"mem/rss_gb": rss_bytes() / 1e9, "mem/peak_rss_gb": peak_rss_bytes() / 1e9}
+
+
+def reset_memory_peak() -> None:
+    """Start the peaks afresh: a run's peak is its own, not that of an earlier run in the same process."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:  # Linux: "5" resets the peak resident set
+            handle.write("5")
+    except OSError:  # other systems: the peak since the process began
+        pass
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set (children excluded)."""
+    try:
+        with open("/proc/self/status") as handle:
+            return next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, Linux KiB
+
+
+def rss_bytes() -> int:
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss
+    except ImportError:  # minimal environments: Linux's /proc
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

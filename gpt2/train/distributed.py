@@ -144,15 +144,6 @@ def shutdown(d: Dist) -> None:
         dist.destroy_process_group()
 
 
-def mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
-    """The mean of ``value`` over all ranks (gloo has no AVG: sum, then divide)."""
-    if d.world > 1:
-        value = value.clone()
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
-        value /= d.world
-    return value
-
-
 def total(value: torch.Tensor, d: Dist) -> torch.Tensor:
     """The sum of ``value`` over all ranks."""
     if d.world > 1:
@@ -181,6 +172,13 @@ def gather(obj: object, d: Dist) -> list[object]:
     out: list[object] = [None] * d.world
     dist.all_gather_object(out, obj)
     return out
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """Whether an error raised under a process group is a collective's: a peer died or hung."""
+    text = str(exc).lower()
+    return isinstance(exc, getattr(dist, "DistError", ())) or any(
+        word in text for word in ("gloo", "nccl", "timed out", "timeout", "connection", "peer"))
 
 
 def collective_error(exc: BaseException, d: Dist, timeout_s: float, ckpt_path: Path) -> UserError:

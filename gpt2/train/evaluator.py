@@ -15,7 +15,7 @@ from gpt2.train import distributed
 from gpt2.train.build import Setup
 from gpt2.train.length import Budget, Steps
 from gpt2.train.loader import BatchSampler, TokenSplit
-from gpt2.train.reports import History
+from gpt2.train.history import History
 
 logger = log.get("train")
 

@@ -16,7 +16,7 @@ budget is spent, the loop syncs to know.
 
 from __future__ import annotations
 
-from gpt2.train.reports import History
+from gpt2.train.history import History
 
 
 class Steps:

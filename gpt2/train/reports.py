@@ -1,4 +1,4 @@
-"""What a run reports: its history, its summary, and the files DVC and people read.
+"""What a run reports: its summary, and the files DVC and people read.
 
 Every measure has one name, ``section/name`` (``train/loss``, ``perf/step_ms``, ``val/loss``):
 MLflow logs it so, the history keeps it so, and the summary nests it as ``{"perf": {"step_ms": …}}``.
@@ -8,59 +8,19 @@ part of ``dvc plots``' contract: ``PLOT_COLUMNS`` maps each column to the measur
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import statistics
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpt2.core import log
 from gpt2.run.tracking import flatten
 from gpt2.core.atomic import json_text, write_files
+from gpt2.core.plots import png, pyplot
 from gpt2.run.cost import cost_figures
 from gpt2.run.flops import Throughput
-
-
-@dataclass
-class History:
-    """The run so far: log records (for the plots), every step time (for the summaries), and a few tallies.
-
-    Checkpointed whole, so a resumed run reports as if it had never stopped."""
-
-    train: list[dict[str, float]] = field(default_factory=list)  # one record per log step (``train/loss`` …)
-    val: list[dict[str, float]] = field(default_factory=list)  # one record per eval (``val/loss``)
-    step_s: list[float] = field(default_factory=list)
-    fp16_skipped: int = 0
-    elapsed_s: float = 0.0  # wall time of the run up to its last checkpoint (earlier sessions of a resumed run)
-    steady_steps: int = 0  # steps after each session's warm-up, and their wall time (evals, checkpoints included)
-    steady_s: float = 0.0
-    target: dict[str, float] | None = None  # when val loss first reached train.target_val_loss
-    sessions: list[int] = field(default_factory=list)  # where each session's steps begin in step_s
-    eval_warmup_s: float = 0.0  # the first eval of each compiled session (it compiles), left out of steady_s
-    run_uid: str = field(default_factory=lambda: uuid.uuid4().hex)  # this run, over all its sessions: an
-    # evaluation records the run it scored, so a report never passes another run's figures for its own
-    budget_warm_s: float | None = None  # under train.time_budget_s: the time spent when the lr's decay began
-
-    @property
-    def train_s(self) -> float:
-        """The training time so far: every step's time, compilation included, evals and checkpoints not."""
-        return sum(self.step_s)
-
-    def warm(self, warmup_steps: int) -> list[bool]:
-        """Which of ``step_s`` are warm-up steps: the first ``warmup_steps`` of every session (a resumed
-        session compiles and autotunes again)."""
-        flags = [False] * len(self.step_s)
-        for start in {0, *self.sessions}:  # a checkpoint older than ``sessions`` names none
-            flags[start:start + warmup_steps] = [True] * len(flags[start:start + warmup_steps])
-        return flags
-
-    def timed_s(self, warmup_steps: int) -> list[float]:
-        """The step times the medians read: every step but the warm-up steps (all of them if none is left)."""
-        timed = [t for t, warm in zip(self.step_s, self.warm(warmup_steps)) if not warm]
-        return timed or self.step_s
+from gpt2.train.history import History
 
 
 # Each plot file's columns, and the measure each column shows (memory: RSS on CPU, allocated on CUDA).
@@ -256,12 +216,10 @@ def render_curves(train: list[dict[str, Any]], val: list[dict[str, Any]], title:
     DVC's own plots render to HTML that loads Vega from a CDN: blank offline. matplotlib is optional
     here (GPU boxes may lack it): without it the PNG is skipped with a note, the TSVs remain."""
     try:
-        import matplotlib
+        plt = pyplot()
     except ImportError:
         log.get("train").info("train: matplotlib is not installed; skipping plots/curves.png (the .tsv files are written)")
         return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     def series(rows: list[dict[str, Any]], *keys: str) -> tuple[list[float], list[float]]:
         points = [(r["step"], next(r[k] for k in keys if r.get(k) is not None)) for r in rows
@@ -304,7 +262,4 @@ def render_curves(train: list[dict[str, Any]], val: list[dict[str, Any]], title:
         ax.set_xlabel("step")
     fig.suptitle(title)
     fig.subplots_adjust(left=0.1, right=0.98, bottom=0.08, top=0.9, wspace=0.25, hspace=0.25)  # tight_layout: 2× slower
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return buffer.getvalue()
+    return png(fig, tight=False)

@@ -32,7 +32,7 @@ from gpt2.core.errors import UserError
 from gpt2.run import checkpoint
 from gpt2.train import sharded
 from gpt2.train.build import Setup
-from gpt2.train.reports import History
+from gpt2.train.history import History
 
 logger = log.get("train")
 

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core.config import to_dict
-from gpt2.core.errors import UserError
+from gpt2.core.errors import Diverged, UserError
 from gpt2.run import checkpoint
 from gpt2.run.tracking import Tracker
 from gpt2.train import distributed, sharded
 from gpt2.train.build import Setup
-from gpt2.train.reports import History
-from gpt2.train.step_log import Diverged, what_helps
+from gpt2.train.history import History
+from gpt2.train.step_log import what_helps
 
 
 class Checkpointer:
@@ -37,14 +37,13 @@ class Checkpointer:
         if not self.cfg.save_checkpoint and s.dist.main:
             path.parent.mkdir(parents=True, exist_ok=True)  # the stage's DVC out exists, empty
 
-    def due(self, step: int) -> bool:
-        return self.cfg.save_checkpoint and step % self.cfg.checkpoint_interval == 0
+    def due(self, step: int, last: bool = False) -> bool:
+        """A save step: every ``checkpoint_interval``-th, and the run's last (finished or stopped)."""
+        return self.cfg.save_checkpoint and (last or step % self.cfg.checkpoint_interval == 0)
 
     def save(self, step: int, summary: dict[str, Any] | None = None) -> None:
         """Save this step (every rank takes part); ``summary`` marks a finished run, whose reports
-        can then be rebuilt from the checkpoint without training again."""
-        if not self.cfg.save_checkpoint:
-            return
+        can then be rebuilt from the checkpoint without training again. Called on the steps ``due`` names."""
         self.history.elapsed_s = self.elapsed_s()
         rngs = distributed.gather(checkpoint.rng_states(), self.s.dist)
         weights, optimizers = full_state(self.s)

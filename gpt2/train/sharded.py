@@ -39,12 +39,6 @@ def shard(model: GPT, device: torch.device, param_dtype: torch.dtype | None = No
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def is_sharded(model: torch.nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
 def full_model_state(model: GPT) -> dict[str, torch.Tensor]:
     """The full weights on rank 0's CPU (other ranks get {}); every rank must call it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -12,7 +12,6 @@ it to every sink: the history (plots and summary), MLflow, and the console line.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
@@ -20,14 +19,14 @@ from collections.abc import Callable
 import torch
 
 from gpt2.core import log
-from gpt2.core.errors import UserError
+from gpt2.core.errors import Diverged
 from gpt2.core.progress import clock
-from gpt2.run.device import Runtime
+from gpt2.run.device import Runtime, memory_gb
 from gpt2.run.tracking import Tracker
 from gpt2.train import distributed
 from gpt2.train.build import Setup, above_peak
 from gpt2.train.length import Budget, Steps
-from gpt2.train.reports import History
+from gpt2.train.history import History
 
 logger = log.get("train")
 
@@ -68,10 +67,6 @@ class StepTimer:
         return [end - start for start, end in zip(marks, marks[1:])]
 
 
-class Diverged(UserError):
-    """The loss became NaN or infinite."""
-
-
 def what_helps(s: Setup) -> str:
     """Advice for a diverged run: what this run can change (bf16 only where it trains in fp16)."""
     clip = "a lower train.grad_clip" if s.params.train.grad_clip else "train.grad_clip (it is off)"
@@ -82,52 +77,6 @@ def what_helps(s: Setup) -> str:
 def sync_every_step(runtime: Runtime) -> bool:
     """Off CUDA a sync costs nothing: check losses and signals after every step there."""
     return runtime.device.type != "cuda"
-
-
-def memory_gb(runtime: Runtime) -> dict[str, float]:
-    """Memory now and at its peak since ``reset_memory_peak``. CUDA: PyTorch's allocated and reserved
-    bytes (reserved adds the caching allocator's free blocks). CPU: the process's resident set; its peak
-    is the kernel's high-water mark, which sees a transient allocation that the end of a run no longer
-    holds."""
-    if runtime.device.type == "cuda":
-        return {"mem/allocated_gb": torch.cuda.memory_allocated(runtime.device) / 1e9,
-                "mem/peak_allocated_gb": torch.cuda.max_memory_allocated(runtime.device) / 1e9,
-                "mem/peak_reserved_gb": torch.cuda.max_memory_reserved(runtime.device) / 1e9}
-    return {"mem/rss_gb": rss_bytes() / 1e9, "mem/peak_rss_gb": peak_rss_bytes() / 1e9}
-
-
-def reset_memory_peak() -> None:
-    """Start the peaks afresh: a run's peak is its own, not that of an earlier run in the same process."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.reset_peak_memory_stats()
-    try:
-        with open("/proc/self/clear_refs", "w") as handle:  # Linux: "5" resets the peak resident set
-            handle.write("5")
-    except OSError:  # other systems: the peak since the process began
-        pass
-
-
-def peak_rss_bytes() -> int:
-    """The process's peak resident set (children excluded)."""
-    try:
-        with open("/proc/self/status") as handle:
-            return next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        import resource
-        import sys
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, Linux KiB
-
-
-def rss_bytes() -> int:
-    try:
-        import psutil
-
-        return psutil.Process().memory_info().rss
-    except ImportError:  # minimal environments: Linux's /proc
-        with open("/proc/self/statm") as handle:
-            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class StepLog:

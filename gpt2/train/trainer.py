@@ -28,6 +28,7 @@ from gpt2.core import log
 from gpt2.core.config import Params, to_dict
 from gpt2.core.provenance import checkpoint_hashes, describe_tokens, model_tags
 from gpt2.run import checkpoint
+from gpt2.run.device import memory_gb, reset_memory_peak
 from gpt2.run.compiled import compile_caches
 from gpt2.run.cost import price_per_hour
 from gpt2.run.tracking import MlflowTracker, Tracker, experiment_run_name, flatten, git_commit
@@ -39,15 +40,16 @@ from gpt2.train.evaluator import Evaluator
 from gpt2.train.length import length_of
 from gpt2.train.oom import is_cpu_out_of_memory, out_of_memory_error
 from gpt2.train.optim import lr_at, set_lr
-from gpt2.train.reports import History, summarize, tracked_summary, write_reports
+from gpt2.train.history import History
+from gpt2.train.reports import summarize, tracked_summary, write_reports
 from gpt2.train.resume import (changed_settings, drop_interrupted, keep_interrupted, load_for_resume, restore,
                                tidy_interrupted)
 from gpt2.train.saving import Checkpointer
 from gpt2.train.signals import StopVote, TrainingInterrupted, stop_on_signals, stop_with_parent
 from gpt2.train.step import backward_micro_batches, optimizer_step
-from gpt2.train.step_log import Diverged, StepLog, memory_gb, reset_memory_peak
+from gpt2.train.step_log import StepLog
 
-__all__ = ["Diverged", "TrainingInterrupted", "train", "fit"]
+__all__ = ["TrainingInterrupted", "train", "fit"]
 
 logger = log.get("train")
 
@@ -86,7 +88,7 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
             done = last or evaluator.stop
             summary = finish(step) if done else None
             signals.saving = stopping  # from here a second Ctrl-C waits for the write (checkpointer's exit)
-            if done or stopping or checkpointer.due(step):
+            if checkpointer.due(step, last=done or stopping):
                 checkpointer.save(step, summary)
             if stopping:
                 raise signals.interrupted(length.shown(step), checkpointer.what_was_saved())
@@ -117,7 +119,7 @@ def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str
         except (getattr(torch.distributed, "DistError", RuntimeError), RuntimeError) as exc:
             if is_cpu_out_of_memory(exc):
                 raise out_of_memory_error(exc, s, ckpt_path) from None
-            if s.dist.world > 1 and _is_collective_failure(exc):
+            if s.dist.world > 1 and distributed.is_collective_failure(exc):
                 raise distributed.collective_error(exc, s.dist, params.train.dist_timeout_s, ckpt_path) from None
             raise
         finally:
@@ -208,8 +210,3 @@ def run(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> d
         drop_interrupted(s, resumed_from)
     return summary
 
-
-def _is_collective_failure(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return isinstance(exc, getattr(torch.distributed, "DistError", ())) or any(
-        word in text for word in ("gloo", "nccl", "timed out", "timeout", "connection", "peer"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import io
 import json
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 from gpt2.core import paths
 from gpt2.core.atomic import atomic_dir
+from gpt2.core.plots import png, pyplot
 from gpt2.measure import experiments
 from gpt2.measure.apply import Change
 from gpt2.measure.compare import as_metric, loss_shown, quality_shown, ratio_shown, usd_shown
@@ -149,10 +149,7 @@ def render_png(rows: list[Row], subtitle: str, verdict: str = "") -> bytes:
     that did not run here or failed says so where its bar would be, so a gap never reads as a clean ladder."""
     import textwrap
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     shown = rows[::-1]
     labels = [f"{r.index} {r.rung}" for r in shown]
@@ -178,11 +175,7 @@ def render_png(rows: list[Row], subtitle: str, verdict: str = "") -> bytes:
     memory.barh(labels, [r.peak_mem_gb or 0 for r in shown], color="tab:orange")
     memory.set(xlabel="peak memory (GB)", title="Memory")
     fig.suptitle(f"{head}\n{subtitle}" if head else subtitle, fontsize=8, wrap=True)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return buffer.getvalue()
+    return png(fig)
 
 
 def log_to_mlflow(rows: list[Row], resolved: Resolved, runs: list[list[experiments.Experiment]],
