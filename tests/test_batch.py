@@ -149,7 +149,7 @@ def train_losses(folder) -> list[float]:
 
 def test_a_gpu_sized_batch_on_a_cpu_is_warned_about(tokens):
     from gpt2.train import trainer
-    from gpt2.train.build import inert_switch_warnings
+    from gpt2.train.describe import inert_switch_warnings
 
     s = trainer.build(micro_params(batch_tokens=64 * 4 * 16, micro_batch_size=4), tokens)
     assert any("one step is 64 micro-batches of 4 × 16 tokens (4,096 tokens) on cpu" in w and "Ctrl-C waits" in w

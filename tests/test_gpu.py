@@ -8,6 +8,7 @@ from conftest import micro_params
 
 from gpt2.core.config import TrainConfig
 from gpt2.run.device import resolve, sdpa_backend
+from gpt2.run import device
 from gpt2.train import trainer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -32,7 +33,7 @@ def test_cuda_training_reports_gpu_memory_and_pins_batches(tmp_path, tokens):
     assert x.is_cuda and y.is_cuda
     metrics = trainer.train(micro_params(device="cuda", max_steps=4), tokens, tmp_path / "c.pt", tmp_path / "r")
     assert metrics["mem"]["peak_gb"] > 0
-    assert {"mem/peak_allocated_gb", "mem/peak_reserved_gb"} <= set(trainer.memory_gb(s.runtime))
+    assert {"mem/peak_allocated_gb", "mem/peak_reserved_gb"} <= set(device.memory_gb(s.runtime))
     assert metrics["mem"]["peak_reserved_gb"] >= metrics["mem"]["peak_allocated_gb"] == metrics["mem"]["peak_gb"]
 
 

@@ -56,7 +56,7 @@ def test_the_default_ladder_builds_every_rung_that_runs_on_a_cpu(tmp_path):
     below it: each of them is built as the trainer builds it, with the kernel checks that refused it."""
     from gpt2.core.config import Params, build
     from gpt2.train.build import build as build_run
-    from gpt2.train.build import what_runs
+    from gpt2.train.describe import what_runs
     from conftest import make_tokens
 
     spec = ladder.load_ladder(ROOT / "ladder.yaml")

@@ -14,7 +14,7 @@ from gpt2.core.errors import UserError
 from gpt2.model import fp8
 from gpt2.model.gpt import GPT, gpt_config
 from gpt2.model.loss import liger_loss
-from gpt2.train import trainer
+from gpt2.train import describe, trainer
 
 torchao = pytest.importorskip("torchao")
 
@@ -58,7 +58,7 @@ def test_fp8_refused_without_fp8_tensor_cores_or_without_torchao(monkeypatch):
 
 def test_fp8_on_a_cpu_warns_that_it_is_emulated(tokens):
     s = trainer.build(micro_params(fp8="rowwise"), tokens)
-    assert any("emulated on cpu" in w for w in trainer.inert_switch_warnings(s))
+    assert any("emulated on cpu" in w for w in describe.inert_switch_warnings(s))
 
 
 def test_liger_loss_is_refused_off_cuda_and_without_the_package(tokens, monkeypatch):

@@ -11,7 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 from gpt2.core.config import TrainConfig
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.run.device import resolve
-from gpt2.train import loader, trainer
+from gpt2.train import describe, loader, trainer
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.optim import build_optimizers, lr_at
 
@@ -66,7 +66,7 @@ def test_bf16_residual_stream_carries_bf16_between_blocks_and_trains_as_fp32_to_
     assert block_inputs(setup(tokens, dtype="bf16", residual_stream="bf16")) == {torch.bfloat16}
     inert = setup(tokens, dtype="fp32", residual_stream="bf16")
     assert block_inputs(inert) == {torch.float32}
-    assert any("residual_stream bf16 is inert" in w for w in trainer.inert_switch_warnings(inert))
+    assert any("residual_stream bf16 is inert" in w for w in describe.inert_switch_warnings(inert))
     fp32, bf16 = (trainer.train(micro_params(max_steps=6, dtype="bf16", residual_stream=stream), tokens,
                                 tmp_path / stream / "ckpt.pt", report_dir=None) for stream in ("fp32", "bf16"))
     assert bf16["train"]["loss"] == pytest.approx(fp32["train"]["loss"], rel=1e-2)
@@ -262,7 +262,7 @@ def test_grad_clip_switch_clips_the_update(tokens, monkeypatch):
 def test_requested_inert_switches_are_warned(tokens):
     if torch.cuda.is_available():
         pytest.skip("CPU-only check")
-    warnings = trainer.inert_switch_warnings(setup(tokens, compile_mode="max-autotune"))
+    warnings = describe.inert_switch_warnings(setup(tokens, compile_mode="max-autotune"))
     text = " ".join(warnings)
     assert "tf32 is inert" in text and "compile_mode max-autotune is inert" in text
     assert "MFU is not reported" not in text  # a CPU's peak is measured (gpt2/run/peak.py)
@@ -330,7 +330,7 @@ def test_bf16_on_a_cpu_is_warned_about_only_where_it_is_emulated(monkeypatch):
 
 def test_loss_chunk_auto_runs_cache_sized_chunks_on_a_cpu_and_says_so(tokens):
     auto = setup(tokens)  # params default: auto
-    assert auto.model.loss_chunk == 128 and trainer.what_runs(auto)["loss_chunk"] == 128
+    assert auto.model.loss_chunk == 128 and describe.what_runs(auto)["loss_chunk"] == 128
     assert setup(tokens, loss_chunk=0).model.loss_chunk == 0 and setup(tokens, loss_chunk=40).model.loss_chunk == 40
 
 
@@ -342,6 +342,6 @@ def test_cpu_gemm_switch_changes_the_logits_kernel(tokens):
     kernels = {}
     for gemm in ("blas", "onednn"):
         s = setup(tokens, cpu_gemm=gemm)
-        assert trainer.what_runs(s)["cpu_gemm"] == gemm
+        assert describe.what_runs(s)["cpu_gemm"] == gemm
         kernels[gemm] = ops_in_forward(s.model, idx)
     assert "mkldnn::_linear_pointwise" in kernels["onednn"] and "mkldnn::_linear_pointwise" not in kernels["blas"]

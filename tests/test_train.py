@@ -217,7 +217,7 @@ def test_an_interrupted_experiment_resumed_with_a_changed_setting_continues_and_
     other data (it can never resume) is removed at the next start; the others are listed."""
     import shutil
 
-    from gpt2.train import resume
+    from gpt2.train import interrupted
 
     (tmp_path / ".dvc").mkdir()
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
@@ -239,7 +239,7 @@ def test_an_interrupted_experiment_resumed_with_a_changed_setting_continues_and_
     assert "resuming the interrupted run of these params and data kept in" in err
     assert "resuming with train.lr changed: 0.01 → 0.005 (applies from step" in err
     assert not list(folder.iterdir())  # finished: neither its copy nor the stale one is left
-    assert resume.kept_interrupted(resume_setup(tokens)) is None
+    assert interrupted.kept_interrupted(resume_setup(tokens)) is None
 
 
 def resume_setup(tokens):

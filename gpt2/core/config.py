@@ -232,6 +232,11 @@ class TrainConfig:
                 "a shard: use ddp for Muon)")
 
 
+# Train fields that change neither the weights nor the measured figures: a finished run is reused across them.
+REUSABLE_TRAIN_FIELDS = {"mlflow", "experiment", "resume", "dist_timeout_s", "dist_first_step_timeout_s",
+                         "async_checkpoint"}
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """Validation loss of the trained checkpoint, and samples from it (docs/evaluation.md)."""

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from gpt2.core import log
-from gpt2.core.config import Params, TrainConfig, to_dict
+from gpt2.core.config import Params, to_dict
 from gpt2.core.digest import sha256_file
 from gpt2.core.errors import UserError
 from gpt2.core.sizes import SIZES, sequence_length
@@ -23,14 +23,13 @@ from gpt2.model.gpt import GPT, GPTConfig, gpt_config
 from gpt2.model import fp8
 from gpt2.model.loss import chunk_rows, cpu_gemm, liger_loss
 from gpt2.run.compiled import CompileWatch
-from gpt2.run.device import Runtime, resolve, sdpa_backend
+from gpt2.run.device import Runtime, resolve
 from gpt2.run.flops import Throughput, dtype_peak_flops, flops_per_token, yardstick_flops
 from gpt2.run.peak import cache_path, cpu_peaks
 from gpt2.train import distributed, sharded
 from gpt2.train.batch import Batch, Recipe, model_shape, resolve_batch
 from gpt2.train.distributed import Dist
 from gpt2.train.loader import BatchSampler, TokenSplit
-from gpt2.train.muon import FP32Muon
 from gpt2.train.optim import build_optimizers
 
 logger = log.get("train")
@@ -235,72 +234,3 @@ def load_pretrained(model: GPT, source: str, params: Params) -> dict[str, str]:
                         f"(model.size {params.model.size}) contradicts; {fix}")
     model.load_state_dict(hf.from_hf(state, model.cfg))
     return {"init_from": source, "init_file": str(weights), "init_sha256": sha256_file(weights)}
-
-
-def what_runs(s: Setup) -> dict[str, Any]:
-    """What really runs, as resolved on this device: logged at start, tagged in MLflow, kept in the summary."""
-    cfg = s.params.train
-    backend = sdpa_backend(s.runtime, s.model_cfg.n_head, s.model_cfg.n_embd // s.model_cfg.n_head, s.seq_len)
-    return {
-        "device": str(s.runtime.device), "device_name": s.runtime.device_name, "dtype": s.runtime.dtype,
-        "tf32": s.runtime.tf32, "compile": cfg.compile, "attention": s.model_cfg.attention,
-        "residual_stream": "bf16" if s.model.residual_dtype == torch.bfloat16 else "fp32",
-        "sdpa_backend": backend if s.model_cfg.attention == "flash" else "manual (no SDPA)",
-        "keep_host_memory": s.runtime.keep_host_memory, "mfu_against": s.mfu_against,
-        "threads": torch.get_num_threads(),
-        "deterministic": cfg.deterministic, "world_size": s.dist.world,
-        "micro_batch_size": s.batch.micro, "grad_accum_steps": s.batch.accum, "loss_chunk": s.model.loss_chunk,
-        "loss_kernel": cfg.loss_kernel, "cpu_gemm": s.model.logits_gemm, "fp8": f"{cfg.fp8} ({len(s.fp8_layers)} layers)" if s.fp8_layers else "off",
-        **({"distributed": s.params.train.distributed} if s.dist.grouped else {}),
-        "params": s.model.num_params(), "torch": str(torch.__version__), **s.init,
-        **({"muon_ns_dtype": "fp32" if isinstance(s.optimizers[0], FP32Muon) else "bf16"}
-           if cfg.optimizer == "muon" else {}),
-    }
-
-
-def run_name(s: Setup) -> str:
-    """What a run outside ``dvc exp`` is called in MLflow: what it trained, how, and when."""
-    cfg = s.params.train
-    switches = [s.runtime.dtype, s.model_cfg.attention] + ["compile"] * cfg.compile
-    switches += [f"fp8 {cfg.fp8}"] * bool(s.fp8_layers) + ["liger loss"] * (cfg.loss_kernel == "liger")
-    if s.dist.world > 1:
-        switches.append(f"{cfg.distributed}×{s.dist.world}")
-    length = f"{s.total_steps} steps" if s.total_steps else f"{cfg.time_budget_s:g} s"
-    return f"{s.params.model.size} {length} {' '.join(switches)} {time.strftime('%m-%d %H:%M')}"
-
-
-CPU_MICRO_BATCHES_WARNING = 64  # micro-batches per step that make a CPU step last minutes
-
-
-def inert_switch_warnings(s: Setup) -> list[str]:
-    cfg, device = s.params.train, s.runtime.device.type
-    warnings = list(s.runtime.warnings)
-    if s.model_cfg.attention == "manual" and cfg.sdpa_backend != "auto":
-        warnings.append(f"train.sdpa_backend {cfg.sdpa_backend} is inert: model.attention is manual (no SDPA)")
-    if cfg.lr_schedule == "constant" and cfg.min_lr != TrainConfig.min_lr:
-        warnings.append(f"train.min_lr {cfg.min_lr} is inert: train.lr_schedule is constant (no decay)")
-    if cfg.residual_stream == "bf16" and s.runtime.dtype != "bf16":
-        warnings.append(f"train.residual_stream bf16 is inert: the run computes in {s.runtime.dtype}, not bf16")
-    if s.fp8_layers and device != "cuda":
-        warnings.append(f"train.fp8 {cfg.fp8} is emulated on {device}: FP8's numerics at a loss of speed (FP8 tensor "
-                        "cores are CUDA's)")
-    if not cfg.compile and cfg.compile_mode != "default":
-        warnings.append(f"train.compile_mode {cfg.compile_mode} is inert: train.compile is false")
-    if cfg.compile and device != "cuda" and cfg.compile_mode in ("reduce-overhead",):
-        warnings.append("train.compile_mode reduce-overhead uses CUDA graphs: inert on this device")
-    if device != "cuda" and cfg.batching == "vectorized":
-        warnings.append("pinned memory and non_blocking copies (part of batching: vectorized) are inert off CUDA")
-    micro_batches = s.batch.accum * s.dist.world
-    if device != "cuda" and micro_batches >= CPU_MICRO_BATCHES_WARNING:
-        warnings.append(f"one step is {micro_batches} micro-batches of {s.batch.micro} × {s.seq_len} tokens "
-                        f"({s.tokens_per_step:,} tokens) on {device}: each step takes {micro_batches} times a "
-                        "micro-batch's time (minutes for GPT-2's 0.5M batch on a laptop), and Ctrl-C waits for the "
-                        "step to end; that batch is meant for GPUs: lower train.batch_tokens here")
-    if s.total_steps is not None and s.total_steps <= cfg.warmup_steps:
-        warnings.append(f"the run is {s.total_steps} steps and train.warmup_steps is {cfg.warmup_steps}: the "
-                        "learning rate is still warming up when the run ends (it never reaches train.lr); lower "
-                        f"train.warmup_steps (e.g. {max(1, s.total_steps // 10)}) or train longer")
-    if s.throughput.peak_flops is None:
-        warnings.append(f"no peak FLOP/s known for {s.runtime.device_name!r}: MFU is not reported; set "
-                        "train.peak_tflops (its dense bf16 peak) to get it")
-    return warnings

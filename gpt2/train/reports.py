@@ -18,8 +18,10 @@ from gpt2.core import log
 from gpt2.run.tracking import flatten
 from gpt2.core.atomic import json_text, write_files
 from gpt2.core.plots import png, pyplot
-from gpt2.run.cost import cost_figures
+from gpt2.run.cost import cost_figures, price_per_hour
+from gpt2.run.device import memory_gb
 from gpt2.run.flops import Throughput
+from gpt2.train.build import Setup, above_peak
 from gpt2.train.history import History
 
 
@@ -127,6 +129,21 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, th
                  "price_per_hour": price[0], "price_source": price[1]},
         "run_uid": history.run_uid,
     }
+
+
+def run_summary(s: Setup, history: History, last_step: int, first_step: int, wall_s: float, run_wall_s: float,
+                info: dict[str, Any]) -> dict[str, Any]:
+    """A session's summary at its last step: ``summarize``'s figures of this device and what really ran."""
+    cfg = s.params.train
+    if history.step_s and (warning := above_peak(s, s.throughput.tokens_per_s(
+            statistics.median(history.timed_s(cfg.timing_warmup_steps))))):
+        log.get("train").warning(warning)  # the median step can be faster than every logged one
+    summary = summarize(history, last_step, wall_s, first_step, throughput=s.throughput,
+                        timing_warmup_steps=cfg.timing_warmup_steps, target_val_loss=cfg.target_val_loss,
+                        num_params=s.model.num_params(), memory=memory_gb(s.runtime), run_wall_s=run_wall_s,
+                        price=price_per_hour(cfg.price_per_hour, s.runtime.device.type, s.runtime.device_name))
+    runtime = {k: v for k, v in info.items() if k != "params"}  # what really ran (the ladder reads it)
+    return {**summary, "runtime": {**runtime, **s.compile_watch.figures()}}
 
 
 def memory_figures(memory: dict[str, float]) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Which checkpoint a run continues from, and the rules that keep a resumed run the same run.
+"""Which checkpoint a run continues from (``start``), and the rules that keep a resumed run the same run.
 
 - No checkpoint, or ``train.resume: never``: a fresh start.
 - A finished run of exactly these params and data: nothing trains; its reports are rebuilt from it.
@@ -16,32 +16,69 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from gpt2.core import log
-from gpt2.core.atomic import atomic_file
-from gpt2.core.config import to_dict
+from gpt2.core.config import REUSABLE_TRAIN_FIELDS, to_dict
 from gpt2.core.errors import UserError
 from gpt2.run import checkpoint
 from gpt2.train import sharded
 from gpt2.train.build import Setup
 from gpt2.train.history import History
+from gpt2.train.interrupted import interrupted_dir, kept_interrupted, tidy_interrupted
+from gpt2.train.reports import write_reports
 
 logger = log.get("train")
 
 # Model fields that do not change the weights' shapes or meaning: a checkpoint may resume across them.
 RESUMABLE_MODEL_FIELDS = {"attention", "dropout"}
 
-# Train fields that change neither the weights nor the measured figures: a finished run is reused across them.
-REUSABLE_TRAIN_FIELDS = {"mlflow", "experiment", "resume", "dist_timeout_s", "dist_first_step_timeout_s",
-                         "async_checkpoint"}
+
+@dataclass
+class Start:
+    """Where a session of a run begins: step 0 of a fresh run, a resumed run's step, or a finished run."""
+
+    step: int = 0
+    history: History = field(default_factory=History)
+    run_id: str | None = None  # the MLflow run a resumed run goes on logging to
+    changes: dict[str, tuple[Any, Any]] | None = None  # train settings changed since the checkpoint; None: fresh
+    kept_from: Path | None = None  # the kept interrupted copy this session resumes (train/interrupted.py)
+    finished: dict[str, Any] | None = None  # a finished run of these params and data: its summary
+
+
+def start(path: Path, s: Setup) -> Start:
+    """Resume the checkpoint at ``path``, reuse it (finished), or start afresh, as the rules above say; the
+    weights, optimizer, data stream and RNGs of a resumed run are in place on return."""
+    if s.dist.main:
+        tidy_interrupted(s)
+    state = load_for_resume(path, s)
+    if state is None:
+        return Start()
+    if state.get("metrics") is not None:
+        return Start(state["step"], History(**state["history"]), finished=state["metrics"])
+    kept_from = Path(state["kept_from"]) if "kept_from" in state else None
+    step, history, run_id = restore(s, state)
+    cfg = s.params.train
+    logger.info(f"train: resuming at step {step}/{s.total_steps}" if s.total_steps else
+                f"train: resuming at step {step}, {history.train_s:.1f} s of the {cfg.time_budget_s:g} s budget spent")
+    return Start(step, history, run_id, changed_settings(state, s), kept_from)
+
+
+def reuse(start: Start, path: Path, report_dir: Path | None, main: bool) -> dict[str, Any]:
+    """A finished run of these params and data: its reports are rebuilt from the checkpoint; nothing trains."""
+    assert start.finished is not None
+    if main and report_dir is not None:
+        write_reports(report_dir, start.finished, start.history)
+    logger.info(f"train: {path} is a finished run of these params and data ({start.step} steps); "
+                f"rebuilt {report_dir} from it instead of training again (train.resume: never retrains)")
+    return start.finished
 
 
 def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
@@ -178,112 +215,3 @@ def load_optimizer(s: Setup, optimizer: torch.optim.Optimizer, saved: dict[str, 
             step = optimizer.state.get(p, {}).get("step")
             if isinstance(step, torch.Tensor):
                 optimizer.state[p]["step"] = step.to(p.device if on_device else "cpu", torch.float32)
-
-
-def run_key(s: Setup) -> str:
-    """What a kept interrupted run must share with a run to be resumed by it: the model, the data and the
-    optimizer (the rules ``load_for_resume`` enforces). Other train settings may change, as in a plain resume."""
-    return _digest({"model": to_dict(s.params.model), "optimizer": s.params.train.optimizer, "data": s.data_identity})
-
-
-def params_key(s: Setup) -> str:
-    """Every train param (tracking switches aside): which of several kept runs of one ``run_key`` is this run's."""
-    return _digest({k: v for k, v in to_dict(s.params.train).items() if k not in REUSABLE_TRAIN_FIELDS})
-
-
-def _digest(value: Any) -> str:
-    import hashlib
-
-    return hashlib.sha256(_same(value).encode()).hexdigest()[:16]
-
-
-def interrupted_dir() -> Path | None:
-    """Where a stage run by DVC keeps its interrupted runs: the project's ``.dvc/tmp`` (neither git nor DVC
-    track it). None outside DVC, where the checkpoint stays in place and nothing restores another over it."""
-    root = os.environ.get("DVC_ROOT")
-    return Path(root) / ".dvc" / "tmp" / "gpt2-interrupted" if root and (Path(root) / ".dvc").is_dir() else None
-
-
-def keep_interrupted(path: Path, s: Setup, resumed_from: Path | None) -> Path | None:
-    """Keep the interrupted run's checkpoint beside the project's DVC state: ``dvc exp run`` restores its
-    baseline's outputs before it runs, so the same command run again would otherwise find another run in
-    ``checkpoints/`` and start over. A copy, not a link: a tool that rewrites the checkpoint in place would
-    change a linked one too. A JSON beside it says what it is (for the listing at the next run's start)."""
-    folder = interrupted_dir()
-    if folder is None or not path.is_file():
-        return None
-    kept = _exact(folder, s)
-    with atomic_file(kept) as tmp:
-        shutil.copyfile(path, tmp)
-    about = {"data": s.data_identity, "model": to_dict(s.params.model), "train": to_dict(s.params.train)}
-    kept.with_suffix(".json").write_text(json.dumps(about, default=str))
-    if resumed_from is not None and resumed_from != kept:  # the run continued under other settings: one copy
-        _remove_kept(resumed_from)
-    return kept
-
-
-def kept_interrupted(s: Setup) -> Path | None:
-    """This run's kept interrupted copy: the one of its exact params, else the newest of its model, data and
-    optimizer (resumed with its changed settings, as a plain resume would be)."""
-    folder = interrupted_dir()
-    if folder is None or not folder.is_dir():
-        return None
-    exact = _exact(folder, s)
-    if exact.is_file():
-        return exact
-    others = sorted(folder.glob(f"{run_key(s)}.*.pt"), key=lambda p: p.stat().st_mtime)
-    return others[-1] if others else None
-
-
-def drop_interrupted(s: Setup, resumed_from: Path | None) -> None:
-    """The run finished: its interrupted copies are no longer needed."""
-    folder = interrupted_dir()
-    if folder is not None:
-        _remove_kept(_exact(folder, s))
-    if resumed_from is not None:
-        _remove_kept(resumed_from)
-
-
-def _exact(folder: Path, s: Setup) -> Path:
-    """The kept copy of this run's exact params."""
-    return folder / f"{run_key(s)}.{params_key(s)}.pt"
-
-
-def _same(value: Any) -> str:
-    """``value`` as JSON, the same text for the same content (a tuple and its list alike)."""
-    return json.dumps(value, sort_keys=True, default=str)
-
-
-def _remove_kept(path: Path) -> None:
-    path.unlink(missing_ok=True)
-    path.with_suffix(".json").unlink(missing_ok=True)
-
-
-def tidy_interrupted(s: Setup) -> None:
-    """At a run's start under DVC: say which interrupted runs are kept, and remove those that can never resume
-    (trained on data that is no longer the project's: a resume would be refused)."""
-    folder = interrupted_dir()
-    if folder is None or not folder.is_dir():
-        return
-    kept = []
-    for path in sorted(folder.glob("*.pt")):
-        try:
-            about = json.loads(path.with_suffix(".json").read_text())
-        except (OSError, ValueError):
-            about = {}
-        if "data" in about and _same(about["data"]) != _same(s.data_identity):
-            logger.info(f"train: removed the interrupted run kept in {path}: it trained on other data, which a "
-                        "resume refuses")
-            _remove_kept(path)
-            continue
-        kept.append((path, about))
-    if kept:
-        size = sum(p.stat().st_size for p, _ in kept) / 1e6
-        now = json.loads(_same(to_dict(s.params.train)))
-
-        def changed(about: dict[str, Any]) -> str:
-            return ", ".join(f"{k}={v}" for k, v in about.get("train", {}).items() if now.get(k) != v) or "these params"
-
-        shown = "; ".join(f"{p.name[:8]}… ({changed(a)})" for p, a in kept[:5])
-        logger.info(f"train: {len(kept)} interrupted run(s) kept in {folder} ({size:,.0f} MB): {shown}; each resumes "
-                    "when its model, data and optimizer run again (docs/training.md), or delete them")

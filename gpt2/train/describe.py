@@ -1,0 +1,155 @@
+"""What a run says about itself: its start lines and warnings, its MLflow run (name, params, tags, the
+dataset), and at its end the figures, the model and the reports.
+
+``what_runs`` is the run as resolved on this device (not as asked): the start line logs it, MLflow
+tags it, the summary keeps it, and the ladder reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt2.core import log
+from gpt2.core.config import TrainConfig, to_dict
+from gpt2.core.provenance import checkpoint_hashes, describe_tokens, model_tags
+from gpt2.run.device import sdpa_backend
+from gpt2.run.tracking import MlflowTracker, Tracker, experiment_run_name, flatten, git_commit
+from gpt2.train.build import Setup
+from gpt2.train.catch_up import catch_up, replay_hint
+from gpt2.train.history import History
+from gpt2.train.muon import FP32Muon
+from gpt2.train.reports import tracked_summary, write_reports
+from gpt2.train.resume import Start
+
+logger = log.get("train")
+
+
+def announce(s: Setup) -> dict[str, Any]:
+    """Log what runs, how the batch splits, and every switch that is inert here; return what runs."""
+    info = what_runs(s)
+    logger.info("train: " + ", ".join(f"{k}={v}" for k, v in info.items()))
+    if s.params.train.batch_tokens is not None:
+        logger.info(f"train: batch of {s.tokens_per_step:,} tokens = micro-batch {s.batch.micro} × {s.seq_len} tokens "
+                    f"× accumulation {s.batch.accum} × {s.dist.world} rank(s); micro-batch {s.batch.why}")
+    for warning in inert_switch_warnings(s):
+        logger.warning(warning)
+    return info
+
+
+def open_tracker(s: Setup, start: Start, ckpt_path: Path, report_dir: Path | None,
+                 info: dict[str, Any]) -> tuple[Tracker, dict[str, Any]]:
+    """The run's MLflow run (rank 0, ``train.mlflow``; else a tracker that keeps nothing), with its params, tags
+    and dataset; a resumed run first sends what its earlier sessions could not. Returns it and the dataset."""
+    params, cfg = s.params, s.params.train
+    kept_in = f"{report_dir or 'the returned summary'} and the checkpoint's history"
+    tracker: Tracker = (MlflowTracker(cfg.experiment, start.run_id, experiment_run_name() or run_name(s), kept_in,
+                                      catch_up_hint=replay_hint(ckpt_path), run_uid=start.history.run_uid)
+                        if cfg.mlflow and s.dist.main else Tracker())
+    if start.run_id is not None and isinstance(tracker, MlflowTracker):  # figures an earlier session could not send
+        catch_up(tracker, dataclasses.asdict(start.history))
+    tracker.log_params(flatten({"model": to_dict(params.model), "train": to_dict(params.train)}))
+    tracker.set_tags({"git_commit": git_commit(), "dvc_exp_name": os.environ.get("DVC_EXP_NAME"),
+                      "device": s.runtime.device_name, "torch_version": torch.__version__, **info})
+    if start.changes is not None:  # MLflow keeps a run's first params: each resume records what it changed
+        tracker.set_tags({f"resume.step_{start.step}": "; ".join(f"train.{k}: {old} → {new}" for k, (old, new)
+                                                                 in start.changes.items()) or "no params changed"})
+    dataset = describe_tokens(s.tokens_dir, s.meta) if tracker.run_id else {}  # no dvc.lock reading untracked
+    if dataset:
+        tracker.log_dataset(dataset, context="training")
+    return tracker, dataset
+
+
+def record_end(s: Setup, tracker: Tracker, summary: dict[str, Any], history: History, ckpt_path: Path,
+               report_dir: Path | None, dataset: dict[str, Any]) -> None:
+    """The finished run: compile's figures, the checkpoint as an MLflow model, the reports, the summary's figures."""
+    params, cfg = s.params, s.params.train
+    if complaint := s.compile_watch.complaint():
+        logger.warning(complaint)
+    tracker.set_tags(s.compile_watch.figures())
+    if tracker.run_id and cfg.save_checkpoint and ckpt_path.is_file():  # DVC's hash: dvc exp apply finds it
+        hashes = checkpoint_hashes(ckpt_path)
+        tracker.set_tags(hashes)  # and an MLflow model: the summary's metrics below are its too
+        tracker.log_model(f"gpt2-{params.model.size}", model_tags(ckpt_path, hashes, dataset, git_commit(),
+                                                                 os.environ.get("DVC_EXP_NAME")),
+                          flatten({"model": to_dict(params.model), "train": to_dict(params.train)}))
+    if s.dist.main and report_dir is not None:
+        write_reports(report_dir, summary, history)
+        tracker.log_artifact(report_dir / "summary.json")
+    metrics, tags = tracked_summary(summary)
+    tracker.log_metrics(metrics, step=summary["steps"])
+    tracker.set_tags(tags)
+
+
+def what_runs(s: Setup) -> dict[str, Any]:
+    """What really runs, as resolved on this device: logged at start, tagged in MLflow, kept in the summary."""
+    cfg = s.params.train
+    backend = sdpa_backend(s.runtime, s.model_cfg.n_head, s.model_cfg.n_embd // s.model_cfg.n_head, s.seq_len)
+    return {
+        "device": str(s.runtime.device), "device_name": s.runtime.device_name, "dtype": s.runtime.dtype,
+        "tf32": s.runtime.tf32, "compile": cfg.compile, "attention": s.model_cfg.attention,
+        "residual_stream": "bf16" if s.model.residual_dtype == torch.bfloat16 else "fp32",
+        "sdpa_backend": backend if s.model_cfg.attention == "flash" else "manual (no SDPA)",
+        "keep_host_memory": s.runtime.keep_host_memory, "mfu_against": s.mfu_against,
+        "threads": torch.get_num_threads(),
+        "deterministic": cfg.deterministic, "world_size": s.dist.world,
+        "micro_batch_size": s.batch.micro, "grad_accum_steps": s.batch.accum, "loss_chunk": s.model.loss_chunk,
+        "loss_kernel": cfg.loss_kernel, "cpu_gemm": s.model.logits_gemm, "fp8": f"{cfg.fp8} ({len(s.fp8_layers)} layers)" if s.fp8_layers else "off",
+        **({"distributed": s.params.train.distributed} if s.dist.grouped else {}),
+        "params": s.model.num_params(), "torch": str(torch.__version__), **s.init,
+        **({"muon_ns_dtype": "fp32" if isinstance(s.optimizers[0], FP32Muon) else "bf16"}
+           if cfg.optimizer == "muon" else {}),
+    }
+
+
+def run_name(s: Setup) -> str:
+    """What a run outside ``dvc exp`` is called in MLflow: what it trained, how, and when."""
+    cfg = s.params.train
+    switches = [s.runtime.dtype, s.model_cfg.attention] + ["compile"] * cfg.compile
+    switches += [f"fp8 {cfg.fp8}"] * bool(s.fp8_layers) + ["liger loss"] * (cfg.loss_kernel == "liger")
+    if s.dist.world > 1:
+        switches.append(f"{cfg.distributed}×{s.dist.world}")
+    length = f"{s.total_steps} steps" if s.total_steps else f"{cfg.time_budget_s:g} s"
+    return f"{s.params.model.size} {length} {' '.join(switches)} {time.strftime('%m-%d %H:%M')}"
+
+
+CPU_MICRO_BATCHES_WARNING = 64  # micro-batches per step that make a CPU step last minutes
+
+
+def inert_switch_warnings(s: Setup) -> list[str]:
+    cfg, device = s.params.train, s.runtime.device.type
+    warnings = list(s.runtime.warnings)
+    if s.model_cfg.attention == "manual" and cfg.sdpa_backend != "auto":
+        warnings.append(f"train.sdpa_backend {cfg.sdpa_backend} is inert: model.attention is manual (no SDPA)")
+    if cfg.lr_schedule == "constant" and cfg.min_lr != TrainConfig.min_lr:
+        warnings.append(f"train.min_lr {cfg.min_lr} is inert: train.lr_schedule is constant (no decay)")
+    if cfg.residual_stream == "bf16" and s.runtime.dtype != "bf16":
+        warnings.append(f"train.residual_stream bf16 is inert: the run computes in {s.runtime.dtype}, not bf16")
+    if s.fp8_layers and device != "cuda":
+        warnings.append(f"train.fp8 {cfg.fp8} is emulated on {device}: FP8's numerics at a loss of speed (FP8 tensor "
+                        "cores are CUDA's)")
+    if not cfg.compile and cfg.compile_mode != "default":
+        warnings.append(f"train.compile_mode {cfg.compile_mode} is inert: train.compile is false")
+    if cfg.compile and device != "cuda" and cfg.compile_mode in ("reduce-overhead",):
+        warnings.append("train.compile_mode reduce-overhead uses CUDA graphs: inert on this device")
+    if device != "cuda" and cfg.batching == "vectorized":
+        warnings.append("pinned memory and non_blocking copies (part of batching: vectorized) are inert off CUDA")
+    micro_batches = s.batch.accum * s.dist.world
+    if device != "cuda" and micro_batches >= CPU_MICRO_BATCHES_WARNING:
+        warnings.append(f"one step is {micro_batches} micro-batches of {s.batch.micro} × {s.seq_len} tokens "
+                        f"({s.tokens_per_step:,} tokens) on {device}: each step takes {micro_batches} times a "
+                        "micro-batch's time (minutes for GPT-2's 0.5M batch on a laptop), and Ctrl-C waits for the "
+                        "step to end; that batch is meant for GPUs: lower train.batch_tokens here")
+    if s.total_steps is not None and s.total_steps <= cfg.warmup_steps:
+        warnings.append(f"the run is {s.total_steps} steps and train.warmup_steps is {cfg.warmup_steps}: the "
+                        "learning rate is still warming up when the run ends (it never reaches train.lr); lower "
+                        f"train.warmup_steps (e.g. {max(1, s.total_steps // 10)}) or train longer")
+    if s.throughput.peak_flops is None:
+        warnings.append(f"no peak FLOP/s known for {s.runtime.device_name!r}: MFU is not reported; set "
+                        "train.peak_tflops (its dense bf16 peak) to get it")
+    return warnings
