@@ -8,15 +8,16 @@ import json
 
 import pytest
 
+from gpt2.core import paths
 from gpt2.measure import grid
 from gpt2.measure.experiments import Experiment
 
 
 def run(name: str, tokens_per_s: float, loss: float = 6.0, se: float = 0.02, evaluated: float | None = None):
-    metrics = {grid.TRAIN: {"perf": {"tokens_per_s": tokens_per_s, "step_ms": 1e6 / tokens_per_s},
+    metrics = {paths.TRAIN_METRICS: {"perf": {"tokens_per_s": tokens_per_s, "step_ms": 1e6 / tokens_per_s},
                             "mem": {"peak_gb": 1.0}, "val": {"loss": loss, "loss_se": se}}}
     if evaluated is not None:
-        metrics[grid.EVAL] = {"eval": {"val_loss": evaluated, "val_loss_se": se / 2}}
+        metrics[paths.EVAL_METRICS] = {"eval": {"val_loss": evaluated, "val_loss_se": se / 2}}
     return Experiment(name, "rev", "t", {}, metrics)
 
 

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from conftest import ROOT, commit_all, dvc, exp_rows, project_copy, run
 
+from gpt2.core import paths
 from gpt2.core.errors import UserError
 from gpt2.measure import ladder
 from gpt2.measure.experiments import Experiment
@@ -136,8 +137,8 @@ def fake_run(p: ladder.Resolved, i: int, step_ms: float, runtime: dict, name: st
         metrics["target"] = {"reached": target_s is not None, "time_s": target_s, "steps": steps,
                              "tokens": None if steps is None else steps * tokens}
     return Experiment(name or f"ladder-{i:02d}-x-1", f"rev{i}", "t", {"model": p.sections[i]["model"],
-                      "train": p.sections[i]["train"]}, {ladder.TRAIN_METRICS: metrics},
-                      {ladder.TRAIN_RUN: {"runtime": runtime}})
+                      "train": p.sections[i]["train"]}, {paths.TRAIN_METRICS: metrics},
+                      {paths.TRAIN_SUMMARY: {"runtime": runtime}})
 
 
 def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
@@ -151,7 +152,7 @@ def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
             [fake_run(p, 1, 100.0, cpu)],  # tf32 asked, not on this device
             [fake_run(p, 2, 50.0, cpu)],
             [fake_run(p, 3, 100.0, cpu, loss=8.0)]]
-    runs[3][0].metrics[ladder.TRAIN_METRICS]["val"]["loss_se"] = 0.0512
+    runs[3][0].metrics[paths.TRAIN_METRICS]["val"]["loss_se"] = 0.0512
     rows = ladder.analyse(spec, p, runs)
     assert rows[0].step_ms == ladder.Spread(110.0, 100.0, 120.0)
     assert rows[1].effect == "no effect on this device" and "tf32=true → false" in rows[1].ran
@@ -366,8 +367,8 @@ def test_rungs_compare_at_the_baseline_s_loss_and_the_winners_are_applied(tmp_pa
             [fake_run(p, 3, 40.0, CPU, "f1", loss=9.5), fake_run(p, 3, 40.0, CPU, "f2", loss=9.5)]]  # fast, learns worse
     for group in runs:
         for exp in group:
-            exp.metrics[ladder.TRAIN_METRICS]["val"]["loss_se"] = 0.01
-            exp.files[ladder.TRAIN_RUN]["cost"] = {"price_per_hour": 3600.0}  # a dollar a second: easy to read
+            exp.metrics[paths.TRAIN_METRICS]["val"]["loss_se"] = 0.01
+            exp.files[paths.TRAIN_SUMMARY]["cost"] = {"price_per_hour": 3600.0}  # a dollar a second: easy to read
     curve = [(10.0, 1e3, 9.5), (20.0, 2e3, 9.2), (30.0, 3e3, 9.0)]
     sooner = [(6.0, 1e3, 9.5), (12.0, 2e3, 9.2), (18.0, 3e3, 9.0)]
     never = [(4.0, 1e3, 9.8), (8.0, 2e3, 9.6), (12.0, 3e3, 9.5)]

@@ -165,3 +165,5 @@ def test_the_stages_write_where_the_commands_read_by_default():
     assert checkpoints in written("train")
     assert all(p.startswith(paths.TRAIN_REPORTS + "/") for p in written("train") - {checkpoints})
     assert all(p.startswith(paths.EVAL_REPORTS + "/") for p in written("evaluate"))
+    assert {paths.TRAIN_METRICS, paths.TRAIN_SUMMARY} <= written("train") and paths.EVAL_METRICS in written("evaluate")
+    assert paths.VAL_CURVE.rsplit("/", 1)[0] in written("train")  # the plots folder the grid reads val.tsv from

@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gpt2.core import paths
 from gpt2.core.schema import ParamError, build, markdown_table, override, param, read_yaml, require, to_dict
 
 __all__ = ["DownloadConfig", "TokenizeConfig", "StatsConfig", "ModelParams", "TrainConfig", "EvalConfig", "Params",
@@ -283,7 +284,7 @@ class Params:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-def load_params(path: str | os.PathLike = "params.yaml", sets: tuple[str, ...] = ()) -> Params:
+def load_params(path: str | os.PathLike = paths.PARAMS, sets: tuple[str, ...] = ()) -> Params:
     """Read and validate params.yaml, with ``-S section.key=value`` overrides; raise :class:`UserError` on any
     problem."""
     data = read_yaml(path, "params", "--params")

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from gpt2.core import log
+from gpt2.core import log, paths
 from gpt2.core.atomic import atomic_dir, write_json
 from gpt2.core.config import TokenizeConfig
 from gpt2.core.digest import sha256_file
@@ -75,8 +75,8 @@ class DecodeStats:
 _EOT = np.array([EOT_ID], dtype=DTYPE)
 
 
-def tokenize_corpus(cfg: TokenizeConfig, raw_dir: str | Path = "data/raw",
-                    out_dir: str | Path = "data/tokens") -> dict[str, Any]:
+def tokenize_corpus(cfg: TokenizeConfig, raw_dir: str | Path = paths.RAW,
+                    out_dir: str | Path = paths.TOKENS) -> dict[str, Any]:
     """Tokenize the raw folder into ``out_dir`` atomically; return meta.json's content. Out of memory (the RAM,
     or an address-space limit such as ``ulimit -v``, where even a thread cannot start) is one error that says
     what to lower; the temporary output is removed."""

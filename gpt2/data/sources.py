@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from gpt2.core import log
+from gpt2.core import log, paths
 from gpt2.core.atomic import atomic_dir, write_json
 from gpt2.core.config import DownloadConfig
 from gpt2.core.digest import sha256_file
@@ -274,7 +274,7 @@ class RawWriter:
             raise UserError(f"{name} is not a readable zip archive ({exc}); check the file") from None
 
 
-def download(cfg: DownloadConfig, out_dir: str | Path = "data/raw") -> dict[str, Any]:
+def download(cfg: DownloadConfig, out_dir: str | Path = paths.RAW) -> dict[str, Any]:
     """Fetch ``cfg.source`` into ``out_dir`` (atomically) and return the manifest."""
     source = cfg.source.strip()
     with atomic_dir(out_dir, owns=("docs", MANIFEST), command="download") as tmp:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from gpt2.core import log
+from gpt2.core import log, paths
 from gpt2.core.atomic import json_text, write_files
 from gpt2.core.plots import png, pyplot
 from gpt2.core.config import StatsConfig
@@ -127,7 +127,7 @@ def rank_frequency(counts: np.ndarray, points: int = 200) -> tuple[np.ndarray, n
     return ranks, sorted_counts[ranks - 1]
 
 
-def dataset_stats(cfg: StatsConfig, tokens_dir: str | Path = "data/tokens", out_dir: str | Path = "reports/stats",
+def dataset_stats(cfg: StatsConfig, tokens_dir: str | Path = paths.TOKENS, out_dir: str | Path = paths.STATS,
                   context: int | None = None) -> dict[str, Any]:
     """Compute the statistics, then write every report file (all of them or none). ``context``: the training
     sequence length, marked on the length plot with the share of documents longer than it."""

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt2.core import log
+from gpt2.core import log, paths
 from gpt2.core.atomic import json_text, write_files
 from gpt2.core.config import EvalConfig
 from gpt2.core.errors import UserError
@@ -268,8 +268,8 @@ def check_prompt(prompt: str, ids: list[int], block: int) -> None:
         raise UserError("a prompt is empty; give each prompt some text")
 
 
-def evaluate(cfg: EvalConfig, ckpt_path: str | Path = "checkpoints/ckpt.pt", tokens_dir: str | Path = "data/tokens",
-             out_dir: str | Path = "reports/eval") -> dict[str, Any]:
+def evaluate(cfg: EvalConfig, ckpt_path: str | Path = paths.CHECKPOINT, tokens_dir: str | Path = paths.TOKENS,
+             out_dir: str | Path = paths.EVAL_REPORTS) -> dict[str, Any]:
     """Score and sample the checkpoint; write metrics.json and samples.md (each atomically, both or none)."""
     runtime = eval_runtime(cfg.device, cfg.dtype, cfg.keep_host_memory)
     loaded = load_pretrained_model(cfg.pretrained, runtime) if cfg.pretrained else load_model(ckpt_path, runtime)

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from gpt2.core import paths
 from gpt2.core.atomic import write_files
 from gpt2.core.config import load_params
 from gpt2.core.errors import UserError
@@ -31,7 +32,7 @@ class Change:
     why: str
 
 
-def apply(changes: list[Change], params_path: str | Path = "params.yaml") -> str:
+def apply(changes: list[Change], params_path: str | Path = paths.PARAMS) -> str:
     """Write ``changes`` into params.yaml (only those that change a value); return what was done, diff included."""
     path = Path(params_path)
     text = path.read_text()

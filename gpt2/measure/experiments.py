@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gpt2.core import paths
 from gpt2.core.errors import Terminated, UserError
 
 
@@ -169,7 +170,6 @@ def finished(root: Path, files: tuple[str, ...] = ()) -> list[Experiment]:
     return [replace(exp, files={path: _json_at(root, exp.rev, path) for path in files}) for exp in exps]
 
 
-VAL_CURVE = "reports/train/plots/val.tsv"
 
 
 def hourly_price(exp: Experiment | None, summary: str) -> float | None:
@@ -183,7 +183,7 @@ def hourly_price(exp: Experiment | None, summary: str) -> float | None:
 def val_curve(root: Path, rev: str) -> list[tuple[float, float, float]] | None:
     """An experiment's val curve, (training seconds, tokens, val loss) per eval, from its committed val.tsv; None
     where it has none (a run without evals, or from a version that did not record the training time)."""
-    out = subprocess.run(["git", "show", f"{rev}:{VAL_CURVE}"], cwd=root, capture_output=True, text=True)
+    out = subprocess.run(["git", "show", f"{rev}:{paths.VAL_CURVE}"], cwd=root, capture_output=True, text=True)
     lines = out.stdout.splitlines() if out.returncode == 0 else []
     if not lines:
         return None
@@ -216,7 +216,7 @@ def _experiments(baseline: dict[str, Any]) -> Iterator[Experiment]:
             data = rev.get("data") or {}
             if rev.get("error") or not data:
                 continue
-            params = ((data.get("params") or {}).get("params.yaml") or {}).get("data") or {}
+            params = ((data.get("params") or {}).get(paths.PARAMS) or {}).get("data") or {}
             metrics = {path: (content or {}).get("data") or {} for path, content in (data.get("metrics") or {}).items()}
             yield Experiment(name=rev.get("name") or entry.get("name") or rev["rev"][:7], rev=rev["rev"],
                              timestamp=str(data.get("timestamp") or ""), params=params, metrics=metrics)

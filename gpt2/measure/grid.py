@@ -37,7 +37,6 @@ from gpt2.run.tracking import json_value
 
 logger = log.get("grid")
 
-TRAIN, EVAL, SUMMARY = "reports/train/metrics.json", "reports/eval/metrics.json", "reports/train/summary.json"
 
 
 def parse_sets(sets: tuple[str, ...]) -> dict[str, list[Any]]:
@@ -91,8 +90,8 @@ class Row:
 MAX_NAME = 100  # a grid's name, in bytes: its report files and experiment names add a suffix to it
 
 
-def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "evaluate", out: str | Path = "reports/grid",
-             mlflow: bool | None = None, params_path: str | Path = "params.yaml", repeats: int = 1,
+def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "evaluate", out: str | Path = paths.GRID_REPORTS,
+             mlflow: bool | None = None, params_path: str | Path = paths.PARAMS, repeats: int = 1,
              time_budget_s: float | None = None, apply: bool = False, as_json: bool = False) -> dict[str, Any]:
     """Run every setting ``repeats`` times as DVC experiments, write ``<out>/<name>.md``, ``.json`` and ``.png``,
     and group the experiments under one MLflow run that holds the comparison. ``time_budget_s``: every run
@@ -136,7 +135,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
         names[i][r], {**combos[i], **fixed}, f"{describe(combos[i])}, run {r + 1}",
         f"{name} · {describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else "")) for i, r in order],
         target, out / "dvc.log", "grid")
-    found = {e.name: e for e in experiments.finished(root, (SUMMARY,))}
+    found = {e.name: e for e in experiments.finished(root, (paths.TRAIN_SUMMARY,))}
     mine = {n for exps in names for n in exps}
     curves = {n: experiments.val_curve(root, e.rev) for n, e in found.items() if n in mine}
     rows = judge(combos, names, found, curves)
@@ -198,7 +197,7 @@ def judge(combos: list[dict[str, Any]], names: list[list[str]], found: dict[str,
     rows = []
     for setting, exps in zip(combos, names):
         row = Row(setting=setting, experiments=exps)
-        metrics = [found[n].metrics.get(TRAIN) or {} if n in found else None for n in exps]
+        metrics = [found[n].metrics.get(paths.TRAIN_METRICS) or {} if n in found else None for n in exps]
         done = [m for m in metrics if m and (m.get("perf") or {}).get("tokens_per_s")]
         row.runs = len(done)
         row.tokens_per_s_runs = [(m.get("perf") or {}).get("tokens_per_s") if m else None for m in metrics]
@@ -210,7 +209,7 @@ def judge(combos: list[dict[str, Any]], names: list[list[str]], found: dict[str,
             row.device_hours = median_known([(m.get("cost") or {}).get("device_hours") for m in done])
             median = sorted(done, key=lambda m: (m.get("val") or {}).get("loss") or 0.0)[len(done) // 2]
             row.val_loss, row.val_loss_se = (median.get("val") or {}).get("loss"), (median.get("val") or {}).get("loss_se")
-            scored = [(found[n].metrics.get(EVAL) or {}).get("eval") or {} for n in exps if n in found]
+            scored = [(found[n].metrics.get(paths.EVAL_METRICS) or {}).get("eval") or {} for n in exps if n in found]
             scored = sorted((s for s in scored if s.get("val_loss") is not None), key=lambda s: s["val_loss"])
             if scored:
                 row.eval_val_loss = scored[len(scored) // 2]["val_loss"]
@@ -231,7 +230,7 @@ def judge(combos: list[dict[str, Any]], names: list[list[str]], found: dict[str,
             row.speed_inside_noise = ratio_inside_noise(row.paired, floor)
     if curves is not None:
         runs = [[curves.get(n) if n in found else None for n in exps] for exps in names]
-        prices = [[experiments.hourly_price(found.get(n), SUMMARY) for n in exps] for exps in names]
+        prices = [[experiments.hourly_price(found.get(n), paths.TRAIN_SUMMARY) for n in exps] for exps in names]
         for row, figures in zip(rows, at_baseline_quality(runs, prices)):
             row.quality = figures
     return rows

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpt2.core import paths
 from gpt2.core.errors import UserError
 from gpt2.core.memory_model import HEADROOM, largest_micro_batch, memory, shape
 from gpt2.core.sizes import SIZES
@@ -49,7 +50,7 @@ DEVICES: dict[str, Device] = {
 
 def measured_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
     """MFU this project measured on ``device``: the ladder's report first, then MLflow's training runs."""
-    ladder = root / "reports/ladder/ladder.json"
+    ladder = root / paths.LADDER_REPORTS / "ladder.json"
     if ladder.is_file():
         rows = [r for r in json.loads(ladder.read_text()).get("rows", []) if r.get("mfu")]
         rows = [r for r in rows if _same_device(r.get("runtime", {}).get("device_name", ""), device)]
@@ -64,7 +65,7 @@ def _same_device(name: str, device: Device) -> bool:
 
 
 def _mlflow_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
-    db = root / "mlflow.db"
+    db = root / paths.MLFLOW_DB
     if not db.is_file() or not _has_metric(db, "summary/perf.mfu"):
         return None  # no MFU was ever logged there: no need to import mlflow (seconds)
     try:

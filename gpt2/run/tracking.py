@@ -128,7 +128,7 @@ def git_commit() -> str | None:
 RUN_NAME_ENV = "GPT2_RUN_NAME"  # set by gpt2 grid and gpt2 ladder for each experiment they run
 
 
-def experiment_run_name(params_path: str | Path = "params.yaml") -> str | None:
+def experiment_run_name(params_path: str | Path = paths.PARAMS) -> str | None:
     """What a DVC experiment's MLflow run is called: what its params change from its baseline commit's
     (``lr=0.02 · max_steps=40``), where DVC alone would show a random name (``dusky-oast``, kept as the
     tag ``dvc_exp_name``). ``GPT2_RUN_NAME`` (a grid's or a ladder's name for the run) comes first.
@@ -138,7 +138,7 @@ def experiment_run_name(params_path: str | Path = "params.yaml") -> str | None:
     rev, dvc_name = os.environ.get("DVC_EXP_BASELINE_REV"), os.environ.get("DVC_EXP_NAME")
     if not dvc_name or not rev:
         return dvc_name
-    changed = changes_since(rev, "params.yaml", params_path, paths.tracking_root())
+    changed = changes_since(rev, paths.PARAMS, params_path, paths.tracking_root())
     return dvc_name if changed is None else changed or "params as committed"
 
 

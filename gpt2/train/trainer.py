@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from gpt2.core import log
+from gpt2.core import log, paths
 from gpt2.core.config import Params
 from gpt2.run import checkpoint
 from gpt2.run.compiled import compile_caches
@@ -90,8 +90,8 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
     return finish(step)  # resumed past a lowered max_steps: nothing left to train
 
 
-def train(params: Params, tokens_dir: str | Path = "data/tokens", ckpt_path: str | Path = "checkpoints/ckpt.pt",
-          report_dir: str | Path | None = "reports/train") -> dict[str, Any]:
+def train(params: Params, tokens_dir: str | Path = paths.TOKENS, ckpt_path: str | Path = paths.CHECKPOINT,
+          report_dir: str | Path | None = paths.TRAIN_REPORTS) -> dict[str, Any]:
     """Train (or resume) as params say; write the checkpoint and the reports; return the summary metrics.
 
     ``report_dir`` None writes no report files: a benchmark's measurement run reads the returned summary.

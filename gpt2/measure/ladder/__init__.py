@@ -15,10 +15,10 @@ the val loss after N steps in view, so a "speedup" that breaks training shows.
 
 from gpt2.measure.ladder.report import render_png, table, write_report
 from gpt2.measure.ladder.runs import measured, normalized, run_ladder, schedule
-from gpt2.measure.ladder.spec import (TRAIN_METRICS, TRAIN_RUN, Ladder, Profile, Resolved, Rung, flat, load_ladder,
+from gpt2.measure.ladder.spec import (Ladder, Profile, Resolved, Rung, flat, load_ladder,
                                       resolve)
 from gpt2.measure.ladder.stats import NO_EFFECT, Row, Spread, analyse, noise_verdict
 
-__all__ = ["NO_EFFECT", "TRAIN_METRICS", "TRAIN_RUN", "Ladder", "Resolved", "Profile", "Row", "Rung", "Spread", "analyse", "flat",
+__all__ = ["NO_EFFECT", "Ladder", "Resolved", "Profile", "Row", "Rung", "Spread", "analyse", "flat",
            "load_ladder", "measured", "noise_verdict", "normalized", "resolve", "render_png", "run_ladder", "schedule",
            "table", "write_report"]

@@ -13,7 +13,7 @@ from gpt2.core.config import ModelParams, TrainConfig, build, read_yaml, to_dict
 from gpt2.core.errors import UserError
 from gpt2.measure import experiments
 from gpt2.measure.ladder.report import LADDER_FILES, log_to_mlflow, write_report
-from gpt2.measure.ladder.spec import EXP_PREFIX, TRAIN_METRICS, TRAIN_RUN, Ladder, Resolved, load_ladder, resolve
+from gpt2.measure.ladder.spec import EXP_PREFIX, Ladder, Resolved, load_ladder, resolve
 from gpt2.measure.ladder.stats import Row, analyse, decide
 
 logger = log.get("ladder")
@@ -32,7 +32,7 @@ def measured(resolved: Resolved, exps: list[experiments.Experiment]) -> list[lis
     """Per rung: the finished ``ladder-`` experiments with exactly its params, newest first."""
     found: list[list[experiments.Experiment]] = [[] for _ in resolved.sections]
     for exp in exps:
-        if not exp.name.startswith(EXP_PREFIX) or TRAIN_METRICS not in exp.metrics:
+        if not exp.name.startswith(EXP_PREFIX) or paths.TRAIN_METRICS not in exp.metrics:
             continue
         sections = normalized(exp.params)
         for i, wanted in enumerate(resolved.sections):
@@ -50,8 +50,8 @@ def schedule(repeats: int, have: list[int]) -> list[tuple[int, int]]:
     return order
 
 
-def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path = "params.yaml",
-               out: str | Path = "reports/ladder", device: str = "auto", model: str | None = None,
+def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path = paths.PARAMS,
+               out: str | Path = paths.LADDER_REPORTS, device: str = "auto", model: str | None = None,
                steps: int | None = None, repeats: int | None = None, fresh: bool = False,
                mlflow: bool | None = None, target: float | None = None, time_budget_s: float | None = None,
                apply: bool = False, as_json: bool = False) -> list[Row]:
@@ -80,7 +80,7 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
         raise UserError(f"{len(running)} queued DVC experiment(s) running ({', '.join(running[:5])}); the ladder "
                         "times one experiment at a time on an otherwise idle machine: wait for them or stop "
                         "them (dvc queue kill NAME) first")
-    existing = experiments.finished(root, (TRAIN_RUN,))
+    existing = experiments.finished(root, (paths.TRAIN_SUMMARY,))
     have = [0] * len(resolved.sections) if fresh else [len(runs) for runs in measured(resolved, existing)]
     unshown = [i for i, why in enumerate(resolved.cannot_show) if why]
     todo = schedule(resolved.profile.repeats, [resolved.profile.repeats if i in unshown else h for i, h in enumerate(have)])
@@ -92,7 +92,7 @@ def run_ladder(ladder_path: str | Path = "ladder.yaml", params_path: str | Path 
                           for i in unshown))
     if todo:
         _measure(root, ladder, resolved, todo, {e.name for e in existing}, Path(out))
-        existing = experiments.finished(root, (TRAIN_RUN,))
+        existing = experiments.finished(root, (paths.TRAIN_SUMMARY,))
     runs = [[] if resolved.cannot_show[i] else r[:resolved.profile.repeats] for i, r in enumerate(measured(resolved, existing))]
     curves = {e.name: experiments.val_curve(root, e.rev) for group in runs for e in group}
     rows = analyse(ladder, resolved, runs, curves)

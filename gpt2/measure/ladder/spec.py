@@ -13,8 +13,6 @@ from gpt2.core.config import MOVED, ModelParams, ParamError, TrainConfig, build,
 from gpt2.core.schema import param
 from gpt2.core.errors import UserError
 
-TRAIN_METRICS = "reports/train/metrics.json"
-TRAIN_RUN = "reports/train/summary.json"  # the rest of a run's summary: what really ran ("runtime")
 EXP_PREFIX = "ladder-"
 
 

@@ -12,12 +12,13 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpt2.core import paths
 from gpt2.measure import experiments
 from gpt2.measure.apply import Change
 from gpt2.measure.compare import (AtQuality, Curve, Spread, at_baseline_quality, losses_apart, median_known, sooner,
                                   noise_verdict as verdict_text, paired_ratios, ratio_inside_noise, typical_disagreement,
                                   win)
-from gpt2.measure.ladder.spec import TRAIN_METRICS, TRAIN_RUN, Ladder, Resolved, Rung, flat
+from gpt2.measure.ladder.spec import Ladder, Resolved, Rung, flat
 
 # A rung's change that the trainer resolves on the device: the key of what really ran in summary.json's "runtime".
 RESOLVED = {"dtype": "dtype", "tf32": "tf32", "keep_host_memory": "keep_host_memory",
@@ -76,7 +77,7 @@ def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Expe
     base: Row | None = None
     previous: Row | None = None
     for i, (rung, group) in enumerate(zip(ladder.rungs, runs)):
-        metrics = [e.metrics[TRAIN_METRICS] for e in group]
+        metrics = [e.metrics[paths.TRAIN_METRICS] for e in group]
         row = Row(index=i, rung=rung.name, changes=rung.changes if i else {}, runs=len(metrics),
                   experiments=[e.name for e in group])
         rows.append(row)
@@ -90,7 +91,7 @@ def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Expe
         mfus = [m["perf"].get("mfu") for m in metrics if m["perf"].get("mfu") is not None]
         losses = [m["val"]["loss"] for m in metrics if m.get("val", {}).get("loss") is not None]
         errors = [m["val"]["loss_se"] for m in metrics if m.get("val", {}).get("loss_se") is not None]
-        row.runtime = (group[0].files.get(TRAIN_RUN) or {}).get("runtime") or {}
+        row.runtime = (group[0].files.get(paths.TRAIN_SUMMARY) or {}).get("runtime") or {}
         row.step_ms, row.tokens_per_s = Spread.of(step_ms), Spread.of(tps)
         row.tokens_per_s_wall = statistics.median(walls) if walls else None
         row.peak_mem_gb = max(m["mem"]["peak_gb"] for m in metrics)
@@ -129,7 +130,7 @@ def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Expe
 def add_quality(rows: list[Row], runs: list[list[experiments.Experiment]], curves: dict[str, Curve | None]) -> None:
     """Each rung's time to the baseline's final val loss, and its ratio to the rung above's, run by run."""
     by_rung = [[curves.get(e.name) for e in group] for group in runs]
-    prices = [[experiments.hourly_price(e, TRAIN_RUN) for e in group] for group in runs]
+    prices = [[experiments.hourly_price(e, paths.TRAIN_SUMMARY) for e in group] for group in runs]
     for row, figures in zip(rows, at_baseline_quality(by_rung, prices)):
         row.quality = figures
     for row in rows:
