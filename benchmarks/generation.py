@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 @click.option("--dtype", default="auto", show_default=True)
 def main(checkpoint: str, size: str | None, prompt_tokens: int, new_tokens: int, repeats: int, device: str,
          dtype: str) -> None:
-    from gpt2.eval.evaluate import eval_runtime, load_model
+    from gpt2.eval.loading import eval_runtime, load_model
     from gpt2.eval.sample import SamplingConfig, generate_ids
     from gpt2.model.gpt import GPT, gpt_config
 

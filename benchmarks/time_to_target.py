@@ -51,7 +51,8 @@ def train_run(work: Path, name: str, model: dict, train: dict, tokens: Path) -> 
 def val_noise(work: Path, tokens: Path, eval_tokens: int, seeds: int = 10) -> tuple[float, float, float]:
     """Mean, standard deviation and range of the val loss of one model over ``seeds`` window sets."""
     from gpt2.core.tokens import open_tokens
-    from gpt2.eval.evaluate import eval_runtime, load_model, val_loss, windows
+    from gpt2.eval.evaluate import val_loss, windows
+    from gpt2.eval.loading import eval_runtime, load_model
 
     loaded = load_model(work / "noise" / "ckpt.pt", eval_runtime("cpu", "fp32"))
     val = open_tokens(tokens, "val")

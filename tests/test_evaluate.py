@@ -67,7 +67,7 @@ def test_evaluation_is_deterministic_and_beats_nothing_trivially(trained, tmp_pa
 
 
 def test_val_loss_matches_a_direct_computation(trained, tmp_path):
-    from gpt2.eval.evaluate import eval_runtime, load_model
+    from gpt2.eval.loading import eval_runtime, load_model
 
     metrics = run_eval(trained, tmp_path)
     loaded = load_model(trained / "ckpt.pt", eval_runtime("cpu", "fp32"))
@@ -103,7 +103,8 @@ def test_evaluation_and_sampling_stop_at_the_trained_length(trained, tmp_path):
     assert spoiled["val"] == clean["val"] and clean["val"]["windows"] == 250  # 3,999 predictions in 16s
     assert (tmp_path / "a/samples.md").read_text() == (tmp_path / "b/samples.md").read_text()
     # training's last val loss, and the evaluate stage's scoring of the same windows
-    from gpt2.eval.evaluate import eval_runtime, load_model, val_loss
+    from gpt2.eval.evaluate import val_loss
+    from gpt2.eval.loading import eval_runtime, load_model
     from gpt2.train.evaluator import val_windows
 
     val = np.fromfile(trained / "tokens/val.bin", dtype=np.uint16)

@@ -161,7 +161,7 @@ def test_evaluate_pretrained_offline_fails_at_once_naming_its_option(tmp_path, m
     """A machine offline without saying so (no HF_HUB_OFFLINE): one error line in seconds, not retries."""
     import time
 
-    from gpt2.eval.evaluate import eval_runtime, load_pretrained_model
+    from gpt2.eval.loading import eval_runtime, load_pretrained_model
 
     hub = pytest.importorskip("huggingface_hub.constants")
     monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)

@@ -15,7 +15,8 @@ from conftest import make_tokens, micro_params, sentence
 from gpt2.core.errors import UserError
 from gpt2.data.tokenizer import gpt2_encoding
 from gpt2.eval import hellaswag
-from gpt2.eval.evaluate import eval_runtime, evaluate, load_model
+from gpt2.eval.evaluate import evaluate
+from gpt2.eval.loading import eval_runtime, load_model
 from gpt2.train.trainer import train
 
 BLOCK = 16  # the micro model's trained context (of its 32): the long item below is cut to its last tokens

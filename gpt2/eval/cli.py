@@ -58,8 +58,7 @@ def sample(params_path: str, sets: tuple[str, ...], ckpt: str, prompt: str, **fl
 
     from gpt2.core.config import EvalConfig, Params, load_params
     from gpt2.core.schema import build, override, to_dict
-    from gpt2.eval.evaluate import stream_sample
-    from gpt2.eval.sample import SamplingConfig
+    from gpt2.eval.sample import SamplingConfig, stream_sample
 
     ctx = click.get_current_context()
     given = ctx.get_parameter_source("params_path") is not click.core.ParameterSource.DEFAULT

@@ -9,9 +9,7 @@ run, so two evaluations of one checkpoint give identical numbers.
 from __future__ import annotations
 
 import math
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,64 +32,11 @@ from gpt2.core.tokens import (
     split_label,
     split_shards,
 )
-from gpt2.eval.sample import SamplingConfig, TextStream, generate_ids
-from gpt2.model.gpt import GPT, GPTConfig
+from gpt2.eval.loading import Loaded, eval_runtime, load_model, load_pretrained_model
+from gpt2.eval.sample import SamplingConfig, encode_prompts, generate_ids
 from gpt2.model.loss import chunk_rows
-from gpt2.run import checkpoint
-from gpt2.run.device import Runtime, runtime_for
 
 logger = log.get("evaluate")
-
-
-@dataclass
-class Loaded:
-    model: GPT
-    state: dict[str, Any]
-    runtime: Runtime
-
-
-def eval_runtime(device: str, dtype: str, keep_host_memory: bool = True) -> Runtime:
-    return runtime_for(device, dtype, keep_host_memory=keep_host_memory, section="eval")
-
-
-def load_model(ckpt_path: str | Path, runtime: Runtime) -> Loaded:
-    """Rebuild the model from a checkpoint (compiled or not) on ``runtime.device``."""
-    state = checkpoint.load(ckpt_path)
-    try:
-        config, weights = checkpoint.trained_model(state, ckpt_path)
-        model = GPT(GPTConfig(**config))
-        model.load_state_dict(weights)
-    except (KeyError, TypeError, RuntimeError) as exc:
-        raise UserError(f"checkpoint {ckpt_path} does not hold a model this code can rebuild "
-                        f"({exc.__class__.__name__}); retrain it (dvc repro train)") from None
-    if model.cfg.block_size < state["model_config"]["block_size"]:
-        logger.info(f"evaluate: {ckpt_path} trained on {model.cfg.block_size} of its model's "
-                    f"{state['model_config']['block_size']} positions (train.block_size); scoring and sampling use "
-                    f"those {model.cfg.block_size}")
-    model.to(runtime.device).eval()
-    return Loaded(model=model, state=state, runtime=runtime)
-
-
-def load_pretrained_model(source: str, runtime: Runtime) -> Loaded:
-    """OpenAI's GPT-2 (by name) or a Hugging Face GPT-2 directory, scored like a checkpoint."""
-    import dataclasses
-
-    from gpt2.model import hf
-
-    weights = hf.locate(source, "eval.pretrained (gpt2 evaluate --pretrained)")
-    state, config = hf.read_pretrained(weights, "eval.pretrained")
-    if config is None:
-        raise UserError(f"eval.pretrained {source}: no config.json beside {weights.name} (the number of heads is "
-                        "not in the weights); point it at the model's directory")
-    dims = hf.config_dims(config)
-    cfg = GPTConfig(n_layer=dims["n_layer"], n_head=dims["n_head"], n_embd=dims["n_embd"],
-                    block_size=dims["block_size"], vocab_size=dims["vocab_size"], padded_vocab_size=dims["vocab_size"])
-    model = GPT(cfg)
-    model.load_state_dict(hf.from_hf(state, cfg))
-    model.to(runtime.device).eval()
-    pseudo = {"step": 0, "model_config": dataclasses.asdict(cfg), "mlflow_run_id": None, "pretrained": source,
-              "params": {"train": {"experiment": "gpt2"}}}
-    return Loaded(model=model, state=pseudo, runtime=runtime)
 
 
 def windows(n_tokens: int, block: int, max_tokens: int | None, seed: int) -> list[tuple[int, int]]:
@@ -221,16 +166,6 @@ def document_openings(val: Any, eot_id: int, count: int = 3, length: int = 8, sc
     return tuple(openings)
 
 
-def encode_prompts(prompts: tuple[str, ...], block: int) -> list[list[int]]:
-    """Token ids of each prompt, checked against the model's context (before any slow work)."""
-    from gpt2.data.tokenizer import gpt2_encoding
-
-    encoded = [gpt2_encoding().encode_ordinary(p) for p in prompts]
-    for prompt, ids in zip(prompts, encoded):
-        check_prompt(prompt, ids, block)
-    return encoded
-
-
 def samples(loaded: Loaded, cfg: EvalConfig, prompts: tuple[str, ...], encoded: list[list[int]],
             eot_id: int) -> tuple[str, float]:
     """samples.md text and the generation speed in tokens/s."""
@@ -258,14 +193,6 @@ def samples(loaded: Loaded, cfg: EvalConfig, prompts: tuple[str, ...], encoded: 
             text = encoding.decode([t for t in new if t != eot_id])
             lines += [f"### Sample {i + 1}", "", "```text", prompt + text, "```", ""]
     return "\n".join(lines), generated / seconds if seconds else 0.0
-
-
-def check_prompt(prompt: str, ids: list[int], block: int) -> None:
-    if len(ids) > block:
-        raise UserError(f"prompt {prompt[:40]!r}... is {len(ids)} tokens, longer than the model's context of {block}; "
-                        "shorten it")
-    if not ids:
-        raise UserError("a prompt is empty; give each prompt some text")
 
 
 def evaluate(cfg: EvalConfig, ckpt_path: str | Path = paths.CHECKPOINT, tokens_dir: str | Path = paths.TOKENS,
@@ -369,29 +296,3 @@ def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Pat
         tracker.log_dataset(scored, context="evaluation")
         tracker.log_artifact(out / "samples.md", folder="eval")
         tracker.log_artifact(out / "summary.json", folder="eval")  # beside training's summary.json, not over it
-
-
-def stream_sample(ckpt_path: str | Path, prompt: str, sampling: SamplingConfig, num_samples: int, seed: int,
-                  device: str, dtype: str) -> None:
-    """``gpt2 sample``: print each continuation token by token as it is generated."""
-    from gpt2.data.tokenizer import EOT_ID, gpt2_encoding
-
-    def write(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-    loaded = load_model(ckpt_path, eval_runtime(device, dtype))
-    encoding = gpt2_encoding()
-    ids = encoding.encode_ordinary(prompt)
-    check_prompt(prompt, ids, loaded.model.cfg.block_size)
-    for i in range(num_samples):
-        if num_samples > 1:
-            write(f"--- sample {i + 1} ---\n")
-        write(prompt)
-        stream = TextStream(encoding)
-        generator = torch.Generator().manual_seed(seed + i)
-        for token in generate_ids(loaded.model, ids, sampling, generator, EOT_ID, loaded.runtime.autocast,
-                                  loaded.runtime.autocast_dtype):
-            if token != EOT_ID:
-                write(stream.push(token))
-        write(stream.flush() + "\n")

@@ -5,18 +5,24 @@ is longer than the model's context, the context is cropped from the left;
 since GPT-2's position embeddings are absolute, every cropped window is a new
 prefix, so past that point each token re-encodes the window (exactly what the
 no-cache path does). Greedy decoding gives the same tokens either way (tested).
+
+``stream_sample`` is ``gpt2 sample``: a checkpoint's continuations, printed token by token.
 """
 
 from __future__ import annotations
 
 import codecs
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from gpt2.core.config import EvalConfig
+from gpt2.core.errors import UserError
+from gpt2.eval.loading import eval_runtime, load_model
 from gpt2.model.gpt import GPT, KVCache
 
 _EVAL = EvalConfig()  # the defaults live once, in params.yaml's eval section
@@ -105,3 +111,47 @@ class TextStream:
 
     def flush(self) -> str:
         return self.decoder.decode(b"", final=True)
+
+
+def encode_prompts(prompts: tuple[str, ...], block: int) -> list[list[int]]:
+    """Token ids of each prompt, checked against the model's context (before any slow work)."""
+    from gpt2.data.tokenizer import gpt2_encoding
+
+    encoded = [gpt2_encoding().encode_ordinary(p) for p in prompts]
+    for prompt, ids in zip(prompts, encoded):
+        check_prompt(prompt, ids, block)
+    return encoded
+
+
+def check_prompt(prompt: str, ids: list[int], block: int) -> None:
+    if len(ids) > block:
+        raise UserError(f"prompt {prompt[:40]!r}... is {len(ids)} tokens, longer than the model's context of {block}; "
+                        "shorten it")
+    if not ids:
+        raise UserError("a prompt is empty; give each prompt some text")
+
+
+def stream_sample(ckpt_path: str | Path, prompt: str, sampling: SamplingConfig, num_samples: int, seed: int,
+                  device: str, dtype: str) -> None:
+    """``gpt2 sample``: print each continuation token by token as it is generated."""
+    from gpt2.data.tokenizer import EOT_ID, gpt2_encoding
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    loaded = load_model(ckpt_path, eval_runtime(device, dtype))
+    encoding = gpt2_encoding()
+    ids = encoding.encode_ordinary(prompt)
+    check_prompt(prompt, ids, loaded.model.cfg.block_size)
+    for i in range(num_samples):
+        if num_samples > 1:
+            write(f"--- sample {i + 1} ---\n")
+        write(prompt)
+        stream = TextStream(encoding)
+        generator = torch.Generator().manual_seed(seed + i)
+        for token in generate_ids(loaded.model, ids, sampling, generator, EOT_ID, loaded.runtime.autocast,
+                                  loaded.runtime.autocast_dtype):
+            if token != EOT_ID:
+                write(stream.push(token))
+        write(stream.flush() + "\n")
