@@ -29,6 +29,23 @@ def test_every_dvc_stage_has_its_thin_entry_point():
         assert (ROOT / "stages" / f"{name}.py").is_file()
 
 
+def test_the_readme_layout_lists_every_module_of_the_library():
+    """The map a newcomer reads first holds every module, and no module that is gone."""
+    block = (ROOT / "README.md").read_text().split("## Layout", 1)[1].split("```", 2)[1]
+    listed, folders = set(), []
+    for line in block.splitlines():
+        entry = re.match(r"^( *)(\S.*?)(?:\s{2,}|$)", line)
+        if not entry or len(entry.group(1)) >= 20:  # a description's second line
+            continue
+        folders = folders[:len(entry.group(1)) // 2]
+        listed |= {"/".join([*folders, name.strip().rstrip("/")]) for name in entry.group(2).split(", ")}
+        if entry.group(2).endswith("/"):
+            folders.append(entry.group(2).rstrip("/"))
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "gpt2").rglob("*.py") if p.name != "__init__.py"}
+    assert sorted(modules - listed) == [], "modules missing from the README's layout"
+    assert sorted(p for p in listed if p.startswith("gpt2/") and p.endswith(".py") and p not in modules) == []
+
+
 def test_docs_params_md_is_generated_from_the_config():
     """Each key is documented once, in its dataclass; docs/params.md is that documentation, rendered."""
     from gpt2.core.config import params_markdown
