@@ -79,7 +79,7 @@ def test_compiled_ddp_is_split_at_its_gradient_buckets_and_trains_as_compiled_pl
 
 def test_fsdp_checkpoints_are_plain_ones_and_resume_across_modes_exactly(tmp_path, tokens, monkeypatch):
     """FSDP in one process trains bit for bit as plain training; a run cut under one mode ends under the other."""
-    from test_train import interrupt_at
+    from training import interrupt_at
 
     from gpt2.train.signals import TrainingInterrupted
 

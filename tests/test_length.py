@@ -6,7 +6,7 @@ import math
 
 import pytest
 from conftest import micro_params
-from test_train import interrupt_at, losses, run
+from training import interrupt_at, losses, run
 
 from gpt2.run import checkpoint
 from gpt2.train import step_log, trainer

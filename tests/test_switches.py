@@ -13,7 +13,7 @@ from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.run.device import resolve
 from gpt2.train import describe, loader, trainer
 from gpt2.train.loader import BatchSampler, TokenSplit
-from gpt2.train.optim import build_optimizers, lr_at
+from gpt2.train.optim import build_optimizers
 
 
 def setup(tokens, **train):
@@ -224,19 +224,6 @@ def test_grad_accumulation_equals_one_big_batch(tokens):
     accumulated = grads([(x[:2], y[:2]), (x[2:4], y[2:4]), (x[4:6], y[4:6]), (x[6:], y[6:])], 4)
     for a, b in zip(big, accumulated):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-
-
-def test_cosine_schedule_with_warmup():
-    cfg = TrainConfig(lr=1.0e-3, min_lr=1.0e-4, warmup_steps=10)
-    assert lr_at(0, cfg, 100) == pytest.approx(1e-4)  # never 0 at step 0
-    assert lr_at(9, cfg, 100) == pytest.approx(1e-3)
-    assert lr_at(10, cfg, 100) == pytest.approx(1e-3)
-    assert lr_at(55, cfg, 100) == pytest.approx(5.5e-4)
-    assert lr_at(100, cfg, 100) == pytest.approx(1e-4)
-    steps = [lr_at(i, cfg, 100) for i in range(10, 101)]
-    assert steps == sorted(steps, reverse=True)
-    constant = TrainConfig(lr=1.0e-3, warmup_steps=0, lr_schedule="constant")
-    assert {lr_at(i, constant, 100) for i in range(100)} == {1e-3}
 
 
 def test_grad_clip_switch_clips_the_update(tokens, monkeypatch):

@@ -1,0 +1,99 @@
+"""An interrupted `dvc exp run` keeps its checkpoint and resumes when run again (train/interrupted.py)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import micro_params
+from training import interrupt_at, losses, run
+
+from gpt2.train.trainer import TrainingInterrupted
+
+
+def test_an_interrupted_experiment_resumes_though_dvc_restored_its_baseline_checkpoint(tmp_path, tokens, monkeypatch,
+                                                                                      capsys):
+    """`dvc exp run -S ...` interrupted, then run again: DVC first puts its baseline's (finished) checkpoint back
+    in checkpoints/. The interrupted run, kept in .dvc/tmp, continues, exactly."""
+    import shutil
+
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("DVC_EXP_NAME", "my-exp")
+    run(tmp_path, tokens, micro_params(max_steps=4), "baseline")  # the committed, finished run of other params
+    run(tmp_path, tokens, micro_params(), "straight")
+    interrupt_at(monkeypatch, 5)
+    with pytest.raises(TrainingInterrupted, match="run the same `dvc exp run` command again to resume it"):
+        run(tmp_path, tokens, micro_params())
+    monkeypatch.undo()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    shutil.copy(tmp_path / "baseline/ckpt.pt", tmp_path / "run/ckpt.pt")  # what dvc exp run does before running
+    assert run(tmp_path, tokens, micro_params())["steps"] == 12
+    assert "resuming the interrupted run of these params and data kept in" in capsys.readouterr().err
+    assert losses(tmp_path) == losses(tmp_path, "straight")
+    assert not list((tmp_path / ".dvc/tmp/gpt2-interrupted").iterdir())  # finished: no longer kept
+
+
+def test_an_interrupted_experiment_resumed_with_a_changed_setting_continues_and_leaves_no_copy(tmp_path, tokens,
+                                                                                              monkeypatch, capsys):
+    """`dvc exp run` interrupted, then `dvc exp run -S train.lr=...` (a learning rate that spiked): the kept run
+    continues under the new lr, as a plain resume would, and no copy is left behind. A kept run that trained on
+    other data (it can never resume) is removed at the next start; the others are listed."""
+    import shutil
+
+    from gpt2.train import interrupted
+
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    run(tmp_path, tokens, micro_params(max_steps=4), "baseline")
+    interrupt_at(monkeypatch, 5)
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path, tokens, micro_params())
+    monkeypatch.undo()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    folder = tmp_path / ".dvc/tmp/gpt2-interrupted"
+    stale = folder / "0123456789abcdef.0123456789abcdef.pt"  # a run on data that is gone
+    shutil.copy(next(folder.glob("*.pt")), stale)
+    stale.with_suffix(".json").write_text('{"data": {"train_md5": "gone"}}')
+    shutil.copy(tmp_path / "baseline/ckpt.pt", tmp_path / "run/ckpt.pt")  # what dvc exp run does before running
+    assert run(tmp_path, tokens, micro_params(lr=5.0e-3))["steps"] == 12
+    err = capsys.readouterr().err
+    assert f"removed the interrupted run kept in {stale}: it trained on other data" in err
+    assert "1 interrupted run(s) kept in" in err and "… (lr=0.01); each resumes when" in err
+    assert "resuming the interrupted run of these params and data kept in" in err
+    assert "resuming with train.lr changed: 0.01 → 0.005 (applies from step" in err
+    assert not list(folder.iterdir())  # finished: neither its copy nor the stale one is left
+    assert interrupted.kept_interrupted(resume_setup(tokens)) is None
+
+
+def resume_setup(tokens):
+    from gpt2.train.build import build
+
+    return build(micro_params(), tokens)
+
+
+def test_a_kept_run_is_found_by_its_model_data_and_optimizer_whatever_else_changed(tmp_path, monkeypatch):
+    """The exact params' copy first, else the newest copy of the same model, data and optimizer; none of another."""
+    import os
+    from types import SimpleNamespace
+
+    from gpt2.train import interrupted
+
+    def setup(**train):
+        return SimpleNamespace(params=micro_params(**train), data_identity={"manifest_sha256": "m", "tokens": 100})
+
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    folder = tmp_path / ".dvc/tmp/gpt2-interrupted"
+    folder.mkdir(parents=True)
+    base, other_lr, muon = setup(), setup(lr=5.0e-3), setup(optimizer="muon")
+    assert interrupted.run_key(base) == interrupted.run_key(other_lr) != interrupted.run_key(muon)
+    assert interrupted.params_key(base) != interrupted.params_key(other_lr)
+    assert interrupted.kept_interrupted(base) is None
+    older, newer = (folder / f"{interrupted.run_key(base)}.{key}.pt" for key in ("a" * 16, "b" * 16))
+    for age, path in ((100, older), (10, newer)):
+        path.write_bytes(b"kept")
+        os.utime(path, (path.stat().st_mtime - age,) * 2)
+    assert interrupted.kept_interrupted(other_lr) == newer and interrupted.kept_interrupted(muon) is None
+    exact = folder / f"{interrupted.run_key(base)}.{interrupted.params_key(base)}.pt"
+    exact.write_bytes(b"kept")
+    os.utime(exact, (exact.stat().st_mtime - 1000,) * 2)  # the oldest, and still the one
+    assert interrupted.kept_interrupted(base) == exact

@@ -1,0 +1,270 @@
+"""Where a run starts: a resume, a finished run reused or kept, and the refusals (train/resume.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import micro_params
+from training import interrupt_at, run, stop_at_step_3
+
+from gpt2.core.errors import UserError
+from gpt2.run import checkpoint
+from gpt2.train import trainer
+from gpt2.train.trainer import TrainingInterrupted
+
+
+def test_a_new_run_never_overwrites_a_finished_model(tmp_path, tokens, capsys, monkeypatch):
+    """Other params onto a finished checkpoint start a new run, and the finished model is kept beside it; so is
+    any checkpoint that train.resume: never replaces. Under DVC a model its cache holds is not copied again."""
+    from gpt2.core.provenance import file_md5
+    from gpt2.run import checkpoint
+    from gpt2.train import resume
+
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    ckpt = tmp_path / "run/ckpt.pt"
+    run(tmp_path, tokens, micro_params(max_steps=4))
+    first = file_md5(ckpt)
+    run(tmp_path, tokens, micro_params(max_steps=4, lr=1.0e-3))
+    err = capsys.readouterr().err
+    kept = ckpt.parent / f"ckpt.{first[:12]}.pt"
+    assert "was a finished run (4 steps) of other params or data; starting a new run" in err
+    assert f"held a finished run (4 steps) of other params or data; kept as {kept}" in err
+    assert file_md5(kept) == first and checkpoint.load(kept)["params"]["train"]["lr"] == 1.0e-2
+    assert checkpoint.load(ckpt)["params"]["train"]["lr"] == 1.0e-3
+    second = file_md5(ckpt)
+    run(tmp_path, tokens, micro_params(max_steps=4, lr=1.0e-3, resume="never"))
+    assert (ckpt.parent / f"ckpt.{second[:12]}.pt").is_file()
+
+    project = tmp_path / "project"
+    (project / ".dvc").mkdir(parents=True)
+    monkeypatch.setenv("DVC_ROOT", str(project))
+    moved = resume.keep_replaced(ckpt, "a run")
+    assert moved is not None and moved.parent == project / ".dvc/tmp/gpt2-kept" and not ckpt.exists()
+    md5 = file_md5(moved)
+    cached = project / ".dvc/cache/files/md5" / md5[:2] / md5[2:]
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(moved.read_bytes())
+    assert resume.keep_replaced(moved, "a run") is None and moved.is_file()  # DVC has it: nothing copied
+
+
+def test_finished_checkpoint_of_the_same_params_rebuilds_the_reports_without_training(tmp_path, tokens, capsys,
+                                                                                       monkeypatch):
+    first = run(tmp_path, tokens, micro_params(max_steps=4))
+    reports = tmp_path / "run" / "reports"
+    saved = {name: (reports / name).read_text() for name in ("metrics.json", "summary.json", "plots/train.tsv")}
+    for name in saved:
+        (reports / name).unlink()  # what DVC does to a stage's outs before running it
+    capsys.readouterr()
+    monkeypatch.setattr(trainer, "fit", lambda *a, **k: pytest.fail("trained again"))
+    again = run(tmp_path, tokens, micro_params(max_steps=4, mlflow=False))  # a tracking switch is not a new run
+    assert again == first
+    assert {name: (reports / name).read_text() for name in saved} == saved
+    assert "is a finished run of these params and data (4 steps); rebuilt" in capsys.readouterr().err
+    # a checkpoint written by an older version: its summary lacks figures added since; the reports still rebuild
+    state = checkpoint.load(tmp_path / "run/ckpt.pt")
+    for section, key in (("val", "loss_se"), ("perf", "tokens_per_s_steady"), ("perf", "step_ms_iqr")):
+        del state["metrics"][section][key]
+    torch.save(state, tmp_path / "run/ckpt.pt")
+    older = run(tmp_path, tokens, micro_params(max_steps=4))
+    assert "loss_se" not in older["val"] and json.loads((reports / "metrics.json").read_text())["val"]["loss"]
+
+
+def test_unfinished_checkpoint_of_another_model_is_refused(tmp_path, tokens, monkeypatch):
+    stop_at_step_3(tmp_path, tokens, monkeypatch, micro_params())
+    with pytest.raises(UserError, match=r"unfinished run \(step 3/12\) of another model or data: n_layer 2 → 3.*"
+                                        r"train.resume: never"):
+        run(tmp_path, tokens, micro_params(model={"n_layer": 3}))
+    metrics = run(tmp_path, tokens, micro_params(model={"n_layer": 3}, resume="never"))
+    assert metrics["steps"] == 12
+
+
+def test_resume_with_a_changed_setting_says_so(tmp_path, tokens, monkeypatch, capsys):
+    stop_at_step_3(tmp_path, tokens, monkeypatch, micro_params())
+    run(tmp_path, tokens, micro_params(max_steps=14))
+    err = capsys.readouterr().err
+    assert "resuming" in err and "train.max_steps changed: 12 → 14" in err
+
+
+def test_a_resumed_run_trains_with_the_hyperparameters_it_logs(tmp_path, tokens, monkeypatch, capsys):
+    stop_at_step_3(tmp_path, tokens, monkeypatch, micro_params(weight_decay=0.1))
+    seen = []
+    original = trainer.optimizer_step
+
+    def recording(model, optimizers, scaler, grad_clip):
+        seen.append([(g["lr"], g["weight_decay"], g["betas"]) for o in optimizers for g in o.param_groups])
+        return original(model, optimizers, scaler, grad_clip)
+
+    monkeypatch.setattr(trainer, "optimizer_step", recording)
+    params = micro_params(lr=5.0e-3, weight_decay=0.0, betas=[0.8, 0.9])  # the interrupted run's lr halved
+    run(tmp_path, tokens, params)
+    assert len(seen) == 9  # steps 3..11 (0-based) after the checkpoint at step 3
+    for step, groups in enumerate(seen, start=3):
+        want = trainer.lr_at(step, params.train, 12)
+        assert [g[0] for g in groups] == pytest.approx([want] * len(groups), rel=1e-12)
+        assert [g[1] for g in groups] == [0.0] * len(groups) and {g[2] for g in groups} == {(0.8, 0.9)}
+    assert seen[-1][0][0] == pytest.approx(trainer.lr_at(11, params.train, 12))  # ends at the new schedule's end
+    err = capsys.readouterr().err
+    assert "train.lr changed: 0.01 → 0.005 (applies from step 3)" in err
+
+
+def test_resuming_into_another_optimizer_is_refused_and_fp16_starts_its_scaler(tmp_path, tokens, monkeypatch, capsys):
+    stop_at_step_3(tmp_path, tokens, monkeypatch, micro_params())
+    with pytest.raises(UserError, match=r"trained with train.optimizer adamw; muon's state cannot continue it; set "
+                                        r"train.optimizer: adamw to resume it, or train.resume: never"):
+        run(tmp_path, tokens, micro_params(optimizer="muon"))
+    metrics = run(tmp_path, tokens, micro_params(dtype="fp16"))  # from an fp32 checkpoint: no scaler state
+    assert metrics["steps"] == 12
+    assert "with no fp16 loss scale; GradScaler starts at its initial scale" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "foreign"])
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tokens, damage):
+    run(tmp_path, tokens, micro_params(max_steps=2))
+    path = tmp_path / "run/ckpt.pt"
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"not a checkpoint" * 100)
+    else:
+        torch.save({"weights": torch.zeros(2)}, path)
+    with pytest.raises(UserError, match="corrupt or truncated|not a checkpoint of this pipeline"):
+        run(tmp_path, tokens, micro_params(max_steps=2))
+
+
+def test_resuming_past_max_steps_is_refused_with_what_would_finish_it(tmp_path, tokens):
+    path = tmp_path / "run/ckpt.pt"
+    run(tmp_path, tokens, micro_params(max_steps=4, checkpoint_interval=2))
+    state = checkpoint.load(path)
+    state.update(metrics=None, step=3)  # interrupted at step 3 of 4
+    torch.save(state, path)
+    with pytest.raises(UserError, match=r"unfinished run at step 3, past this run's 2 steps.*set train.max_steps 3 "
+                                        r"or more to finish it, or train.resume: never"):
+        run(tmp_path, tokens, micro_params(max_steps=2, checkpoint_interval=2))
+
+
+def test_a_checkpoint_with_nan_weights_is_not_resumed(tmp_path, tokens):
+    """Its first step would diverge whatever the learning rate: refused, naming train.resume: never."""
+    path = tmp_path / "run/ckpt.pt"
+    run(tmp_path, tokens, micro_params(max_steps=4, checkpoint_interval=2))
+    state = checkpoint.load(path)
+    state.update(metrics=None, step=2)  # an interrupted run
+    state["model"]["transformer.h.0.mlp.c_fc.weight"][0, 0] = float("inf")
+    torch.save(state, path)
+    with pytest.raises(UserError, match=r"holds NaN or inf weights \(1 tensors, transformer.h.0.mlp.c_fc.weight "
+                                        r"first\).*set train.resume: never to start over"):
+        run(tmp_path, tokens, micro_params(max_steps=4, checkpoint_interval=2))
+
+
+def test_a_format_1_checkpoint_resumes_exactly(tmp_path, tokens, monkeypatch):
+    """The oldest layout: one optimizer state, one RNG state, history rows named as the plot columns."""
+    run(tmp_path / "straight", tokens, micro_params())
+    interrupt_at(monkeypatch, 3)
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path, tokens, micro_params())
+    monkeypatch.undo()
+    path = tmp_path / "run/ckpt.pt"
+    state = checkpoint.load(path)
+    names = {"train/loss": "loss", "train/lr": "lr", "train/grad_norm": "grad_norm", "perf/step_ms": "step_ms",
+             "perf/tokens_per_s": "tokens_per_s", "perf/mfu": "mfu", "mem/rss_gb": "mem_gb", "val/loss": "val_loss"}
+    for rows in (state["history"]["train"], state["history"]["val"]):
+        rows[:] = [{names.get(k, k): v for k, v in row.items() if k in names or k == "step"} for row in rows]
+    state.update(format="gpt2-checkpoint/1", optimizer=state["optimizer"][0], rng=state.pop("rng_per_rank")[0])
+    del state["world_size"]
+    torch.save(state, path)
+    assert run(tmp_path, tokens, micro_params())["steps"] == 12
+    assert (tmp_path / "run/reports/plots/train.tsv").read_text().splitlines()[1].split("\t")[:4] == (
+        tmp_path / "straight/run/reports/plots/train.tsv").read_text().splitlines()[1].split("\t")[:4]
+    straight, resumed = (checkpoint.load(p / "run/ckpt.pt")["history"] for p in (tmp_path / "straight", tmp_path))
+    assert [r["train/loss"] for r in resumed["train"]] == [r["train/loss"] for r in straight["train"]]
+    scored = [[(r["step"], r["val/loss"]) for r in run["val"]] for run in (resumed, straight)]
+    assert scored[0] == scored[1] and all(r["mem/rss_gb"] > 0 for r in resumed["train"])  # format 1 had no loss_se
+
+
+# ------------------------------------------------ the rules alone: a fake run and hand-made checkpoints, no training
+
+
+def fake_setup(**train):
+    """What the resume rules read of a run: its params, model config, data, steps and rank."""
+    from types import SimpleNamespace
+
+    from gpt2.model.gpt import GPTConfig
+
+    params = micro_params(**train)
+    return SimpleNamespace(params=params, model_cfg=GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=16),
+                           data_identity={"manifest_sha256": "m", "tokens": 100}, total_steps=params.train.max_steps,
+                           dist=SimpleNamespace(main=True))
+
+
+def saved(s, step, metrics=None, model_config=None, weights=None, **train):
+    """A checkpoint's state as the rules read it: trained by ``s`` with ``train`` changed."""
+    import dataclasses
+
+    from gpt2.core.config import to_dict
+
+    return {"step": step, "total_steps": s.total_steps, "metrics": metrics,
+            "model": weights or {"w": torch.zeros(2)}, "data": s.data_identity,
+            "model_config": model_config or dataclasses.asdict(s.model_cfg),
+            "params": {"model": to_dict(s.params.model), "train": {**to_dict(s.params.train), **train}}}
+
+
+@pytest.fixture
+def on_disk(tmp_path, monkeypatch):
+    """Put a hand-made state where the rules look for a checkpoint; returns the path."""
+    from gpt2.run import checkpoint as module
+
+    path = tmp_path / "ckpt.pt"
+
+    def put(state):
+        path.write_bytes(b"stand-in")
+        monkeypatch.setattr(module, "load", lambda p: dict(state))
+        return path
+    return put
+
+
+def test_rules_no_checkpoint_or_resume_never_start_afresh(tmp_path, on_disk, monkeypatch):
+    from gpt2.train import resume
+
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    s = fake_setup()
+    assert resume.load_for_resume(tmp_path / "none.pt", s) is None
+    path = on_disk(saved(s, 3))
+    assert resume.load_for_resume(path, fake_setup(resume="never")) is None
+    assert not path.exists() and len(list(tmp_path.glob("ckpt.*.pt"))) == 1  # kept beside, not overwritten
+
+
+def test_rules_an_unfinished_run_resumes_with_its_changed_settings_listed(on_disk):
+    from gpt2.train import resume
+
+    s = fake_setup()
+    state = resume.load_for_resume(on_disk(saved(s, 3, lr=5.0e-3)), s)
+    assert state["step"] == 3 and resume.changed_settings(state, s) == {"lr": (5.0e-3, s.params.train.lr)}
+
+
+def test_rules_a_finished_run_is_reused_only_with_the_same_params(tmp_path, on_disk, monkeypatch):
+    from gpt2.train import resume
+
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    s = fake_setup()
+    assert resume.load_for_resume(on_disk(saved(s, 12, metrics={"steps": 12}, mlflow=True)), s)["metrics"]
+    assert resume.load_for_resume(on_disk(saved(s, 12, metrics={"steps": 12}, lr=0.5)), s) is None
+    assert len(list(tmp_path.glob("ckpt.*.pt"))) == 1  # the finished model of other params is kept
+
+
+@pytest.mark.parametrize("change, refused", [
+    ({"model_config": {"n_layer": 2}}, r"another model or data: n_layer 2 → 1"),
+    ({"optimizer": "muon"}, r"trained with train.optimizer muon; adamw's state cannot continue it"),
+    ({"step": 20}, r"at step 20, past this run's 12 steps"),
+    ({"weights": {"w": torch.tensor([float("nan")])}}, r"holds NaN or inf weights \(1 tensors, w first\)"),
+])
+def test_rules_what_a_resume_refuses(on_disk, change, refused):
+    from gpt2.train import resume
+
+    s = fake_setup()
+    state = saved(s, change.get("step", 3), weights=change.get("weights"), **({"optimizer": change["optimizer"]}
+                                                                                if "optimizer" in change else {}))
+    state["model_config"] = {**state["model_config"], **change.get("model_config", {})}
+    state["total_steps"] = 30 if "step" in change else state["total_steps"]
+    with pytest.raises(UserError, match=refused):
+        resume.load_for_resume(on_disk(state), s)

@@ -1,0 +1,101 @@
+"""Ctrl-C, SIGTERM and a dead parent: the step ends, the checkpoint is saved, the run resumes exactly (train/signals.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from conftest import micro_params
+from training import interrupt_at, losses, run
+
+from gpt2.run import checkpoint
+from gpt2.train import step_log
+from gpt2.train.trainer import TrainingInterrupted
+
+
+def test_interrupted_and_resumed_run_matches_an_uninterrupted_one_exactly(tmp_path, tokens, monkeypatch):
+    params = micro_params(grad_accum_steps=2, model={"dropout": 0.1})  # dropout: the torch RNG must resume too
+    run(tmp_path, tokens, params, "straight")
+    interrupt_at(monkeypatch, 5)
+    with pytest.raises(TrainingInterrupted, match=r"SIGINT at step 6/12; checkpoint saved .*resume") as info:
+        run(tmp_path, tokens, params, "resumed")
+    assert info.value.exit_code == 130
+    assert checkpoint.load(tmp_path / "resumed/ckpt.pt")["step"] == 6
+    assert not (tmp_path / "resumed/reports").exists()  # no partial reports
+    monkeypatch.undo()
+    metrics = run(tmp_path, tokens, params, "resumed")
+    assert losses(tmp_path, "resumed") == losses(tmp_path, "straight")  # every step, bit for bit
+    assert metrics["steps"] == 12
+    assert metrics["perf"]["timed_steps"] == 10  # each session's warm-up step (it compiles again) is left out
+
+
+def test_a_signal_stops_after_this_step_where_syncs_are_rare(tmp_path, tokens, monkeypatch):
+    """Syncing only at log steps, as on CUDA: SIGTERM in step 6 of 12 still saves step 6, not the next log step."""
+    monkeypatch.setattr(step_log, "sync_every_step", lambda runtime: False)
+    interrupt_at(monkeypatch, 5, signal.SIGTERM)
+    with pytest.raises(TrainingInterrupted, match="SIGTERM at step 6/12"):
+        run(tmp_path, tokens, micro_params(log_interval=50, eval_interval=50))
+    assert checkpoint.load(tmp_path / "run/ckpt.pt")["step"] == 6
+
+
+@pytest.mark.parametrize("through_a_shell", [False, True])
+def test_a_trainer_whose_parent_is_killed_saves_and_stops(tmp_path, tokens, through_a_shell):
+    """DVC (or a scheduler) killed: its trainer, started directly or through `sh -c` as DVC starts stages,
+    stops as on SIGTERM (saves, exits) instead of training on orphaned."""
+    import shlex
+    import subprocess
+    import sys
+
+    import psutil
+    import yaml
+    from conftest import MICRO_MODEL, MICRO_TRAIN
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"model": MICRO_MODEL, "train": {**MICRO_TRAIN, "max_steps": 100_000}}))
+    command = [sys.executable, "-m", "gpt2.cli", "train", "--params", str(params), "--tokens", str(tokens),
+               "--checkpoint", str(tmp_path / "ckpt.pt"), "--out", str(tmp_path / "r")]
+    if through_a_shell:
+        command = ["/bin/sh", "-c", shlex.join(command)]
+    log = tmp_path / "train.log"
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
+                               f"with open({str(log)!r}, 'w') as log:\n"
+                               f"    child = subprocess.Popen({command!r}, stderr=log)\n"
+                               "    print(child.pid, flush=True)\n    child.wait()\n"],
+                              stdout=subprocess.PIPE, text=True)
+    child = psutil.Process(int(parent.stdout.readline()))
+    while "| loss " not in log.read_text():  # it trains
+        time.sleep(0.2)
+    parent.kill()
+    parent.wait()
+    trainer_process = child.children()[0] if through_a_shell else child
+    trainer_process.wait(timeout=60)
+    assert "interrupted by SIGTERM at step" in log.read_text()
+    assert 0 < checkpoint.load(tmp_path / "ckpt.pt")["step"] < 100_000
+
+
+def test_a_second_ctrl_c_while_the_stop_is_saved_waits_for_the_checkpoint(tmp_path, tokens, monkeypatch, capsys):
+    """Ctrl-C twice, the second while the first's checkpoint is written: the write ends, whole, and the run stops
+    as after one (it used to abort mid-write: exit 134 and half a temporary file)."""
+    original = checkpoint.save
+
+    def slow_save(path, state):
+        os.kill(os.getpid(), signal.SIGINT)  # the impatient second Ctrl-C, mid-write
+        time.sleep(0.2)
+        original(path, state)
+
+    interrupt_at(monkeypatch, 3)
+    monkeypatch.setattr(checkpoint, "save", slow_save)
+    with pytest.raises(TrainingInterrupted, match="interrupted by SIGINT at step 4/12"):
+        run(tmp_path, tokens, micro_params(checkpoint_interval=100))
+    assert "the checkpoint is being written; the run stops as soon as it is" in capsys.readouterr().err
+    assert checkpoint.load(tmp_path / "run/ckpt.pt")["step"] == 4
+    assert [f.name for f in (tmp_path / "run").iterdir() if f.name.startswith(".")] == []
+
+
+def test_sigterm_exit_code(tmp_path, tokens, monkeypatch):
+    interrupt_at(monkeypatch, 2, signal.SIGTERM)
+    with pytest.raises(TrainingInterrupted, match="SIGTERM") as info:
+        run(tmp_path, tokens, micro_params())
+    assert info.value.exit_code == 143

@@ -1,0 +1,46 @@
+"""Sync points: deferred reads log the same numbers and still catch a NaN loss (train/step_log.py)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import micro_params
+from training import losses, run
+
+from gpt2.core.errors import Diverged
+from gpt2.train import step_log, trainer
+
+
+def test_nan_loss_stops_with_step_and_last_checkpoint(tmp_path, tokens, monkeypatch):
+    original = trainer.backward_micro_batches
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = original(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 6 else loss
+
+    monkeypatch.setattr(trainer, "backward_micro_batches", poisoned)
+    with pytest.raises(Diverged, match=r"loss is nan at step 6: training diverged; last good checkpoint: .*ckpt.pt "
+                                       r"\(step 4\)") as raised:  # steps counted from 1, as in the log lines
+        run(tmp_path, tokens, micro_params(checkpoint_interval=2))
+    assert str(raised.value).endswith("resume it with a lower train.lr or a lower train.grad_clip")  # no fp16 in fp32
+
+
+def test_deferred_syncs_log_the_same_numbers_and_still_catch_a_nan(tmp_path, tokens, monkeypatch):
+    """CUDA's loop reads the device only at log, eval and checkpoint steps: same losses, every step timed."""
+    params = micro_params(log_interval=4, eval_interval=6, checkpoint_interval=100)
+    every = run(tmp_path, tokens, params, "every")
+    monkeypatch.setattr(step_log, "sync_every_step", lambda runtime: False)
+    deferred = run(tmp_path, tokens, params, "deferred")
+    assert losses(tmp_path, "deferred") == losses(tmp_path, "every")  # rows at steps 1, 4, 8, 12
+    assert deferred["val"] == every["val"] and deferred["perf"]["timed_steps"] == every["perf"]["timed_steps"] == 11
+    original, calls = trainer.backward_micro_batches, {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = original(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 2 else loss
+
+    monkeypatch.setattr(trainer, "backward_micro_batches", poisoned)
+    with pytest.raises(Diverged, match=r"loss is nan at step 2: "):  # found at step 4's sync, named by its step
+        run(tmp_path, tokens, params, "nan")
