@@ -70,7 +70,8 @@ def timed(project: Path, *args: str) -> tuple[float, float]:
 
 @click.command()
 @click.option("--gb", default=5.0, show_default=True, help="GB of text")
-@click.option("--embedded", default="data/raw", show_default=True, help="the embedded corpus's raw folder (dvc repro download)")
+@click.option("--embedded", default="data/raw", show_default=True,
+              help="the embedded corpus's raw folder (dvc repro download)")
 def main(gb: float, embedded: str) -> None:
     import yaml
 
@@ -97,7 +98,8 @@ def main(gb: float, embedded: str) -> None:
         for stage in ("download", "tokenize", "stats"):
             seconds, rss = timed(project, "repro", stage)
             used = disk(project / "data", project / ".dvc" / "cache")
-            print(f"| {stage} | {seconds:.0f} | {text / 1e6 / seconds:.1f} | {rss:.0f} | {used / 1e9:.2f} |", flush=True)
+            print(f"| {stage} | {seconds:.0f} | {text / 1e6 / seconds:.1f} | {rss:.0f} | {used / 1e9:.2f} |",
+                  flush=True)
         meta = json.loads((project / "data" / "tokens" / "meta.json").read_text())
         tokens = sum(s["tokens"] for s in meta["splits"].values())
         data_bytes = {name: disk(project / "data" / name) for name in ("raw", "tokens")}

@@ -34,7 +34,8 @@ from gpt2.train.trainer import train
 out = sys.argv[2] + "/" + os.environ.get("RANK", "0")
 train(load_params(sys.argv[1]), sys.argv[3], out + "/ckpt.pt", out + "/reports")
 info = psutil.Process().memory_full_info()
-print("MEM " + json.dumps({{"rank": int(os.environ.get("RANK", 0)), "uss_mb": info.uss / 1e6, "rss_mb": info.rss / 1e6}}))
+print("MEM " + json.dumps({{"rank": int(os.environ.get("RANK", 0)), "uss_mb": info.uss / 1e6,
+                           "rss_mb": info.rss / 1e6}}))
 """
 
 

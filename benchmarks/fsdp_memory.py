@@ -53,7 +53,8 @@ def run(params: dict, tmp: Path, tokens: Path, nproc: int, name: str) -> list[di
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
                 if nproc > 1 else [sys.executable])
     result = subprocess.run([*launcher, str(script), str(path), str(tmp / f"run-{name}"), str(tokens)],
-                            capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"})
+                            capture_output=True, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"})
     if result.returncode != 0:
         raise SystemExit(result.stderr[-3000:])
     return [json.loads(line[4:]) for line in result.stdout.splitlines() if line.startswith("MEM ")]
@@ -62,7 +63,8 @@ def run(params: dict, tmp: Path, tokens: Path, nproc: int, name: str) -> list[di
 def expected_gb(size: str, shards: int, seq: int) -> float:
     from gpt2.core import memory_model
 
-    return memory_model.memory(memory_model.shape(size), 1, seq, amp=False, flash=True, loss_chunk=8192, shards=shards).total / 1e9
+    held = memory_model.memory(memory_model.shape(size), 1, seq, amp=False, flash=True, loss_chunk=8192, shards=shards)
+    return held.total / 1e9
 
 
 @click.command()

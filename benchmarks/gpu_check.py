@@ -115,7 +115,8 @@ def profile(smoke: bool) -> dict[str, Any]:
 
 def train_params(prof: dict[str, Any], train: dict[str, Any], steps: int) -> dict[str, Any]:
     base = {"max_steps": steps, "block_size": prof["seq"], "micro_batch_size": prof["micro_batch"],
-            "eval_interval": 10**9, "eval_windows": 2, "final_eval": False, "log_interval": 10, "checkpoint_interval": 10**9,
+            "eval_interval": 10**9, "eval_windows": 2, "final_eval": False, "log_interval": 10,
+            "checkpoint_interval": 10**9,
             "save_checkpoint": False, "mlflow": False, "resume": "never", "timing_warmup_steps": prof["warmup"]}
     train = {**base, **train}
     if not prof["compile"]:
@@ -136,8 +137,9 @@ def estimate_gb(prof: dict[str, Any], params: dict[str, Any], micro: int) -> flo
         return None  # the plan knows the named sizes only
     s = memory_model.shape(size, model.get("pad_vocab", True))
     chunk = train.get("loss_chunk", "auto")
-    return memory_model.memory(s, micro, prof["seq"], train.get("dtype") != "fp32", model.get("attention", "flash") == "flash",
-                               8192 if chunk == "auto" else chunk, train.get("optimizer", "adamw")).total / 1e9
+    amp, flash = train.get("dtype") != "fp32", model.get("attention", "flash") == "flash"
+    return memory_model.memory(s, micro, prof["seq"], amp, flash, 8192 if chunk == "auto" else chunk,
+                               train.get("optimizer", "adamw")).total / 1e9
 
 
 def largest_micro_batch(prof: dict[str, Any]) -> int:
@@ -161,7 +163,7 @@ def _rates(seconds: float) -> tuple[float, float]:
     import torch
 
     n = 8192
-    a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     src = torch.empty(2**30, device="cuda", dtype=torch.uint8)
     dst = torch.empty_like(src)
 
@@ -382,7 +384,8 @@ def table(rows: list[dict[str, Any]], machines: dict[str, Any] | None = None) ->
 def profile_best(params: dict[str, Any], tokens: str, report: Report, timeout_s: float | None) -> dict[str, Any]:
     """The best row's step under torch.profiler, in a fresh process: time by kind (kept in the JSON) and the
     full table (beside it, ``<json>.profile.md``)."""
-    sets = [f"{section}.{key}={json.dumps(value)}" for section, values in params.items() for key, value in values.items()]
+    sets = [f"{section}.{key}={json.dumps(value)}"
+            for section, values in params.items() for key, value in values.items()]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "profile.json"
         command = [sys.executable, str(ROOT / "benchmarks/profile_step.py"), "--tokens", tokens, "--json", str(out),
@@ -703,9 +706,9 @@ class Check:
 @click.option("--part", "parts", multiple=True, type=click.Choice(PARTS),
               help="what to run (repeatable; default: all): tests (the compiled one first, the rest last), best (every "
                    "switch at once), nanogpt (our code at nanoGPT's settings; with --nanogpt, against nanoGPT's own "
-                   "train.py), levers (each on top of best), ladder (one switch per rung), and long (GPT-2 batch, evals, "
-                   "checkpoints), peers (DDP, Muon), fit (micro-batch auto, FSDP), profile, which start from the "
-                   "fastest row")
+                   "train.py), levers (each on top of best), ladder (one switch per rung), and long (GPT-2 batch, "
+                   "evals, checkpoints), peers (DDP, Muon), fit (micro-batch auto, FSDP), profile, which start from "
+                   "the fastest row")
 @click.option("--nanogpt", "nanogpt", default=None, type=click.Path(file_okay=False, exists=True, path_type=Path),
               help="a checkout of karpathy/nanoGPT: the nanogpt part runs its train.py beside ours, alternating")
 @click.option("--nanogpt-repeats", default=2, show_default=True, type=click.IntRange(min=1),

@@ -50,7 +50,9 @@ finally:
     import resource
     torch = sys.modules.get("torch")  # train.py imported it
     cuda = torch is not None and torch.cuda.is_available()
-    peak = (torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 1e9
+    peak_bytes = (torch.cuda.max_memory_allocated() if cuda
+                  else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    peak = peak_bytes / 1e9
     print("RESULT " + json.dumps({"peak_gb": peak, "wall_s": time.perf_counter() - started}), flush=True)
 """
 

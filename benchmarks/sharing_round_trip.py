@@ -121,7 +121,8 @@ def main(keep: bool) -> None:
         bob = base / "bob"
         sh(bob, uri, sys.executable, "-m", "dvc", "pull")
         ckpt = "checkpoints/ckpt.pt"
-        check((bob / ckpt).is_file() and md5(bob / ckpt) == md5(alice / ckpt), f"the same {ckpt} (MD5 {md5(alice / ckpt)})")
+        check((bob / ckpt).is_file() and md5(bob / ckpt) == md5(alice / ckpt),
+              f"the same {ckpt} (MD5 {md5(alice / ckpt)})")
         for report in ("reports/train/metrics.json", "reports/eval/metrics.json", "reports/eval/samples.md"):
             check((bob / report).read_text() == (alice / report).read_text(), f"the same {report}")
         check("Data and pipelines are up to date" in sh(bob, uri, sys.executable, "-m", "dvc", "status"),
@@ -131,7 +132,8 @@ def main(keep: bool) -> None:
         sh(bob, uri, sys.executable, "-m", "dvc", "exp", "pull", "origin", "lr-2e-3")
         check("lr-2e-3" in sh(bob, uri, sys.executable, "-m", "dvc", "exp", "show", "--csv"),
               "dvc exp show: Alice's experiment lr-2e-3, with its figures")
-        sample = sh(bob, uri, sys.executable, "-m", "gpt2.cli", "sample", "--prompt", "the king", "--max-new-tokens", "8")
+        sample = sh(bob, uri, sys.executable, "-m", "gpt2.cli", "sample", "--prompt", "the king",
+                    "--max-new-tokens", "8")
         check(sample.startswith("the king"), "gpt2 sample continues a prompt with the pulled checkpoint")
 
         import mlflow

@@ -68,8 +68,8 @@ def theirs(jsonl: Path, work: Path, workers: int) -> dict:
     try:
         import datasets
     except ImportError:
-        raise SystemExit("the peer's approach needs Hugging Face's datasets: pip install -c constraints.txt -e '.[hf]'") \
-            from None
+        raise SystemExit("the peer's approach needs Hugging Face's datasets: "
+                         "pip install -c constraints.txt -e '.[hf]'") from None
 
     from gpt2.data.tokenizer import EOT_ID, gpt2_encoding
 
@@ -132,7 +132,8 @@ def main(mb: int, workers: int, rounds: int, embedded: str, child: tuple[str, st
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {text_mb:,.0f} MB of text "
           f"({results['ours'][0]['tokens']:,} tokens, identical in both), {workers} workers, {rounds} rounds\n")
     print("| approach | MB/s median (min–max) | seconds |\n|---|---|---|")
-    for name, key in (("this project's tokenize stage", "ours"), ("nanoGPT prepare.py (datasets map + memmap)", "theirs")):
+    for name, key in (("this project's tokenize stage", "ours"),
+                      ("nanoGPT prepare.py (datasets map + memmap)", "theirs")):
         print(f"| {name} | {statistics.median(rate[key]):.1f} ({min(rate[key]):.1f}–{max(rate[key]):.1f}) | "
               f"{statistics.median(r['seconds'] for r in results[key]):.1f} |")
     load = statistics.median(r["load_s"] for r in results["theirs"])

@@ -111,7 +111,8 @@ def tokens(tmp_path: Path) -> Path:
 # --------------------------------------------------------------------------- DVC projects in a temp git repo
 
 ROOT = Path(__file__).resolve().parents[1]
-LITTER = ("mlruns", "mlartifacts", "mlflow.db", ".dvc/tmp/gpt2-interrupted")  # what a test that forgets its tmp_path leaves in the project
+# what a test that forgets its tmp_path leaves in the project
+LITTER = ("mlruns", "mlartifacts", "mlflow.db", ".dvc/tmp/gpt2-interrupted")
 
 
 # The user's MLflow and DVC settings: a test run must neither read nor write them (a team's tracking server,
@@ -174,7 +175,8 @@ def leaves_no_litter_in_the_project(hermetic_environment):
 
 
 def environment() -> dict[str, str]:
-    return {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    return {**os.environ, "DVC_NO_ANALYTICS": "1",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
             "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org",
             "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.org"}
 

@@ -4,7 +4,8 @@
         [--fault signal|hang|die|kill --fault-rank R --fault-step S] [--defer-syncs]
 
 signal: SIGTERM to this rank while step S runs (the other rank must stop at the same step);
-hang: this rank sleeps --hang-s seconds at step S (or at each of S1,S2) (the others must time out first); die: this rank exits at step S.
+hang: this rank sleeps --hang-s seconds at step S (or at each of S1,S2) (the others must time out first);
+die: this rank exits at step S.
 --defer-syncs: sync only at log, eval and checkpoint steps, as on CUDA.
 """
 

@@ -24,7 +24,8 @@ CUDA = torch.device("cuda", 0)
 
 
 def gpt2_recipe(optimizer: str = "adamw", shards: int = 1) -> Recipe:
-    return Recipe(memory_model.shape("gpt2"), 1024, amp=True, flash=True, loss_chunk=8192, optimizer=optimizer, shards=shards)
+    return Recipe(memory_model.shape("gpt2"), 1024, amp=True, flash=True, loss_chunk=8192, optimizer=optimizer,
+                  shards=shards)
 
 
 def fake_free_memory(monkeypatch, gb: float) -> None:
@@ -35,9 +36,11 @@ def test_batch_tokens_sets_the_accumulation_and_must_split_evenly():
     cfg = micro_params(batch_tokens=16 * 1024 * 8, micro_batch_size=4).train
     got = resolve_batch(cfg, gpt2_recipe(), world=2, device=torch.device("cpu"))
     assert (got.micro, got.accum) == (4, 16)  # 128 sequences: 64 per rank, 4 at a time
-    with pytest.raises(UserError, match=r"multiple of 1024 tokens × 2 rank\(s\) = 2,048; the nearest are 129,024 and 131,072"):
+    with pytest.raises(UserError, match=r"multiple of 1024 tokens × 2 rank\(s\) = 2,048; "
+                                        r"the nearest are 129,024 and 131,072"):
         resolve_batch(micro_params(batch_tokens=130_000).train, gpt2_recipe(), world=2, device=torch.device("cpu"))
-    with pytest.raises(UserError, match=r"is 6 sequences per rank, which train.micro_batch_size 4 does not divide.*6, 3, 2"):
+    with pytest.raises(UserError, match=r"is 6 sequences per rank, which train.micro_batch_size 4 does not "
+                                        r"divide.*6, 3, 2"):
         resolve_batch(micro_params(batch_tokens=6 * 1024, micro_batch_size=4).train, gpt2_recipe(), 1,
                       torch.device("cpu"))
 
@@ -87,7 +90,8 @@ def test_memory_model_of_muon_matches_the_optimizer_split():
     muon, adamw = build_optimizers(model, micro_params(optimizer="muon").train)
     s = memory_model.shape("gpt2")
     assert memory_model.hidden_matrices(s) == sum(p.numel() for g in muon.param_groups for p in g["params"])
-    saved = memory_model.memory(s, 1, 1024, True, True).optimizer - memory_model.memory(s, 1, 1024, True, True, optimizer="muon").optimizer
+    saved = (memory_model.memory(s, 1, 1024, True, True).optimizer
+             - memory_model.memory(s, 1, 1024, True, True, optimizer="muon").optimizer)
     assert saved == 4 * memory_model.hidden_matrices(s)
 
 

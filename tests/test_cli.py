@@ -38,7 +38,8 @@ def test_full_chain_through_the_cli(runner, tmp_path, corpus):
         (folder / "notes.txt").write_text("mine")
         result = runner.invoke(main, [*args, str(folder)])
         assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
-        assert result.output.startswith(f"error: {folder} holds notes.txt, which ") and "does not write" in result.output
+        assert (result.output.startswith(f"error: {folder} holds notes.txt, which ")
+                and "does not write" in result.output)
         assert (folder / "notes.txt").read_text() == "mine"
 
 
@@ -54,7 +55,8 @@ def test_user_error_is_one_line_and_exit_2(runner, tmp_path):
 @pytest.mark.parametrize("sections, message", [
     ({"model": {"n_head": 5}}, "model.n_head = 5 is not allowed; expected a divisor of the width, model.n_embd 128"),
     ({"train": {"block_size": 256}}, "train.block_size = 256 is not allowed; expected at most the model's context"),
-    ({"train": {"batch_tokens": 1000}}, "train.batch_tokens = 1000 is not allowed; expected a multiple of the sequence"),
+    ({"train": {"batch_tokens": 1000}},
+     "train.batch_tokens = 1000 is not allowed; expected a multiple of the sequence"),
     ({"train": {"batch_tokens": 2560, "micro_batch_size": 8}}, "train.micro_batch_size = 8 is not allowed; expected "
                                                                "auto or a divisor of the 20 sequences"),
     ({"train": {"init_from": "gpt3"}}, "train.init_from = 'gpt3' is not allowed; expected scratch, gpt2, gpt2-medium"),

@@ -80,7 +80,8 @@ def test_invalid_yaml(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("train:\n  lr: 1.0e-3\n  max_steps: 10\n  lr: 2.0e-3\n", r": the key 'lr' is written twice \(lines 2 and 4\): keep one$"),
+    ("train:\n  lr: 1.0e-3\n  max_steps: 10\n  lr: 2.0e-3\n",
+     r": the key 'lr' is written twice \(lines 2 and 4\): keep one$"),
     ("train: {}\neval: {}\ntrain: {}\n", r"the key 'train' is written twice \(lines 1 and 3\)"),
     ("", r"is empty: it must hold the stages' sections"),
     ("# all commented out\n", r"is empty"),
@@ -148,8 +149,8 @@ def test_declared_ranges_and_cross_checks_name_the_key(tmp_path, text, match):
 
 
 def test_eval_iters_names_its_replacement(tmp_path):
-    with pytest.raises(ParamError, match=r"train.eval_iters was replaced by train.eval_windows.*whatever the micro-batch "
-                                         r"and the ranks.*train.eval_windows: 80"):
+    with pytest.raises(ParamError, match=r"train.eval_iters was replaced by train.eval_windows.*whatever the "
+                                         r"micro-batch and the ranks.*train.eval_windows: 80"):
         load(tmp_path, "train:\n  eval_iters: 10\n")
 
 

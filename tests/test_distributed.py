@@ -138,7 +138,7 @@ def test_fsdp_on_two_ranks_matches_one_process_and_resumes_in_any_world_size(tmp
     assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), abs=1e-4)
     assert metrics(tmp_path / "two")["val"]["loss"] == pytest.approx(metrics(tmp_path / "one")["val"]["loss"], abs=1e-4)
     assert metrics(tmp_path / "two")["runtime"]["distributed"] == "fsdp"
-    weights, reference = checkpoint.load(tmp_path / "two/ckpt.pt")["model"], checkpoint.load(tmp_path / "one/ckpt.pt")["model"]
+    weights, reference = (checkpoint.load(tmp_path / f"{name}/ckpt.pt")["model"] for name in ("two", "one"))
     # Adam magnifies summation-order differences on rarely seen embedding rows (~1e-4); a step is lr = 1e-2
     assert all(torch.allclose(weights[k], reference[k], atol=1e-3) for k in reference)
     train(micro_params(micro_batch_size=4, grad_accum_steps=2), tokens, tmp_path / "alone/ckpt.pt",
@@ -211,7 +211,8 @@ def two_nodes(project: Path, rdzv_id: str) -> tuple[list[subprocess.Popen], list
 
 @pytest.mark.slow
 def test_two_nodes_train_as_one_job_and_a_dead_node_is_an_error_on_the_other(tmp_path, tokens):
-    """2 nodes × 1 rank × micro-batch 2 × accumulation 2 see the batches of 1 process × micro-batch 4 × accumulation 2."""
+    """2 nodes × 1 rank × micro-batch 2 × accumulation 2 see the batches of 1 process × micro-batch 4 ×
+    accumulation 2."""
     single = train(micro_params(micro_batch_size=4, grad_accum_steps=2), tokens, tmp_path / "one/ckpt.pt",
                    tmp_path / "one/reports")
     project = tmp_path / "project"

@@ -100,7 +100,8 @@ def test_each_documented_gpt2_command_is_one_the_cli_takes(where, args):
         check_settings(settings(args, ("-S", "--set")), grid=True)
 
 
-@pytest.mark.parametrize("where, args", documented(("dvc", "exp", "run")), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("where, args", documented(("dvc", "exp", "run")),
+                         ids=lambda v: v if isinstance(v, str) else "")
 def test_each_documented_experiment_sets_values_the_params_schema_accepts(where, args):
     check_settings(settings(args, ("-S", "--set-param")), grid="--queue" in args)
 

@@ -196,7 +196,8 @@ def test_missing_and_corrupt_checkpoints(tmp_path, trained):
     state = checkpoint.load(trained / "ckpt.pt")
     state["model"]["transformer.h.0.mlp.c_fc.weight"][3, 7] = float("nan")  # flipped bits in the tensor data
     torch.save(state, bad)
-    with pytest.raises(UserError, match=r"holds NaN or inf weights \(1 tensors, transformer.h.0.mlp.c_fc.weight first\)"):
+    with pytest.raises(UserError, match=r"holds NaN or inf weights "
+                                        r"\(1 tensors, transformer.h.0.mlp.c_fc.weight first\)"):
         evaluate(quick(), bad, trained / "tokens", tmp_path / "eval")
     assert not (tmp_path / "eval").exists()
 
@@ -291,14 +292,16 @@ def test_evaluation_logs_into_the_training_run(tmp_path, monkeypatch):
     assert "perf" in json.loads((artifacts / "summary.json").read_text())  # training's summary, not replaced
     assert "baseline" in json.loads((artifacts / "eval/summary.json").read_text())
     assert run.info.run_name.startswith("tiny ")  # the training run keeps its name: evaluate does not rename it
-    assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri())  # beside the DB, not in the working directory
+    # beside the DB, not in the working directory
+    assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri())
 
 
 def test_evaluation_with_an_unreachable_tracking_server_writes_its_reports_and_warns(trained, tmp_path, monkeypatch,
                                                                                     capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens there
     summary = run_eval(trained, tmp_path, mlflow=True)
-    assert json.loads((tmp_path / "eval/metrics.json").read_text())["eval"]["val_loss"] == round(summary["val"]["loss"], 4)
+    scored = json.loads((tmp_path / "eval/metrics.json").read_text())["eval"]["val_loss"]
+    assert scored == round(summary["val"]["loss"], 4)
     err = capsys.readouterr().err
     assert "MLflow could not reach the tracking server in http://127.0.0.1:9" in err and "Traceback" not in err
 

@@ -1,4 +1,5 @@
-"""Val loss during training: the same windows whatever the seed, micro-batch or ranks; time to a target loss (train/evaluator.py)."""
+"""Val loss during training: the same windows whatever the seed, micro-batch or ranks; time to a target loss
+(train/evaluator.py)."""
 
 from __future__ import annotations
 

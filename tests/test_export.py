@@ -107,7 +107,8 @@ def test_init_from_a_transformers_directory_gives_its_logits(tmp_path, tokens, p
     from gpt2.train import trainer
 
     reference = reference_model(tmp_path / "hf")
-    s = trainer.build(micro_params(init_from=str(tmp_path / "hf"), model={"pad_vocab": pad_vocab, "attention": attention}), tokens)
+    s = trainer.build(micro_params(init_from=str(tmp_path / "hf"),
+                                   model={"pad_vocab": pad_vocab, "attention": attention}), tokens)
     idx = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(1))
     s.model.eval()
     s.model.loss_chunk = 0  # all logits, not just the training loss

@@ -65,7 +65,8 @@ def test_memory_estimate_matches_the_cuda_peak(amp, loss_chunk):
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    estimate = memory_model.memory(memory_model.shape("gpt2"), 4, 1024, amp=amp, flash=True, loss_chunk=loss_chunk).total
+    estimate = memory_model.memory(memory_model.shape("gpt2"), 4, 1024, amp=amp, flash=True,
+                                   loss_chunk=loss_chunk).total
     assert torch.cuda.max_memory_allocated() == pytest.approx(estimate, rel=0.25)
 
 

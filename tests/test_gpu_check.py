@@ -45,8 +45,9 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
     first = check(out, tokens, "--part", "ladder")  # a job that ends (or is killed) after the ladder
     assert first.returncode == 0, first.stderr[-3000:]
     ladder = json.loads(out.read_text())["rows"]
+    # no TF32 on a CPU, no compile in smoke
     assert [r["name"] for r in ladder] == ["fp32", "+ bf16 autocast", "+ flash attention", "+ padded vocab (50304)",
-                                           "+ fused AdamW", "+ largest micro-batch"]  # no TF32 on a CPU, no compile in smoke
+                                           "+ fused AdamW", "+ largest micro-batch"]
     nanogpt = fake_nanogpt(tmp_path / "nanoGPT")
     second = check(out, tokens, "--part", "ladder", "--part", "nanogpt", "--nanogpt", str(nanogpt),
                    "--nanogpt-repeats", "1", "--part", "long", "--part", "profile")  # peers, fit: test_gpu_check_plan
@@ -54,7 +55,8 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
     assert "fp32:" not in second.stderr  # the ladder's rows were read back, not measured again
     report = json.loads(out.read_text())
     names = [r["name"] for r in report["rows"]]
-    assert names[6:] == ["every switch on our code (best pair 1)", "nanoGPT's own train.py, micro-batch 4 (best pair 1)",
+    assert names[6:] == ["every switch on our code (best pair 1)",
+                         "nanoGPT's own train.py, micro-batch 4 (best pair 1)",
                          "nanoGPT's settings on our code (run 1)", "nanoGPT's own train.py (run 1)",
                          "4 steps, GPT-2 batch, evals and checkpoints"]
     assert not [r for r in report["rows"] if "failed" in r], report["rows"]

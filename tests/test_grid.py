@@ -91,7 +91,8 @@ def test_settings_compare_at_the_baseline_s_final_loss_and_the_winner_is_decided
     rows = grid.judge(combos, names, found, curves)
     assert rows[0].quality.speedup == 1.0 and rows[0].quality.time_s.median == 30.0
     higher = rows[1].quality
-    assert higher.paired == pytest.approx([1.5, 30 / (10 + 10 * 0.3 / 0.5)]) and higher.reached == 2 and not higher.inside_noise
+    assert (higher.paired == pytest.approx([1.5, 30 / (10 + 10 * 0.3 / 0.5)]) and higher.reached == 2
+            and not higher.inside_noise)
     assert higher.tokens == pytest.approx(1000 * (2 + 1.6) / 2)
     assert rows[2].quality.reached == 0 and rows[2].quality.speedup == pytest.approx(10 / 24)  # at 7.0, its end
     changes = grid.decide(rows, None, tmp_path / "lr.md")

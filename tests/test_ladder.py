@@ -158,7 +158,8 @@ def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
     assert rows[1].effect == "no effect on this device" and "tf32=true → false" in rows[1].ran
     assert rows[2].effect == "acts" and rows[2].vs_previous == pytest.approx(2.0)
     # 4 micro-batches in 100 ms: twice the tokens/s of one in 50 ms, although the step is slower
-    assert rows[3].vs_previous == pytest.approx(2.0) and rows[3].cumulative == pytest.approx(40960 / ((10240 + 1024 / 0.12) / 2))
+    assert (rows[3].vs_previous == pytest.approx(2.0)
+            and rows[3].cumulative == pytest.approx(40960 / ((10240 + 1024 / 0.12) / 2)))
     text = ladder.table(rows, 16)
     assert "no effect on this device" in text and "110.0 (100.0–120.0)" in text and "4.36×" in text
     assert "| 8.000 ± 0.051 |" in text and "| 9.000 |" in text  # the val loss with its standard error, when known
@@ -192,8 +193,8 @@ def test_rungs_a_device_cannot_show_are_known_before_running_and_not_run(tmp_pat
 
 
 def test_failed_rung_is_marked_and_the_next_compares_with_the_last_measured(tmp_path):
-    spec = load(tmp_path, "rungs:\n  - {name: a, set: {fused_adamw: false}}\n  - {name: b, set: {model.pad_vocab: false}}\n"
-                          "profiles: {cpu: {}}\n")
+    spec = load(tmp_path, "rungs:\n  - {name: a, set: {fused_adamw: false}}\n"
+                          "  - {name: b, set: {model.pad_vocab: false}}\nprofiles: {cpu: {}}\n")
     p = ladder.resolve(spec, PARAMS, "cpu")
     cpu = {"device": "cpu", "dtype": "fp32", "tf32": False}
     rows = ladder.analyse(spec, p, [[fake_run(p, 0, 100.0, cpu)], [], [fake_run(p, 2, 50.0, cpu)]])
@@ -291,7 +292,8 @@ def test_the_ladder_refuses_to_time_beside_a_running_experiment(tmp_path, monkey
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS))
     (tmp_path / "two.yaml").write_text(TWO_RUNGS)
     monkeypatch.setattr(ladder.runs.experiments, "check_repo", lambda root: None)
-    monkeypatch.setattr(ladder.runs.experiments, "pending", lambda root, states: ["exp-1"] if "Running" in states else [])
+    monkeypatch.setattr(ladder.runs.experiments, "pending",
+                        lambda root, states: ["exp-1"] if "Running" in states else [])
     with pytest.raises(UserError, match=r"1 queued DVC experiment\(s\) running \(exp-1\); .*dvc queue kill"):
         ladder.run_ladder("two.yaml", device="cpu")
 
@@ -364,7 +366,8 @@ def test_rungs_compare_at_the_baseline_s_loss_and_the_winners_are_applied(tmp_pa
     runs = [[fake_run(p, 0, 100.0, CPU, "b1"), fake_run(p, 0, 104.0, CPU, "b2")],
             [],  # tf32: not run on a CPU
             [fake_run(p, 2, 60.0, CPU, "p1"), fake_run(p, 2, 61.0, CPU, "p2")],  # padded vocab: 1.7x, same learning
-            [fake_run(p, 3, 40.0, CPU, "f1", loss=9.5), fake_run(p, 3, 40.0, CPU, "f2", loss=9.5)]]  # fast, learns worse
+            [fake_run(p, 3, 40.0, CPU, "f1", loss=9.5),
+             fake_run(p, 3, 40.0, CPU, "f2", loss=9.5)]]  # fast, learns worse
     for group in runs:
         for exp in group:
             exp.metrics[paths.TRAIN_METRICS]["val"]["loss_se"] = 0.01
@@ -378,13 +381,15 @@ def test_rungs_compare_at_the_baseline_s_loss_and_the_winners_are_applied(tmp_pa
     assert rows[3].quality.reached == 0 and rows[3].loss_apart and rows[3].loss_vs_previous == pytest.approx(0.5)
     changes = ladder.stats.decide(rows, p, None, "reports/ladder/ladder.md")
     assert [(c.key, c.value) for c in changes] == [("model.pad_vocab", True)]  # not tf32 (inert), not fused (worse)
-    assert changes[0].why.startswith("rung 2 'pad' against the rung above: 1.67× sooner to the baseline's val loss, "
-                                     "1.69× the tokens/s") and "outside noise (reports/ladder/ladder.md)" in changes[0].why
+    assert (changes[0].why.startswith("rung 2 'pad' against the rung above: 1.67× sooner to the baseline's val "
+                                      "loss, 1.69× the tokens/s")
+            and "outside noise (reports/ladder/ladder.md)" in changes[0].why)
     text = ladder.table(rows, 20)
     assert "| 30.0 (30.0–30.0) | baseline |" in text and "| not reached (0/2) |" in text
     assert "cost to the baseline's loss (USD)" in text and "| +0.500 |" in text
     (tmp_path / "out").mkdir()
     data = ladder.write_report(tmp_path / "out", rows, p, runs, changes, as_json=True)
-    assert data["apply"] == {"model.pad_vocab": True} and "What `--apply` writes" in (tmp_path / "out/ladder.md").read_text()
+    assert (data["apply"] == {"model.pad_vocab": True}
+            and "What `--apply` writes" in (tmp_path / "out/ladder.md").read_text())
     said = ladder.report.decision(rows, [], 30.0)  # under a budget: the val losses at equal time, judged
     assert said.startswith("At equal time (30 s), higher: fused (+0.500). Nothing for `--apply` to write")

@@ -116,7 +116,8 @@ def test_muon_interrupted_and_resumed_matches_uninterrupted(tmp_path, tokens, mo
 def test_muon_under_ddp_matches_one_process(tmp_path, tokens):
     from gpt2.train.trainer import train
 
-    train(micro_params(optimizer="muon", micro_batch_size=4), tokens, tmp_path / "one/ckpt.pt", tmp_path / "one/reports")
+    train(micro_params(optimizer="muon", micro_batch_size=4), tokens, tmp_path / "one/ckpt.pt",
+          tmp_path / "one/reports")
     result = torchrun(tmp_path / "two", tokens, optimizer="muon", micro_batch_size=2)
     assert result.returncode == 0, result.stderr[-3000:]
     # Newton-Schulz (in bf16 where bf16 is native) amplifies all-reduce's last-bit differences a little

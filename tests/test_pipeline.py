@@ -194,7 +194,8 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, t
     assert table.splitlines()[2].startswith("**One run per setting: no interval")
     assert "| model.attention | runs | val loss (± s.e.) | eval val loss (± s.e.) | loss vs baseline |" in table
     assert "| manual | 1/1 |" in table and " ± " in table and "× (inside noise) |" in table
-    assert "each run trains for 0.5 s of training steps (train.time_budget_s), so val losses compare at equal time" in table
+    assert ("each run trains for 0.5 s of training steps (train.time_budget_s), so val losses compare at equal time"
+            in table)
     said = json.loads(done.stdout)  # the comparison alone on stdout, for a script or an agent
     assert said["time_budget_s"] == 0.5 and said["apply"] == {} and said["failed"] == []
     assert said["rows"][0]["quality"]["speedup"] == 1.0 and said["rows"][1]["quality"]["runs"] == 1

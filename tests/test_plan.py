@@ -57,7 +57,8 @@ def test_activation_estimate_matches_what_autograd_saves(attention):
     torch.manual_seed(0)
     model = GPT(gpt_config("tiny", {}, 50257, True, attention))
     batch, seq = 2, 128
-    saved, _ = memory_model.activation_bytes(memory_model.shape("tiny"), batch, seq, amp=False, flash=attention == "flash")
+    saved, _ = memory_model.activation_bytes(memory_model.shape("tiny"), batch, seq, amp=False,
+                                             flash=attention == "flash")
     log_softmax_out = 4 * batch * seq * model.cfg.padded_vocab_size  # the one vocabulary-wide saved tensor
     assert saved_activation_bytes(model, batch, seq) == pytest.approx(saved + log_softmax_out, rel=0.05)
 
@@ -113,14 +114,16 @@ def test_memory_estimate_matches_the_measured_cpu_peak(loss_chunk):
     out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(batch), str(loss_chunk)], cwd=ROOT, check=True,
                          capture_output=True, text=True, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
     measured = json.loads(out.stdout)
-    estimate = memory_model.memory(memory_model.shape("tiny"), batch, 128, amp=False, flash=True, loss_chunk=loss_chunk).total
+    estimate = memory_model.memory(memory_model.shape("tiny"), batch, 128, amp=False, flash=True,
+                                   loss_chunk=loss_chunk).total
     assert measured["peak"] - measured["before"] == pytest.approx(estimate, rel=0.1)
 
 
 def test_chunked_loss_fits_gpt2_micro_batch_64_on_80_gb_without_compile():
     s = memory_model.shape("gpt2")
     assert memory_model.largest_micro_batch(s, 1024, amp=True, flash=True, memory_gb=80, loss_chunk=8192) >= 64
-    assert memory_model.memory(s, 64, 1024, True, True, 8192).logits < memory_model.memory(s, 64, 1024, True, True).logits / 10
+    assert (memory_model.memory(s, 64, 1024, True, True, 8192).logits
+            < memory_model.memory(s, 64, 1024, True, True).logits / 10)
 
 
 def test_plan_for_gpt2_on_h100_prints_a_budget(runner, tmp_path):
@@ -188,7 +191,8 @@ def test_plan_uses_the_mfu_of_a_finished_mlflow_run_and_skips_a_store_without_on
 def test_largest_micro_batch_fits_and_the_next_does_not():
     s = memory_model.shape("gpt2")
     b = memory_model.largest_micro_batch(s, 1024, amp=True, flash=True, memory_gb=80)
-    assert memory_model.memory(s, b, 1024, True, True).total <= 0.9 * 80e9 < memory_model.memory(s, b + 1, 1024, True, True).total
+    assert (memory_model.memory(s, b, 1024, True, True).total <= 0.9 * 80e9
+            < memory_model.memory(s, b + 1, 1024, True, True).total)
 
 
 @pytest.mark.parametrize("args, message", [

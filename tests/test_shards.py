@@ -88,7 +88,8 @@ def test_llmc_shards_are_copied_once_then_linked_and_read_as_one_split(tmp_path)
     tokens_dir = pipeline(tmp_path, f"{tmp_path}/fineweb/fineweb_*.bin")
     meta = read_meta(tokens_dir)
     assert meta["split"] == {"mode": "shards", "shard_format": "llm.c", "eot": "before"}
-    assert len(meta["splits"]["train"]["shards"]) > 2 and all(s["offset"] == 1024 for s in meta["splits"]["train"]["shards"])
+    shards = meta["splits"]["train"]["shards"]
+    assert len(shards) > 2 and all(s["offset"] == 1024 for s in shards)
     for split in ("train", "val"):
         assert np.array_equal(np.asarray(open_tokens(tokens_dir, split)[0:len(stream[split])]), stream[split])
         assert meta["splits"][split]["tokens"] == len(stream[split])

@@ -1,4 +1,5 @@
-"""Ctrl-C, SIGTERM and a dead parent: the step ends, the checkpoint is saved, the run resumes exactly (train/signals.py)."""
+"""Ctrl-C, SIGTERM and a dead parent: the step ends, the checkpoint is saved, the run resumes exactly
+(train/signals.py)."""
 
 from __future__ import annotations
 

@@ -274,7 +274,8 @@ def test_keep_host_memory_really_reaches_glibc():
     assert keep_freed_memory() is sys.platform.startswith("linux")
 
 
-@pytest.mark.parametrize("capability, expected", [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")])
+@pytest.mark.parametrize("capability, expected",
+                         [((7, 0), "fp16"), ((7, 5), "fp16"), ((8, 0), "bf16"), ((9, 0), "bf16")])
 def test_auto_dtype_on_cuda_follows_compute_capability_not_emulated_bf16(monkeypatch, capability, expected):
     """V100 (7.0) and T4 (7.5) report is_bf16_supported() (emulation): auto must pick fp16 + GradScaler there."""
     from gpt2.run import device
@@ -302,7 +303,8 @@ def test_sdpa_backend_switch_picks_the_kernel_or_says_why_it_cannot(tmp_path, to
     metrics = train(micro_params(sdpa_backend="math", max_steps=2), tokens, tmp_path / "a" / "c.pt", tmp_path / "a")
     assert metrics["runtime"]["sdpa_backend"] == "math"
     if not torch.cuda.is_available():
-        with pytest.raises(UserError, match="train.sdpa_backend efficient cannot run on .*set train.sdpa_backend: auto"):
+        with pytest.raises(UserError,
+                           match="train.sdpa_backend efficient cannot run on .*set train.sdpa_backend: auto"):
             train(micro_params(sdpa_backend="efficient", max_steps=2), tokens, tmp_path / "b" / "c.pt", tmp_path / "b")
 
 

@@ -147,7 +147,8 @@ def test_runs_outside_dvc_exp_are_named_after_what_they_trained(tmp_path, tokens
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("DVC_EXP_NAME", raising=False)
     train(micro_params(mlflow=True, max_steps=2), tokens, tmp_path / "a" / "ckpt.pt", tmp_path / "a")
-    train(micro_params(mlflow=True, max_steps=3, model={"attention": "manual"}), tokens, tmp_path / "b" / "ckpt.pt", tmp_path / "b")
+    train(micro_params(mlflow=True, max_steps=3, model={"attention": "manual"}), tokens, tmp_path / "b" / "ckpt.pt",
+          tmp_path / "b")
     client = mlflow.MlflowClient(uri)
     names = sorted(r.info.run_name for r in client.search_runs([client.get_experiment_by_name("gpt2").experiment_id]))
     assert names[0].startswith("tiny 2 steps fp32 flash ") and names[1].startswith("tiny 3 steps fp32 manual ")
@@ -230,7 +231,8 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_reports_or_figures(t
     ckpt = tmp_path / "ckpt.pt"
     summary = train(micro_params(mlflow=True, checkpoint_interval=4), tokens, ckpt, tmp_path / "r")
     err = capfd.readouterr().err
-    assert summary["steps"] == 12 and (tmp_path / "r/metrics.json").is_file() and (tmp_path / "r/plots/val.tsv").is_file()
+    assert (summary["steps"] == 12 and (tmp_path / "r/metrics.json").is_file()
+            and (tmp_path / "r/plots/val.tsv").is_file())
     from gpt2.run import checkpoint
 
     state = checkpoint.load(ckpt)

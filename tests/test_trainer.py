@@ -34,10 +34,10 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
     assert json.loads((report / "summary.json").read_text()) == metrics
     # DVC's metrics file keeps only the figures people compare (dvc exp show stays readable)
     compared = json.loads((report / "metrics.json").read_text())
-    assert sorted(flatten(compared)) == ["cost.device_hours", "cost.usd", "mem.peak_gb", "perf.mfu", "perf.step_ms", "perf.step_ms_iqr",
-                                         "perf.tokens_per_s", "perf.tokens_per_s_iqr", "perf.tokens_per_s_steady",
-                                         "perf.tokens_per_s_wall", "train.loss", "train_s", "val.loss", "val.loss_se",
-                                         "val.ppl", "wall_s"]
+    assert sorted(flatten(compared)) == ["cost.device_hours", "cost.usd", "mem.peak_gb", "perf.mfu", "perf.step_ms",
+                                         "perf.step_ms_iqr", "perf.tokens_per_s", "perf.tokens_per_s_iqr",
+                                         "perf.tokens_per_s_steady", "perf.tokens_per_s_wall", "train.loss", "train_s",
+                                         "val.loss", "val.loss_se", "val.ppl", "wall_s"]
     # wall-clock throughput: every token over the whole run's time, evals and model build included; the steady
     # state: the 29 steps after the warm-up over their wall time (evals included), between the two
     wall = metrics["wall_s"]  # rounded to 10 ms: the bounds allow for it
@@ -49,8 +49,8 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
     assert metrics["perf"]["tokens_per_s_wall"] < metrics["perf"]["tokens_per_s"]
     assert metrics["runtime"]["graph_breaks"] is None  # not compiled: nothing to count
     assert compared["val"]["loss"] == round(metrics["val"]["loss"], 4) and compared["perf"] == {
-        k: round(metrics["perf"][k], 4) for k in ("step_ms", "step_ms_iqr", "tokens_per_s", "tokens_per_s_iqr", "tokens_per_s_steady",
-                                        "tokens_per_s_wall", "mfu")}
+        k: round(metrics["perf"][k], 4) for k in ("step_ms", "step_ms_iqr", "tokens_per_s", "tokens_per_s_iqr",
+                                                  "tokens_per_s_steady", "tokens_per_s_wall", "mfu")}
     history_ms = sorted(1000 * s for s in history["step_s"][1:])  # the spread: the timed steps' interquartile range
     assert metrics["perf"]["step_ms_iqr"] == pytest.approx(
         float(np.percentile(history_ms, 75) - np.percentile(history_ms, 25)), abs=1e-3)

@@ -246,7 +246,8 @@ def _describe(inner: Any, m: typing.Mapping[str, Any]) -> str:
         else:
             text = noun
         if typing.get_origin(inner) is tuple and (low or high):
-            text = text.replace(f"a list of {len(typing.get_args(inner))} numbers", f"{len(typing.get_args(inner))} numbers")
+            count = len(typing.get_args(inner))
+            text = text.replace(f"a list of {count} numbers", f"{count} numbers")
     else:
         text = _type_name(inner)
     return text

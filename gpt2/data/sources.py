@@ -222,7 +222,8 @@ class RawWriter:
             try:
                 record = json.loads(raw)
             except json.JSONDecodeError as exc:
-                raise UserError(f"{name} line {number} is not valid JSON ({exc.msg}); fix or remove that line") from None
+                raise UserError(f"{name} line {number} is not valid JSON ({exc.msg}); "
+                                "fix or remove that line") from None
             if not isinstance(record, dict) or not isinstance(record.get(self.text_field), str):
                 raise UserError(
                     f"{name} line {number} has no string field {self.text_field!r}; "
@@ -287,7 +288,8 @@ def download(cfg: DownloadConfig, out_dir: str | Path = paths.RAW) -> dict[str, 
         elif source.startswith("hf:"):
             details = add_huggingface(writer, source, cfg)
         elif re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", source):
-            raise UserError(f"download.source: unsupported scheme in {source!r}; use http(s)://, hf:, a path or embedded")
+            raise UserError(f"download.source: unsupported scheme in {source!r}; "
+                            "use http(s)://, hf:, a path or embedded")
         else:
             details = add_local(writer, source)
         writer.report_skipped()

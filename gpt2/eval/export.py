@@ -47,7 +47,8 @@ def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
         (tmp / "config.json").write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
         (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 50256, "eos_token_id": 50256}) + "\n")
         write_tokenizer(tmp)
-    logger.info(f"export: {ckpt_path} (step {state['step']}, {sum(w.numel() for w in weights.values()):,} parameters) → "
+    count = sum(w.numel() for w in weights.values())
+    logger.info(f"export: {ckpt_path} (step {state['step']}, {count:,} parameters) → "
                 f"{out}/ (GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained load it)")
     if cfg.block_size < state["model_config"]["block_size"]:
         logger.info(f"export: n_positions {cfg.block_size}, the positions it trained on (train.block_size), not the "

@@ -60,7 +60,8 @@ def refuse_uncommitted(path: Path) -> None:
     status = subprocess.run(["git", "status", "--porcelain", "--", path.name], cwd=path.parent or ".",
                             capture_output=True, text=True)
     if status.returncode != 0:
-        raise UserError(f"--apply needs {path} in a git repository (to never overwrite an edit): {status.stderr.strip()}")
+        raise UserError(f"--apply needs {path} in a git repository (to never overwrite an edit): "
+                        f"{status.stderr.strip()}")
     if status.stdout.strip():
         raise UserError(f"{path} has uncommitted edits; --apply never overwrites them: commit them (git commit "
                         f"{path.name}) or set them aside (git stash), then apply again")

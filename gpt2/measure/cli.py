@@ -34,7 +34,8 @@ class Finite(click.FloatRange):
               help="model.size instead of the profile's")
 @click.option("--steps", default=None, type=click.IntRange(min=2), help="steps per run instead of the profile's")
 @click.option("--repeats", default=None, type=click.IntRange(min=1), help="runs per rung instead of the profile's")
-@click.option("--fresh", is_flag=True, help="measure every rung again instead of reusing experiments with the same params")
+@click.option("--fresh", is_flag=True,
+              help="measure every rung again instead of reusing experiments with the same params")
 @click.option("--mlflow/--no-mlflow", default=None, help="log to MLflow (default: params.yaml train.mlflow)")
 @click.option("--target", default=None, type=Finite(min=0, min_open=True),
               help="val loss: every run trains to it (steps is the cap); the table adds time and tokens to target")
@@ -82,8 +83,8 @@ def grid(params_path: str, sets: tuple[str, ...], name: str | None, target: str,
 @click.option("--tokens", required=True, type=Finite(min=0, max=1e16, min_open=True),
               help="training tokens, e.g. 10e9 (at most 1e16)")
 @click.option("--device", default="h100", show_default=True,
-              type=click.Choice(["h100", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "b200", "a100", "a100-40gb", "l40s",
-                                 "l4", "v100", "cpu"]))
+              type=click.Choice(["h100", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "b200", "a100", "a100-40gb",
+                                 "l40s", "l4", "v100", "cpu"]))
 @click.option("--gpus", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--micro-batch", default=16, show_default=True, type=click.IntRange(min=1), help="sequences per GPU")
 @click.option("--seq-len", default=None, type=click.IntRange(min=1), help="default: the model's context")
@@ -128,7 +129,8 @@ def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int, se
 @click.command()
 @click.option("--threads", default=0, show_default=True, type=click.IntRange(min=0),
               help="intra-op threads, as train.threads (0: PyTorch's default)")
-@click.option("--fresh", is_flag=True, help="forget the kept figures (the machine changed) instead of keeping the higher")
+@click.option("--fresh", is_flag=True,
+              help="forget the kept figures (the machine changed) instead of keeping the higher")
 @user_errors
 def peak(threads: int, fresh: bool) -> None:
     """Measure this CPU's matmul peak (fp32, and bf16 where native) and keep it: MFU on a CPU divides by it.

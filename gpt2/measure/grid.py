@@ -90,7 +90,8 @@ class Row:
 MAX_NAME = 100  # a grid's name, in bytes: its report files and experiment names add a suffix to it
 
 
-def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "evaluate", out: str | Path = paths.GRID_REPORTS,
+def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "evaluate",
+             out: str | Path = paths.GRID_REPORTS,
              mlflow: bool | None = None, params_path: str | Path = paths.PARAMS, repeats: int = 1,
              time_budget_s: float | None = None, apply: bool = False, as_json: bool = False) -> dict[str, Any]:
     """Run every setting ``repeats`` times as DVC experiments, write ``<out>/<name>.md``, ``.json`` and ``.png``,
@@ -208,7 +209,8 @@ def judge(combos: list[dict[str, Any]], names: list[list[str]], found: dict[str,
             row.cost_usd = median_known([(m.get("cost") or {}).get("usd") for m in done])
             row.device_hours = median_known([(m.get("cost") or {}).get("device_hours") for m in done])
             median = sorted(done, key=lambda m: (m.get("val") or {}).get("loss") or 0.0)[len(done) // 2]
-            row.val_loss, row.val_loss_se = (median.get("val") or {}).get("loss"), (median.get("val") or {}).get("loss_se")
+            val = median.get("val") or {}
+            row.val_loss, row.val_loss_se = val.get("loss"), val.get("loss_se")
             scored = [(found[n].metrics.get(paths.EVAL_METRICS) or {}).get("eval") or {} for n in exps if n in found]
             scored = sorted((s for s in scored if s.get("val_loss") is not None), key=lambda s: s["val_loss"])
             if scored:
@@ -269,8 +271,10 @@ def verdict(rows: list[Row], repeats: int, time_budget_s: float | None = None,
                                         lambda r: f"{r.quality.speedup:.2f}×"),
                                        ("Later to the baseline's val loss outside noise", later,
                                         lambda r: f"{r.quality.speedup:.2f}×"),
-                                       (f"Lower val loss{when} outside noise", better, lambda r: f"{r.loss_delta:+.3f}"),
-                                       (f"Higher val loss{when} outside noise", worse, lambda r: f"{r.loss_delta:+.3f}"))
+                                       (f"Lower val loss{when} outside noise", better,
+                                        lambda r: f"{r.loss_delta:+.3f}"),
+                                       (f"Higher val loss{when} outside noise", worse,
+                                        lambda r: f"{r.loss_delta:+.3f}"))
              if group]
     decided = ". ".join(parts) if parts else "No setting differs from the baseline outside noise, in speed or val loss"
     applied = ("The winner, which `--apply` writes into params.yaml: " + ", ".join(
@@ -346,8 +350,8 @@ def render_png(rows: list[Row], title: str, said: str) -> bytes:
     shown, by_eval = rows[::-1], evaluated(rows)
     labels = [textwrap.shorten(describe(r.setting), 48) for r in shown]
     head = textwrap.fill(said.replace("**", "").replace("\n\n", " "), 160)
-    fig, (speed, sooner, loss) = plt.subplots(1, 3, figsize=(14, 0.45 * len(rows) + 2.0 + 0.17 * (head.count("\n") + 1)),
-                                              dpi=100, sharey=True)
+    height = 0.45 * len(rows) + 2.0 + 0.17 * (head.count("\n") + 1)
+    fig, (speed, sooner, loss) = plt.subplots(1, 3, figsize=(14, height), dpi=100, sharey=True)
     _ratio_bars(speed, rows, lambda r: (r.speedup, r.paired, r.speed_inside_noise))
     _ratio_bars(sooner, rows, lambda r: (r.quality.speedup, r.quality.paired, r.quality.inside_noise) if r.quality
                 else (None, [], None))
@@ -405,8 +409,8 @@ def log_parent(name: str, grid: dict[str, list[Any]], rows: list[Row], out: Path
                                  "grid/speed_inside_noise": as_metric(row.speed_inside_noise),
                                  "grid/val_loss": _round(row.val_loss), "grid/val_loss_delta": _round(row.loss_delta),
                                  "grid/loss_apart": as_metric(row.loss_apart),
-                                 "grid/time_to_baseline_loss_s": _round(row.quality.time_s.median
-                                                                        if row.quality and row.quality.time_s else None),
+                                 "grid/time_to_baseline_loss_s": _round(
+                                     row.quality.time_s.median if row.quality and row.quality.time_s else None),
                                  "grid/speedup_at_equal_loss": _round(row.quality.speedup if row.quality else None),
                                  "grid/cost_usd": _round(row.cost_usd)}, step=i)
         if dataset := experiments.workspace_dataset(paths.root()):

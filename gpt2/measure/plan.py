@@ -55,7 +55,8 @@ def measured_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | N
         rows = [r for r in json.loads(ladder.read_text()).get("rows", []) if r.get("mfu")]
         rows = [r for r in rows if _same_device(r.get("runtime", {}).get("device_name", ""), device)]
         if rows:
-            return rows[-1]["mfu"], f"measured: {ladder} (rung {rows[-1]['rung']!r}, {rows[-1]['runtime']['device_name']})"
+            last = rows[-1]
+            return last["mfu"], f"measured: {ladder} (rung {last['rung']!r}, {last['runtime']['device_name']})"
     return _mlflow_mfu(device, size, root)
 
 
@@ -117,7 +118,8 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
     mem_gb = memory_gb or dev.memory_gb or _ram_gb()
     shards = gpus if distributed == "fsdp" else 1
     variants = {f"{'amp' if a else 'fp32'} {'flash' if f else 'manual'}":
-                memory(s, micro_batch, seq, a, f, loss_chunk, optimizer, shards) for a in (False, True) for f in (False, True)}
+                memory(s, micro_batch, seq, a, f, loss_chunk, optimizer, shards)
+                for a in (False, True) for f in (False, True)}
     fits = {name: largest_micro_batch(s, seq, "amp" in name, "flash" in name, mem_gb, loss_chunk, optimizer, shards)
             for name in variants}
     peak_kind = "tf32" if dtype == "fp32" else dtype
@@ -206,7 +208,8 @@ def render(p: dict[str, Any]) -> str:
         lines.append(f"  {part:<16}" + "".join(f"{m[part] / gb:>14.2f}" for m in p["memory"].values()))
     lines.append(f"  {'largest batch':<16}" + "".join(f"{p['largest_micro_batch'][k]:>14}" for k in p["memory"]))
     lines += [
-        f"  (eager estimate, see gpt2/core/memory_model.py; torch.compile needs less; 10% of memory left for {overhead})",
+        "  (eager estimate, see gpt2/core/memory_model.py; torch.compile needs less; "
+        f"10% of memory left for {overhead})",
         "",
         f"largest micro-batch that fits ({chosen}): {p['largest_micro_batch'][chosen]}",
     ]
@@ -227,9 +230,11 @@ def render(p: dict[str, Any]) -> str:
                      "model (--distributed fsdp over more --gpus), use bf16 or a shorter --seq-len")
     lines.append(f"MFU               {100 * p['mfu']:.1f}% ({p['mfu_source']})")
     if p["hours"] is not None:
-        lines.append(f"time              {p['hours']:,.1f} h on {p['gpus']} × {p['device']} ({p['hours'] / 24:,.2f} days)")
+        lines.append(f"time              {p['hours']:,.1f} h on {p['gpus']} × {p['device']} "
+                     f"({p['hours'] / 24:,.2f} days)")
         if p["price_per_hour"]:
-            lines.append(f"cost              ${p['cost']:,.0f} at ${p['price_per_hour']:.2f}/GPU-hour ({p['price_source']})")
+            lines.append(f"cost              ${p['cost']:,.0f} at ${p['price_per_hour']:.2f}/GPU-hour "
+                         f"({p['price_source']})")
     else:
         lines.append("time              unknown: no peak FLOP/s for this device and dtype; pass --peak-tflops")
     return "\n".join(lines) + "\n"

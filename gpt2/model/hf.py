@@ -55,7 +55,8 @@ def from_hf(state: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.T
         out[name] = tensor
     wte = out["transformer.wte.weight"]
     if cfg.padded_vocab_size > wte.shape[0]:  # padded rows: never looked up, masked out of the logits
-        out["transformer.wte.weight"] = torch.cat([wte, wte.new_zeros(cfg.padded_vocab_size - wte.shape[0], wte.shape[1])])
+        padding = wte.new_zeros(cfg.padded_vocab_size - wte.shape[0], wte.shape[1])
+        out["transformer.wte.weight"] = torch.cat([wte, padding])
     out["lm_head.weight"] = out["transformer.wte.weight"]
     return out
 

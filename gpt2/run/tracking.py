@@ -52,7 +52,8 @@ COMPARE_VIEW_KEY = "gpt2-compare"
 COMPARE_VIEW = {
     "selectedColumns": [
         *(f"metrics.`{m}`" for m in ("val/loss", "val/loss_se", "eval/val_loss", "eval/val_loss_se",
-                                     "summary/perf.tokens_per_s", "summary/perf.tokens_per_s_iqr", "summary/perf.step_ms",
+                                     "summary/perf.tokens_per_s", "summary/perf.tokens_per_s_iqr",
+                                     "summary/perf.step_ms",
                                      "vs_baseline/speedup", "vs_baseline/speed_inside_noise", "vs_previous/speedup",
                                      "vs_previous/speed_inside_noise", "summary/perf.mfu", "summary/mem.peak_gb",
                                      "summary/target.time_s")),
@@ -197,8 +198,8 @@ def who() -> dict[str, str]:
 
     tags = {"host": socket.gethostname()}
     try:  # git's own answer: GIT_AUTHOR_NAME/EMAIL, then the config
-        out = subprocess.run(["git", "var", "GIT_AUTHOR_IDENT"], cwd=paths.tracking_root(), capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(["git", "var", "GIT_AUTHOR_IDENT"], cwd=paths.tracking_root(), capture_output=True,
+                             text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return tags
     found = re.match(r"(.*?) <(.*?)> \d+ [+-]\d+$", out.stdout.strip()) if out.returncode == 0 else None

@@ -138,7 +138,8 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     return Setup(
         params=params, runtime=runtime, model_cfg=model_cfg, model=model, step_model=step_model,
         eval_model=eval_model, dist=dist_info,
-        optimizers=optimizers, scaler=scaler, batch=batch, recipe=recipe, sampler=sampler, train_data=train_data, val_data=val_data,
+        optimizers=optimizers, scaler=scaler, batch=batch, recipe=recipe, sampler=sampler, train_data=train_data,
+        val_data=val_data,
         seq_len=seq_len, tokens_per_step=tokens_per_step, total_steps=total,
         throughput=Throughput(tokens_per_step, sum(flops_per_token(
             model.num_params(exclude_position_embedding=True), model_cfg.n_layer, model_cfg.n_embd, seq_len)),
@@ -209,8 +210,10 @@ def above_peak(s: Setup, tokens_per_s: float) -> str | None:
                 f"{own / 1e12:.3f} (measured beside other work, most likely): the peak is raised to this run's rate "
                 f"for this and later runs (kept in {cache_path()}; `gpt2 peak` on a quiet machine measures it again)")
     which = "dtype_peak_flops" if t.dtype_peak_flops else "peak_flops"
-    s.throughput = dataclasses.replace(t, **{which: achieved, **({"peak_flops": max(t.peak_flops, achieved)}
-                                                                 if which == "dtype_peak_flops" and t.peak_flops else {})})
+    raised = {which: achieved}
+    if which == "dtype_peak_flops" and t.peak_flops:
+        raised["peak_flops"] = max(t.peak_flops, achieved)
+    s.throughput = dataclasses.replace(t, **raised)
     return (f"this run reached {achieved / 1e12:.1f} TFLOP/s, above the peak MFU divides by ({own / 1e12:.1f}, "
             f"{s.mfu_against}): MFU divides by this run's rate from here; set train.peak_tflops to the device's "
             "dense bf16 peak")

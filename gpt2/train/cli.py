@@ -48,7 +48,8 @@ def _withdraw(evaluation: str, out: str) -> None:
 
     if withdraw_other_evaluation(Path(evaluation), Path(out) / "summary.json"):
         log.get("train").info(f"train: withdrew the evaluation in {evaluation} (its figures now null, its samples "
-                              "removed): it scored the checkpoint this run replaced; the evaluate stage scores this one")
+                              "removed): it scored the checkpoint this run replaced; the evaluate stage scores "
+                              "this one")
 
 
 if __name__ == "__main__":

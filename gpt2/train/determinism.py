@@ -20,7 +20,8 @@ from contextlib import contextmanager
 
 import torch
 
-CUBLAS_WORKSPACE = ":4096:8"  # the fixed workspace cuBLAS needs to be deterministic (its docs, "Results reproducibility")
+# the fixed workspace cuBLAS needs to be deterministic (its docs, "Results reproducibility")
+CUBLAS_WORKSPACE = ":4096:8"
 
 
 @contextmanager

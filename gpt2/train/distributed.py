@@ -66,8 +66,9 @@ def launch(cfg: TrainConfig, args: list[str]) -> int:
     if code > 128:  # a rank killed by a signal: the launcher's `error:` line above names it
         return code
     if code != 0:
-        logger.info(f"train: {cfg.nproc_per_node} processes ended with exit status {code}. The first rank to fail says why "
-                    "above (its `error:` line). On CUDA (NCCL) a rank that dies or hangs is noticed by PyTorch's watchdog, "
+        logger.info(f"train: {cfg.nproc_per_node} processes ended with exit status {code}. The first rank to fail "
+                    "says why above (its `error:` line). On CUDA (NCCL) a rank that dies or hangs is noticed by "
+                    "PyTorch's watchdog, "
                     f"which ends every rank after train.dist_timeout_s = {cfg.dist_timeout_s:g} s (the first step: "
                     f"train.dist_first_step_timeout_s = {cfg.dist_first_step_timeout_s:g} s, for compilation) with "
                     "'Watchdog caught collective operation timeout' or 'ProcessGroupNCCL' lines: those are the "

@@ -40,7 +40,8 @@ def out_of_memory_error(exc: BaseException, s: Setup, ckpt_path: Path) -> UserEr
         capacity = f" ({psutil.virtual_memory().total / 1e9:.1f} GB of RAM)"
     micro, accum = s.batch.micro, s.batch.accum
     what = (f"out of memory on {device}{capacity} at micro-batch {micro} × {s.seq_len} tokens "
-            f"({s.params.model.size}, {s.runtime.dtype}); the memory model expected {s.recipe.bytes(micro) / 1e9:.1f} GB")
+            f"({s.params.model.size}, {s.runtime.dtype}); the memory model expected "
+            f"{s.recipe.bytes(micro) / 1e9:.1f} GB")
     smaller = smaller_micro_batch(micro, accum)
     if cfg.micro_batch_size == "auto" and smaller:
         fix = (f"auto chose {micro}: raise train.memory_margin (now {cfg.memory_margin:g}) so it leaves more free, "

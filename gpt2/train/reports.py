@@ -235,7 +235,8 @@ def render_curves(train: list[dict[str, Any]], val: list[dict[str, Any]], title:
     try:
         plt = pyplot()
     except ImportError:
-        log.get("train").info("train: matplotlib is not installed; skipping plots/curves.png (the .tsv files are written)")
+        log.get("train").info("train: matplotlib is not installed; skipping plots/curves.png "
+                              "(the .tsv files are written)")
         return None
 
     def series(rows: list[dict[str, Any]], *keys: str) -> tuple[list[float], list[float]]:

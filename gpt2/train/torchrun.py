@@ -34,7 +34,8 @@ def main(argv: list[str]) -> int:
             return max(codes)
         killed = killed_ranks(exc.failures)
         for rank, pid, signum in killed:  # it printed nothing: its peers' errors are the consequence
-            print(f"error: rank {rank} (pid {pid}) was killed by {signal.Signals(signum).name}: it could print no error "
+            print(f"error: rank {rank} (pid {pid}) was killed by {signal.Signals(signum).name}: it could print no "
+                  "error "
                   "of its own (out of memory, a scheduler, a `kill -9`?); the other ranks stopped because it vanished",
                   file=sys.stderr)
         if killed:

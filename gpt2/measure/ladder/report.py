@@ -58,7 +58,8 @@ def table(rows: list[Row], steps: int, target: float | None = None, time_budget_
                  *([time_to, "baseline" if row.index == 0 and time_to else at_loss,
                     ratio_shown(row.quality_vs_previous, noise.get("quality"))] if quality else []),
                  f"{row.device_hours:.4f}" if row.device_hours is not None else "",
-                 *([usd_shown(row.cost_usd), usd_shown(row.quality.cost_usd if row.quality else None)] if priced else []),
+                 *([usd_shown(row.cost_usd), usd_shown(row.quality.cost_usd if row.quality else None)]
+                   if priced else []),
                  "; ".join(filter(None, ["" if row.effect in ("acts", "baseline") else row.effect,
                                          flag(row.runtime)]))]
         if target is not None:
@@ -78,7 +79,8 @@ def describe(resolved: Resolved, rows: list[Row]) -> str:
     from gpt2.core.sizes import sequence_length
 
     seq = sequence_length(model["size"], model["block_size"], train["block_size"])
-    return (f"Device: {runtime.get('device_name', resolved.device)} ({resolved.device}), torch {runtime.get('torch', '?')}. "
+    return (f"Device: {runtime.get('device_name', resolved.device)} ({resolved.device}), "
+            f"torch {runtime.get('torch', '?')}. "
             f"Model {model['size']}, micro-batch {train['micro_batch_size']} × {seq} tokens, "
             + (f"{train['time_budget_s']:g} s of training steps per run (train.time_budget_s: val losses compare at "
                f"equal time; the first {train['timing_warmup_steps']} steps untimed), " if train.get("time_budget_s")
@@ -86,8 +88,9 @@ def describe(resolved: Resolved, rows: list[Row]) -> str:
             + f"{resolved.profile.repeats} run(s) per rung in alternating order; speedups compare tokens/s"
             + (f"; MFU against {runtime['mfu_against']}" if runtime.get("mfu_against") else "")
             + (f"; with a target val loss of {resolved.profile.target}, every run trains until its val loss (measured "
-               f"every {train['eval_interval']} steps) reaches it, or {resolved.profile.steps} steps: time to target is "
-               "wall clock from the start of the run, compile and evals included." if resolved.profile.target else "."))
+               f"every {train['eval_interval']} steps) reaches it, or {resolved.profile.steps} steps: time to target "
+               "is wall clock from the start of the run, compile and evals included." if resolved.profile.target
+               else "."))
 
 
 def decision(rows: list[Row], changes: list[Change], time_budget_s: float | None) -> str:
@@ -96,9 +99,10 @@ def decision(rows: list[Row], changes: list[Change], time_budget_s: float | None
     said = ""
     if time_budget_s:
         moved = [(r, r.loss_vs_previous) for r in rows if r.loss_apart and r.loss_vs_previous is not None]
+        lower, higher = [m for m in moved if m[1] < 0], [m for m in moved if m[1] > 0]
         parts = [f"{label}: " + "; ".join(f"{r.rung} ({d:+.3f})" for r, d in group)
-                 for label, group in (("lower val loss than the rung above outside noise", [m for m in moved if m[1] < 0]),
-                                      ("higher", [m for m in moved if m[1] > 0])) if group]
+                 for label, group in (("lower val loss than the rung above outside noise", lower),
+                                      ("higher", higher)) if group]
         said = (f"At equal time ({time_budget_s:g} s), " + ("; ".join(parts) if parts else
                 "no rung's val loss differs from the rung above's outside noise") + ". ")
     if not changes:
@@ -212,8 +216,8 @@ def log_to_mlflow(rows: list[Row], resolved: Resolved, runs: list[list[experimen
                                      row.peak_mem_gb, "ladder/mfu": row.mfu, "ladder/val_loss": row.val_loss,
                                      "ladder/time_to_target_s": row.time_s.median if row.time_s else None,
                                      "ladder/tokens_to_target": row.tokens_to_target,
-                                     "ladder/time_to_baseline_loss_s": (row.quality.time_s.median
-                                                                        if row.quality and row.quality.time_s else None),
+                                     "ladder/time_to_baseline_loss_s": (
+                                         row.quality.time_s.median if row.quality and row.quality.time_s else None),
                                      "ladder/speedup_at_equal_loss": row.quality.speedup if row.quality else None,
                                      "ladder/cost_usd": row.cost_usd},
                                     step=row.index)

@@ -83,7 +83,8 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
     existing = experiments.finished(root, (paths.TRAIN_SUMMARY,))
     have = [0] * len(resolved.sections) if fresh else [len(runs) for runs in measured(resolved, existing)]
     unshown = [i for i, why in enumerate(resolved.cannot_show) if why]
-    todo = schedule(resolved.profile.repeats, [resolved.profile.repeats if i in unshown else h for i, h in enumerate(have)])
+    repeats = resolved.profile.repeats
+    todo = schedule(repeats, [repeats if i in unshown else h for i, h in enumerate(have)])
     reused = sum(min(h, resolved.profile.repeats) for i, h in enumerate(have) if i not in unshown)
     logger.info(f"ladder: {len(ladder.rungs)} rungs × {resolved.profile.repeats} repeats on {device} "
                 f"(model {resolved.sections[0]['model']['size']}, {resolved.profile.steps} steps per run): "
@@ -93,7 +94,8 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
     if todo:
         _measure(root, ladder, resolved, todo, {e.name for e in existing}, Path(out))
         existing = experiments.finished(root, (paths.TRAIN_SUMMARY,))
-    runs = [[] if resolved.cannot_show[i] else r[:resolved.profile.repeats] for i, r in enumerate(measured(resolved, existing))]
+    runs = [[] if resolved.cannot_show[i] else r[:resolved.profile.repeats]
+            for i, r in enumerate(measured(resolved, existing))]
     curves = {e.name: experiments.val_curve(root, e.rev) for group in runs for e in group}
     rows = analyse(ladder, resolved, runs, curves)
     changes = decide(rows, resolved, time_budget_s, str(Path(out) / "ladder.md"))

@@ -109,7 +109,8 @@ def _changes(data: Any, where: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise UserError(f"{where} must be a mapping of train keys, got {data!r}")
-    fields = {f.name for f in dataclasses.fields(TrainConfig)} | {f"model.{f.name}" for f in dataclasses.fields(ModelParams)}
+    fields = ({f.name for f in dataclasses.fields(TrainConfig)}
+              | {f"model.{f.name}" for f in dataclasses.fields(ModelParams)})
     for key in data:
         if key not in fields:
             moved = MOVED.get(f"train.{key}")
@@ -152,7 +153,8 @@ def resolve(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str 
     for rung in ladder.rungs:
         changes = {**carried, **rung.changes}
         train_set = {**fixed, **{k: v for k, v in changes.items() if not k.startswith("model.")}}
-        rung_model = {**model_set, **{k.removeprefix("model."): v for k, v in changes.items() if k.startswith("model.")}}
+        rung_model = {**model_set,
+                      **{k.removeprefix("model."): v for k, v in changes.items() if k.startswith("model.")}}
         if train_set.get("grad_accum_steps") == "target":
             train_set["grad_accum_steps"] = _accumulation(raw_params, rung_model, train_set, profile)
         where = f"ladder rung {rung.name!r}"
@@ -183,7 +185,8 @@ def cannot_show(rung: Rung, before: dict[str, Any], after: dict[str, Any], devic
             continue
         if key == "tf32" and device != "cuda":
             reasons.append("TF32 is a CUDA (Ampere+) matmul mode")
-        elif key == "dtype" and device != "cuda" and {_dtype_on_cpu(before[key]), _dtype_on_cpu(after[key])} == {"fp32"}:
+        elif (key == "dtype" and device != "cuda"
+              and {_dtype_on_cpu(before[key]), _dtype_on_cpu(after[key])} == {"fp32"}):
             reasons.append("AMP's dtype auto is fp32 off CUDA (bf16 is emulated on most CPUs)")
         elif key == "compile" and device == "cpu" and after[key] and not _cxx_compiler():
             reasons.append("torch.compile needs a C++ compiler on a CPU and none is installed")
@@ -224,7 +227,8 @@ def _cxx_compiler() -> str | None:
     import os
     import shutil
 
-    return next(filter(None, (shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "clang++", "c++") if c)), None)
+    compilers = (os.environ.get("CXX", ""), "g++", "clang++", "c++")
+    return next(filter(None, (shutil.which(c) for c in compilers if c)), None)
 
 
 def _accumulation(raw: dict[str, Any], model_set: dict[str, Any], train_set: dict[str, Any], profile: Profile) -> int:

@@ -15,9 +15,9 @@ from typing import Any
 from gpt2.core import paths
 from gpt2.measure import experiments
 from gpt2.measure.apply import Change
-from gpt2.measure.compare import (AtQuality, Curve, Spread, at_baseline_quality, losses_apart, median_known, sooner,
-                                  noise_verdict as verdict_text, paired_ratios, ratio_inside_noise, typical_disagreement,
-                                  win)
+from gpt2.measure.compare import (AtQuality, Curve, Spread, at_baseline_quality, losses_apart, median_known,
+                                  noise_verdict as verdict_text, paired_ratios, ratio_inside_noise, sooner,
+                                  typical_disagreement, win)
 from gpt2.measure.ladder.spec import Ladder, Resolved, Rung, flat
 
 # A rung's change that the trainer resolves on the device: the key of what really ran in summary.json's "runtime".
