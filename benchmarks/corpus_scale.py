@@ -85,8 +85,6 @@ def main(gb: float, embedded: str) -> None:
             shutil.copy(ROOT / name, project / name)
         for name in ("stages", "gpt2"):
             shutil.copytree(ROOT / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
-        (project / "data/corpus").mkdir(parents=True)  # a download dependency (dvc.yaml)
-        shutil.copy(ROOT / "data/corpus/.gitignore", project / "data/corpus/.gitignore")
         subprocess.run(["git", "init", "-q"], cwd=project, check=True)
         subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=project, check=True)
         shutil.copy(ROOT / ".dvc" / "config", project / ".dvc" / "config")

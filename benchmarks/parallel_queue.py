@@ -54,8 +54,6 @@ def small_project(base: Path, name: str, settings: dict[str, dict], documents: i
         shutil.copy(ROOT / file, root / file)
     for folder in ("stages", "gpt2"):
         shutil.copytree(ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "data/corpus").mkdir(parents=True)  # a download dependency (dvc.yaml): the user's own corpus
-    shutil.copy(ROOT / "data/corpus/.gitignore", root / "data/corpus/.gitignore")
     corpus = base / "corpus"
     corpus.mkdir()
     words = "the king queen lord thou art my good sweet love night day fair death life heaven speak".split()

@@ -14,8 +14,6 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from gpt2.core import paths
-
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow tests first: the two workers start on them and share the short ones at the end, instead of
@@ -204,8 +202,6 @@ def new_project(base: Path) -> Path:
         shutil.copy(ROOT / name, root / name)
     for name in ("stages", "gpt2"):
         shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    (root / paths.CORPUS).mkdir(parents=True)  # a download dependency: the user's own corpus
-    shutil.copy(ROOT / paths.CORPUS / ".gitignore", root / paths.CORPUS / ".gitignore")
     run(root, "git", "init", "-q")
     run(root, sys.executable, "-m", "dvc", "init", "-q")
     shutil.copy(ROOT / ".dvc" / "config", root / ".dvc" / "config")  # the project's cache settings (links)

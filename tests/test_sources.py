@@ -228,28 +228,3 @@ def test_a_local_text_file_is_copied_never_linked_into_what_dvc_caches(tmp_path,
     assert first.read_bytes() == (corpus / "doc00.txt").read_bytes()
     manifest, out = fetch(tmp_path, tmp_path / "via-symlink.txt")
     assert (out / manifest["files"][0]["path"]).read_bytes() == (corpus / "doc01.txt").read_bytes()
-
-
-@pytest.mark.slow
-def test_dvc_sees_a_changed_or_added_file_of_the_corpus_in_data_corpus(tmp_path):
-    """data/corpus is a download dependency: a file added there, or one changed (a symlinked file followed),
-    re-runs download; git keeps none of them."""
-    from conftest import commit_all, dvc, make_corpus, new_project, run, set_params
-
-    root = new_project(tmp_path)
-    own = make_corpus(root / "data/corpus", n_docs=3)
-    outside = make_corpus(tmp_path / "elsewhere", n_docs=1, seed=1) / "doc00.txt"
-    (own / "linked.txt").symlink_to(outside)
-    set_params(root, download={"source": "data/corpus"})
-    dvc(root, "repro", "download")
-    commit_all(root)
-    assert run(root, "git", "ls-files", "data").stdout.split() == ["data/corpus/.gitignore"]
-    assert "up to date" in dvc(root, "status", "download").stdout
-    (own / "added.txt").write_text("a document written after the first download\n")
-    assert "modified:           data/corpus" in dvc(root, "status", "download").stdout
-    dvc(root, "repro", "download")
-    commit_all(root)
-    manifest = json.loads((root / "data/raw/manifest.json").read_text())
-    assert manifest["documents"] == 5 and not any(".gitignore" in e["path"] for e in manifest["files"])
-    outside.write_text("the linked file, edited where it lives\n")
-    assert "modified:           data/corpus" in dvc(root, "status", "download").stdout

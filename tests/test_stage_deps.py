@@ -160,7 +160,6 @@ def test_the_stages_write_where_the_commands_read_by_default():
         return {next(iter(e)) if isinstance(e, dict) else e for e in entries}
 
     assert paths.VALID_MARK in written("validate") and paths.RAW in written("download")
-    assert paths.CORPUS in stages["download"]["deps"] and (ROOT / paths.CORPUS / ".gitignore").is_file()
     assert paths.TOKENS in written("tokenize") and all(p.startswith(paths.STATS + "/") for p in written("stats"))
     checkpoints = paths.CHECKPOINT.rsplit("/", 1)[0]
     assert checkpoints in written("train")

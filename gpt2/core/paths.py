@@ -10,7 +10,6 @@ import click
 from click.core import ParameterSource
 
 PARAMS = "params.yaml"
-CORPUS = "data/corpus"  # your own corpus (download.source: data/corpus): DVC watches it for download
 RAW = "data/raw"
 TOKENS = "data/tokens"
 STATS = "reports/stats"
