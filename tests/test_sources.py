@@ -228,3 +228,21 @@ def test_a_local_text_file_is_copied_never_linked_into_what_dvc_caches(tmp_path,
     assert first.read_bytes() == (corpus / "doc00.txt").read_bytes()
     manifest, out = fetch(tmp_path, tmp_path / "via-symlink.txt")
     assert (out / manifest["files"][0]["path"]).read_bytes() == (corpus / "doc01.txt").read_bytes()
+
+
+def test_a_local_source_dvc_does_not_watch_says_what_to_run_after_editing_it(tmp_path, corpus, monkeypatch, capsys):
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    stage = {"stages": {"download": {"cmd": "python -m stages.download", "deps": ["gpt2/data"]}}}
+    (project / "dvc.yaml").write_text(json.dumps(stage))
+    fetch(tmp_path, corpus)
+    assert (f"download: DVC does not watch {corpus} (not a dependency of download in dvc.yaml): after you change "
+            "or add files there, run `dvc repro -f download`") in capsys.readouterr().err
+    stage["stages"]["download"]["deps"].append(str(corpus.parent))  # the docs' recipe: the folder is a dependency
+    (project / "dvc.yaml").write_text(json.dumps(stage))
+    fetch(tmp_path, f"{corpus}/*.txt")
+    assert "DVC does not watch" not in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)  # no pipeline: nothing to say
+    fetch(tmp_path, corpus)
+    assert "DVC does not watch" not in capsys.readouterr().err

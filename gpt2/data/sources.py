@@ -305,7 +305,26 @@ def download(cfg: DownloadConfig, out_dir: str | Path = paths.RAW) -> dict[str, 
     what = (f"{writer.tokens:,} tokens in {len(writer.files)} shards" if writer.tokens
             else f"{manifest['documents']} documents")
     logger.info(f"download: {what}, {manifest['bytes'] / 1e6:.2f} MB from {source}")
+    if "files_found" in details and (hint := unwatched(source)):
+        logger.info(hint)
     return manifest
+
+
+def unwatched(source: str) -> str | None:
+    """What to do after editing a local source that DVC does not watch: DVC re-runs download when the download
+    params change, and when the files change only if their folder is one of the stage's deps in dvc.yaml."""
+    import yaml
+
+    try:
+        deps = yaml.safe_load((paths.root() / "dvc.yaml").read_text())["stages"]["download"]["deps"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return None  # no DVC pipeline here: nothing re-runs download on its own
+    place = Path(re.split(r"[*?\[]", source, maxsplit=1)[0] or ".").expanduser().resolve()  # a glob: its folder
+    watched = [(paths.root() / dep).resolve() for dep in deps if isinstance(dep, str)]
+    if any(place == dep or dep in place.parents for dep in watched):
+        return None
+    return (f"download: DVC does not watch {source} (not a dependency of download in dvc.yaml): after you change or "
+            "add files there, run `dvc repro -f download`; docs/data.md shows how to have DVC watch it")
 
 
 def add_embedded(writer: RawWriter) -> dict[str, Any]:
