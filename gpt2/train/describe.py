@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from gpt2.core import log
-from gpt2.core.config import TrainConfig, to_dict
+from gpt2.core.config import Params, TrainConfig, to_dict
 from gpt2.core.provenance import checkpoint_hashes, describe_tokens, model_tags
 from gpt2.run.device import sdpa_backend
 from gpt2.run.tracking import MlflowTracker, Tracker, experiment_run_name, flatten, git_commit
@@ -53,7 +53,7 @@ def open_tracker(s: Setup, start: Start, ckpt_path: Path, report_dir: Path | Non
                         if cfg.mlflow and s.dist.main else Tracker())
     if start.run_id is not None and isinstance(tracker, MlflowTracker):  # figures an earlier session could not send
         catch_up(tracker, dataclasses.asdict(start.history))
-    tracker.log_params(flatten({"model": to_dict(params.model), "train": to_dict(params.train)}))
+    tracker.log_params(tracked_params(params))
     tracker.set_tags({"git_commit": git_commit(), "dvc_exp_name": os.environ.get("DVC_EXP_NAME"),
                       "device": s.runtime.device_name, "torch_version": torch.__version__, **info})
     if start.changes is not None:  # MLflow keeps a run's first params: each resume records what it changed
@@ -77,13 +77,18 @@ def record_end(s: Setup, tracker: Tracker, summary: dict[str, Any], history: His
         tracker.set_tags(hashes)  # and an MLflow model: the summary's metrics below are its too
         tracker.log_model(f"gpt2-{params.model.size}", model_tags(ckpt_path, hashes, dataset, git_commit(),
                                                                  os.environ.get("DVC_EXP_NAME")),
-                          flatten({"model": to_dict(params.model), "train": to_dict(params.train)}))
+                          tracked_params(params))
     if s.dist.main and report_dir is not None:
         write_reports(report_dir, summary, history)
         tracker.log_artifact(report_dir / "summary.json")
     metrics, tags = tracked_summary(summary)
     tracker.log_metrics(metrics, step=summary["steps"])
     tracker.set_tags(tags)
+
+
+def tracked_params(params: Params) -> dict[str, Any]:
+    """The model and train sections as MLflow params (``model.size`` …): the run's and its logged model's."""
+    return flatten({"model": to_dict(params.model), "train": to_dict(params.train)})
 
 
 def what_runs(s: Setup) -> dict[str, Any]:
