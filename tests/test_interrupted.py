@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import micro_params
-from training import interrupt_at, losses, run
+from training import fake_run, interrupt_at, losses, run
 
 from gpt2.train.trainer import TrainingInterrupted
 
@@ -73,18 +73,14 @@ def resume_setup(tokens):
 def test_a_kept_run_is_found_by_its_model_data_and_optimizer_whatever_else_changed(tmp_path, monkeypatch):
     """The exact params' copy first, else the newest copy of the same model, data and optimizer; none of another."""
     import os
-    from types import SimpleNamespace
 
     from gpt2.train import interrupted
-
-    def setup(**train):
-        return SimpleNamespace(params=micro_params(**train), data_identity={"manifest_sha256": "m", "tokens": 100})
 
     (tmp_path / ".dvc").mkdir()
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     folder = tmp_path / ".dvc/tmp/gpt2-interrupted"
     folder.mkdir(parents=True)
-    base, other_lr, muon = setup(), setup(lr=5.0e-3), setup(optimizer="muon")
+    base, other_lr, muon = fake_run(), fake_run(lr=5.0e-3), fake_run(optimizer="muon")
     assert interrupted.run_key(base) == interrupted.run_key(other_lr) != interrupted.run_key(muon)
     assert interrupted.params_key(base) != interrupted.params_key(other_lr)
     assert interrupted.kept_interrupted(base) is None

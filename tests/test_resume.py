@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from conftest import micro_params
-from training import interrupt_at, run, stop_at_step_3
+from training import fake_run, interrupt_at, run, stop_at_step_3
 
 from gpt2.core.errors import UserError
 from gpt2.run import checkpoint
@@ -185,18 +185,6 @@ def test_a_format_1_checkpoint_resumes_exactly(tmp_path, tokens, monkeypatch):
 # ------------------------------------------------ the rules alone: a fake run and hand-made checkpoints, no training
 
 
-def fake_setup(**train):
-    """What the resume rules read of a run: its params, model config, data, steps and rank."""
-    from types import SimpleNamespace
-
-    from gpt2.model.gpt import GPTConfig
-
-    params = micro_params(**train)
-    return SimpleNamespace(params=params, model_cfg=GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=16),
-                           data_identity={"manifest_sha256": "m", "tokens": 100}, total_steps=params.train.max_steps,
-                           dist=SimpleNamespace(main=True))
-
-
 def saved(s, step, metrics=None, model_config=None, weights=None, **train):
     """A checkpoint's state as the rules read it: trained by ``s`` with ``train`` changed."""
     import dataclasses
@@ -227,17 +215,17 @@ def test_rules_no_checkpoint_or_resume_never_start_afresh(tmp_path, on_disk, mon
     from gpt2.train import resume
 
     monkeypatch.delenv("DVC_ROOT", raising=False)
-    s = fake_setup()
+    s = fake_run()
     assert resume.load_for_resume(tmp_path / "none.pt", s) is None
     path = on_disk(saved(s, 3))
-    assert resume.load_for_resume(path, fake_setup(resume="never")) is None
+    assert resume.load_for_resume(path, fake_run(resume="never")) is None
     assert not path.exists() and len(list(tmp_path.glob("ckpt.*.pt"))) == 1  # kept beside, not overwritten
 
 
 def test_rules_an_unfinished_run_resumes_with_its_changed_settings_listed(on_disk):
     from gpt2.train import resume
 
-    s = fake_setup()
+    s = fake_run()
     state = resume.load_for_resume(on_disk(saved(s, 3, lr=5.0e-3)), s)
     assert state["step"] == 3 and resume.changed_settings(state, s) == {"lr": (5.0e-3, s.params.train.lr)}
 
@@ -246,7 +234,7 @@ def test_rules_a_finished_run_is_reused_only_with_the_same_params(tmp_path, on_d
     from gpt2.train import resume
 
     monkeypatch.delenv("DVC_ROOT", raising=False)
-    s = fake_setup()
+    s = fake_run()
     assert resume.load_for_resume(on_disk(saved(s, 12, metrics={"steps": 12}, mlflow=True)), s)["metrics"]
     assert resume.load_for_resume(on_disk(saved(s, 12, metrics={"steps": 12}, lr=0.5)), s) is None
     assert len(list(tmp_path.glob("ckpt.*.pt"))) == 1  # the finished model of other params is kept
@@ -261,7 +249,7 @@ def test_rules_a_finished_run_is_reused_only_with_the_same_params(tmp_path, on_d
 def test_rules_what_a_resume_refuses(on_disk, change, refused):
     from gpt2.train import resume
 
-    s = fake_setup()
+    s = fake_run()
     state = saved(s, change.get("step", 3), weights=change.get("weights"), **({"optimizer": change["optimizer"]}
                                                                                 if "optimizer" in change else {}))
     state["model_config"] = {**state["model_config"], **change.get("model_config", {})}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import micro_params
-from training import interrupt_at, run
+from training import fake_run, interrupt_at, run
 
 from gpt2.core.errors import Diverged, UserError
 from gpt2.run import checkpoint
@@ -108,15 +108,13 @@ def test_async_checkpoint_off_writes_in_the_loop(tmp_path, monkeypatch):
 
 
 def test_a_checkpoint_is_due_every_interval_and_at_the_last_step_unless_saving_is_off(tmp_path):
-    from types import SimpleNamespace
-
     from gpt2.run.tracking import Tracker
     from gpt2.train.history import History
     from gpt2.train.saving import Checkpointer
 
     def checkpointer(**train):
-        s = SimpleNamespace(params=micro_params(**train), dist=SimpleNamespace(main=True))
-        return Checkpointer(s, tmp_path / "ckpt.pt", History(), Tracker(), elapsed_s=lambda: 0.0, step=0)
+        return Checkpointer(fake_run(**train), tmp_path / "ckpt.pt", History(), Tracker(), elapsed_s=lambda: 0.0,
+                            step=0)
 
     every_4 = checkpointer(checkpoint_interval=4)
     assert [step for step in range(1, 13) if every_4.due(step)] == [4, 8, 12] and every_4.due(5, last=True)

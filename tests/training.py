@@ -1,4 +1,5 @@
-"""Helpers for the tests that train a micro model: a run, its logged losses, a Ctrl-C at a chosen step."""
+"""Helpers for the tests that train a micro model: a run, its logged losses, a Ctrl-C at a chosen step, and a
+fake run for the rules that need no training."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import signal
 
 import pytest
+from conftest import micro_params
 
 from gpt2.train import trainer
 from gpt2.train.trainer import TrainingInterrupted, train
@@ -38,3 +40,16 @@ def stop_at_step_3(tmp_path, tokens, monkeypatch, params):
     with pytest.raises(TrainingInterrupted):
         run(tmp_path, tokens, params)
     monkeypatch.undo()
+
+
+def fake_run(**train):
+    """What the resume, keep and save rules read of a run (its params, model config, data, steps and rank),
+    without building a model."""
+    from types import SimpleNamespace
+
+    from gpt2.model.gpt import GPTConfig
+
+    params = micro_params(**train)
+    return SimpleNamespace(params=params, model_cfg=GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=16),
+                           data_identity={"manifest_sha256": "m", "tokens": 100}, total_steps=params.train.max_steps,
+                           dist=SimpleNamespace(main=True))

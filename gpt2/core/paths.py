@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
+PIPELINE = "dvc.yaml"
 PARAMS = "params.yaml"
 RAW = "data/raw"
 TOKENS = "data/tokens"
@@ -33,7 +34,7 @@ def root() -> Path:
     root already (under ``dvc exp run --temp`` a temporary copy; ``tracking_root`` is the original)."""
     here = Path.cwd().resolve()
     for folder in (here, *here.parents):
-        if (folder / "dvc.yaml").is_file() or (folder / ".dvc").is_dir():
+        if (folder / PIPELINE).is_file() or (folder / ".dvc").is_dir():
             return folder
     return here
 

@@ -316,7 +316,7 @@ def unwatched(source: str) -> str | None:
     import yaml
 
     try:
-        deps = yaml.safe_load((paths.root() / "dvc.yaml").read_text())["stages"]["download"]["deps"]
+        deps = yaml.safe_load((paths.root() / paths.PIPELINE).read_text())["stages"]["download"]["deps"]
     except (OSError, KeyError, TypeError, yaml.YAMLError):
         return None  # no DVC pipeline here: nothing re-runs download on its own
     place = Path(re.split(r"[*?\[]", source, maxsplit=1)[0] or ".").expanduser().resolve()  # a glob: its folder

@@ -68,7 +68,7 @@ def uncommitted_params(root: Path, params_path: str | Path) -> str:
 
 def check_repo(root: Path) -> None:
     """DVC experiments need a git repo with a commit, a DVC project and (to queue) a git identity."""
-    if not (root / "dvc.yaml").is_file():
+    if not (root / paths.PIPELINE).is_file():
         raise UserError(f"{root} has no dvc.yaml; run from the project root")
     head = subprocess.run(["git", "rev-parse", "--verify", "HEAD"], cwd=root, capture_output=True, text=True)
     if head.returncode != 0:
@@ -168,8 +168,6 @@ def finished(root: Path, files: tuple[str, ...] = ()) -> list[Experiment]:
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
     exps = [exp for baseline in data if baseline.get("rev") == head for exp in _experiments(baseline)]
     return [replace(exp, files={path: _json_at(root, exp.rev, path) for path in files}) for exp in exps]
-
-
 
 
 def hourly_price(exp: Experiment | None, summary: str) -> float | None:

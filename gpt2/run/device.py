@@ -227,7 +227,6 @@ def peak_rss_bytes() -> int:
             return next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmHWM:"))
     except (OSError, StopIteration):
         import resource
-        import sys
 
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return peak if sys.platform == "darwin" else peak * 1024  # macOS counts bytes, Linux KiB
