@@ -8,7 +8,7 @@ reads ``<dataset>/train.bin`` as uint16 tokens, our format, and with no ``meta.p
 the vocabulary to 50304, as our padded-vocab rung does. ``bias=True`` makes its model GPT-2's, ours.
 
 Run as a script it compares the two on this CPU (the tiny model, fp32, compile off, the same tokens,
-alternating runs, as a ratio of medians)::
+alternating runs, every other pair starting with ours, as a ratio of medians and each pair's ratio)::
 
     python benchmarks/nanogpt_peer.py --nanogpt peers/nanoGPT --pairs 5
 
@@ -157,26 +157,45 @@ def main(folder: Path, pairs: int, steps: int, warmup: int, micro_batch: int, to
     our_rates: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(pairs):
-            args = overrides(TINY, token_dir, f"{tmp}/nanogpt", micro_batch, steps, gpu=False)
-            times, wrapper, error, _ = run(folder, args, None)
-            if error:
-                raise SystemExit(f"nanoGPT failed: {error}")
-            peer = figures(times, wrapper, micro_batch * TINY["seq"], warmup)
-            summary, error = ours(token_dir, f"{tmp}/ours{k}", micro_batch, steps, warmup, train)
-            if summary is None:
-                raise SystemExit(f"our trainer failed: {error}")
+            def peer_run() -> dict[str, Any]:
+                args = overrides(TINY, token_dir, f"{tmp}/nanogpt", micro_batch, steps, gpu=False)
+                times, wrapper, error, _ = run(folder, args, None)
+                if error:
+                    raise SystemExit(f"nanoGPT failed: {error}")
+                return figures(times, wrapper, micro_batch * TINY["seq"], warmup)
+
+            def our_run() -> dict[str, Any]:
+                summary, error = ours(token_dir, f"{tmp}/ours{k}", micro_batch, steps, warmup, train)
+                if summary is None:
+                    raise SystemExit(f"our trainer failed: {error}")
+                return summary
+
+            # every other pair starts with ours: a VM that drifts faster or slower favours neither side
+            if k % 2:
+                summary, peer = our_run(), peer_run()
+            else:
+                peer, summary = peer_run(), our_run()
             peer_rates.append(peer["tokens_per_s"])
             our_rates.append(summary["perf"]["tokens_per_s"])
             print(f"pair {k + 1}: nanoGPT {peer['step_ms']:.1f} ms, ours {summary['perf']['step_ms']:.1f} ms: "
                   f"{our_rates[-1] / peer_rates[-1]:.2f}×", file=sys.stderr, flush=True)
     each = [o / p for o, p in zip(our_rates, peer_rates)]
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; tiny, "
+    print(f"{cpu_model() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; tiny, "
           f"micro-batch {micro_batch} × {TINY['seq']}, fp32, compile off, {steps} iterations ({warmup} warm-up) per "
           f"run, {pairs} alternating pairs; ours: {' '.join(sets) or 'params defaults'}")
     print(f"nanoGPT train.py: {spread(peer_rates)}")
     print(f"ours:             {spread(our_rates)}")
     print(f"ours ÷ nanoGPT:   {statistics.median(our_rates) / statistics.median(peer_rates):.2f}× "
-          f"(pairs {min(each):.2f}–{max(each):.2f}×)")
+          f"(pairs {min(each):.2f}–{max(each):.2f}×, their median {statistics.median(each):.2f}×)")
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), '' elsewhere: the figures hold for this model only."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        return ""
 
 
 if __name__ == "__main__":

@@ -40,6 +40,29 @@ def test_loss_and_gradients_equal_the_plain_path(chunk, masked):
     assert torch.allclose(got[0], hidden.grad, atol=1e-12) and torch.allclose(got[1], weight.grad, atol=1e-12)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_labels_too_unlikely_for_fp32_probabilities_keep_their_exact_loss(masked):
+    """On a CPU in fp32 the loss comes from the softmax's probabilities, which underflow near 1e-38: a label
+    less likely than 1e-30 (a loss above 69) is recomputed from its logits, so losses of hundreds stay exact."""
+    torch.manual_seed(0)
+    n, c, v = 24, 8, 70
+    hidden = (40 * torch.randn(n, c)).requires_grad_()  # logits with a spread of hundreds
+    weight = torch.randn(v, c, requires_grad=True)
+    targets = torch.randint(0, 64, (n,))
+    mask = torch.cat([torch.zeros(64), torch.full((6,), float("-inf"))]) if masked else None
+    ours = linear_cross_entropy(hidden, weight, targets, 64 if masked else None, 8)
+    ours.backward()
+    got = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    expected_rows = F.cross_entropy(hidden.double() @ weight.double().t() + (0 if mask is None else mask.double()),
+                                    targets, reduction="none")
+    assert expected_rows.max() > 200 and (expected_rows > 69).sum() > 5  # the case under test, several times
+    expected_rows.mean().backward()
+    assert ours.item() == pytest.approx(expected_rows.mean().item(), rel=1e-5)
+    assert torch.allclose(got[0], hidden.grad.float(), atol=1e-5)
+    assert torch.allclose(got[1], weight.grad.float(), atol=1e-5)
+
+
 def test_without_gradients_only_the_loss_is_computed():
     torch.manual_seed(0)
     hidden, weight, targets = torch.randn(40, 8), torch.randn(30, 8), torch.randint(0, 30, (40,))
@@ -75,7 +98,8 @@ def test_the_model_trains_the_same_without_holding_the_logits():
 
 
 class LiveBuffers(TorchDispatchMode):
-    """The most bytes held at once in storages of at least ``min_bytes``, counted as every operation starts."""
+    """The most bytes held at once in storages of at least ``min_bytes``, counted as every operation starts and
+    again once its output exists (its inputs still alive)."""
 
     def __init__(self, min_bytes: int):
         super().__init__()
@@ -89,6 +113,7 @@ class LiveBuffers(TorchDispatchMode):
                 storage = t.untyped_storage()
                 self.live.setdefault(storage.data_ptr(), (storage.nbytes(), set()))[1].add(id(t))
                 weakref.finalize(t, self.dead, storage.data_ptr(), id(t))
+        self.most = max(self.most, sum(nbytes for nbytes, _ in self.live.values()))
         return out
 
     def dead(self, ptr: int, ident: int) -> None:
@@ -152,12 +177,18 @@ def test_compiled_under_bf16_it_writes_no_fp32_logits():
     assert loss.item() == pytest.approx(F.cross_entropy(hidden @ weight.t(), targets).item(), rel=2e-2)
 
 
-def test_auto_chunks_fit_a_cpu_cache_and_stay_large_on_a_gpu():
+def test_auto_chunks_fit_a_cpu_cache_and_stay_large_on_a_gpu(monkeypatch):
+    from gpt2.model import loss
     from gpt2.model.loss import chunk_rows
 
+    monkeypatch.setattr(loss, "cpu_vendor", lambda: "GenuineIntel")
     assert chunk_rows("auto", "cpu", 50304) == 128  # 128 x 50,304 fp32 logits: 25.8 MB, within 32 MB
     assert chunk_rows("auto", "cpu", 1000) == 8192 and chunk_rows("auto", "cpu", 10**9) == 1
     assert chunk_rows("auto", "cuda", 50304) == 8192 and chunk_rows(0, "cpu", 50304) == 0
+    assert chunk_rows(64, "cpu", 50304) == 64
+    monkeypatch.setattr(loss, "cpu_vendor", lambda: "AuthenticAMD")  # MKL wants more rows per matmul there
+    assert chunk_rows("auto", "cpu", 50304) == 512 and chunk_rows("auto", "cuda", 50304) == 8192
+    assert chunk_rows(64, "cpu", 50304) == 64
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")

@@ -124,7 +124,7 @@ class TrainConfig:
         note="liger needs liger-kernel (pip install liger-kernel)")
     loss_chunk: int | Literal["auto"] = param(
         "auto", "training loss in chunks of this many positions, never all logits at once; auto: 8192 on a GPU, on "
-                "a CPU 32 MB of logits (128 positions)", ge=0,
+                "a CPU 32 MB of logits (128 positions), on an AMD CPU 128 MB (512)", ge=0,
         note="0 = plain loss")
     cpu_gemm: Literal["auto", "blas", "onednn"] = param(
         "blas", "the library of the LM head's logits matmul on a CPU: blas (PyTorch's BLAS, MKL on x86) | onednn "

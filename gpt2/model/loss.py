@@ -12,7 +12,8 @@ Precision follows autocast as the plain path does: matmuls in the autocast dtype
 fp32. The gradient's 1/N is applied in fp32 after the matmuls, so fp16 does not underflow it.
 
 Each chunk's logits become their log-softmax in place (one row-wise pass), then the softmax
-gradient in place (``exp_``): without compile a chunk needs one fp32 buffer. On a CPU that buffer
+gradient in place (``exp_``); on a CPU in fp32 they become the softmax in place at once, one exp
+per logit (``probs_in_place``). Without compile a chunk needs one fp32 buffer. On a CPU that buffer
 is sized to stay in cache between the matmul that writes it and the two that read it
 (``chunk_rows``); the matmuls then run near the CPU's peak and the softmax passes cost far less
 than on logits that spill to memory (docs/benchmarks.md). Under torch.compile Inductor fuses the softmax, the
@@ -34,6 +35,7 @@ from gpt2.core.errors import UserError
 
 GPU_CHUNK_ROWS = 8192
 CPU_CHUNK_BYTES = 32 * 2**20  # fp32 logits of one chunk: small enough for a server CPU's caches
+AMD_CHUNK_BYTES = 128 * 2**20  # on AMD CPUs MKL needs more rows per matmul than the cache holds
 AUTOCAST_DEVICES = ("cuda", "cpu", "mps", "xpu")  # torch.is_autocast_enabled raises for others (meta)
 
 
@@ -50,12 +52,16 @@ def chunk_rows(setting: int | str, device_type: str, vocab_size: int) -> int:
     """``train.loss_chunk`` on this device: ``auto`` is 8192 positions on a GPU, where big matmuls run
     best. On a CPU a chunk is sized so that its fp32 logits stay in cache from the matmul that writes
     them through the softmax and the two matmuls that read them: a power of two whose logits fit in
-    32 MB (128 positions at GPT-2's vocabulary). docs/benchmarks.md has the measurements behind both."""
+    32 MB (128 positions at GPT-2's vocabulary). On an AMD CPU the matmuls weigh more than the cache:
+    MKL's kernels there run the head's shapes 15-30% slower at 128 rows than at 512, so the chunk is
+    the power of two whose logits fit in 128 MB (512 positions). docs/benchmarks.md has the
+    measurements behind each."""
     if setting != "auto":
         return int(setting)
     if device_type != "cpu":
         return GPU_CHUNK_ROWS
-    return 2 ** max(0, math.floor(math.log2(CPU_CHUNK_BYTES / (4 * vocab_size))))
+    budget = AMD_CHUNK_BYTES if cpu_vendor() == "AuthenticAMD" else CPU_CHUNK_BYTES
+    return 2 ** max(0, math.floor(math.log2(budget / (4 * vocab_size))))
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -72,14 +78,17 @@ class LinearCrossEntropy(torch.autograd.Function):
         buffer = logits_buffer(x, w, chunk, compute, acc) if gemm == "blas" else None
         for lo in range(0, n, chunk):
             rows, labels = x[lo:lo + chunk], targets[lo:lo + chunk]
-            logp = log_probs(rows, w, vocab_size, acc, buffer, gemm)
-            picked = logp.gather(1, labels[:, None]).squeeze(1)
+            at_labels = (torch.arange(len(labels), device=x.device), labels)
+            if buffer is not None and x.device.type == "cpu":
+                g, picked = probs_in_place(rows, w, labels, vocab_size, buffer)
+            else:
+                logp = log_probs(rows, w, vocab_size, acc, buffer, gemm)
+                picked = logp.gather(1, labels[:, None]).squeeze(1)
+                g = logp.exp_().to(compute)  # the softmax, cast once to the matmul dtype
+                del logp
             total -= picked.sum()
-            # d(loss sum)/d(logits) = softmax - one-hot: the softmax cast once to the matmul dtype, then the
-            # label column from its fp32 log-probability (so 1 - p near 0 keeps its precision)
-            g = logp.exp_().to(compute)
-            g[torch.arange(len(labels), device=g.device), labels] = (picked.exp() - 1.0).to(compute)
-            del logp
+            # d(loss sum)/d(logits) = softmax - one-hot, the label column from its fp32 log-probability
+            g[at_labels] = (picked.exp() - 1.0).to(compute)
             grad_hidden[lo:lo + chunk] = g @ w
             if grad_weight is None:
                 grad_weight = (g.t() @ rows).to(acc)
@@ -117,6 +126,29 @@ def logits_gemm(setting: str, compute: torch.dtype) -> str:
     compiled graph keeps Inductor's own choice of matmul); else the BLAS path, ``blas``."""
     onednn = setting == "onednn" and compute == torch.float32 and not torch.compiler.is_compiling()
     return "onednn" if onednn else "blas"
+
+
+LOG_TINY = -69.0  # log(1e-30): a label's probability below it is recomputed, as fp32 underflows near 1e-38
+
+
+def probs_in_place(rows: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, vocab_size: int | None,
+                   buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk's softmax in ``buffer`` and the labels' log-probabilities, on a CPU in fp32.
+
+    One exp per logit where the log-softmax then its exp take two: 7% of the tiny step on a CPU
+    (docs/benchmarks.md). The labels' log-probabilities come from their probabilities, which lose
+    nothing above 1e-30; a row whose label is less likely than that (a loss above 69) has its
+    log-softmax recomputed from its logits, so the loss stays exact where fp32 probabilities underflow."""
+    probs = torch.mm(rows, weight.t(), out=buffer[:len(rows)])
+    if vocab_size is not None and vocab_size < probs.shape[1]:
+        probs[:, vocab_size:] = float("-inf")
+    torch.softmax(probs, dim=-1, out=probs)
+    picked = probs[torch.arange(len(labels)), labels].log()
+    unlikely = (picked < LOG_TINY).nonzero().squeeze(1)
+    if len(unlikely):
+        exact = log_probs(rows[unlikely], weight, vocab_size, probs.dtype)
+        picked[unlikely] = exact[torch.arange(len(unlikely)), labels[unlikely]]
+    return probs, picked
 
 
 def log_probs(rows: torch.Tensor, weight: torch.Tensor, vocab_size: int | None, acc: torch.dtype,
