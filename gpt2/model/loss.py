@@ -11,17 +11,18 @@ work is the same three matmuls (forward, and the two of backward, done in forwar
 Precision follows autocast as the plain path does: matmuls in the autocast dtype, the softmax in
 fp32. The gradient's 1/N is applied in fp32 after the matmuls, so fp16 does not underflow it.
 
-Each chunk's logits become their log-softmax in place (one row-wise pass), then the softmax
-gradient in place (``exp_``); on a CPU in fp32 they become the softmax in place at once, one exp
-per logit (``probs_in_place``). Without compile a chunk needs one fp32 buffer. On a CPU that buffer
-is sized to stay in cache between the matmul that writes it and the two that read it
-(``chunk_rows``); the matmuls then run near the CPU's peak and the softmax passes cost far less
-than on logits that spill to memory (docs/benchmarks.md). Under torch.compile Inductor fuses the softmax, the
-exp and the cast into one pass: bf16 on a GPU moves about 12 to 14 bytes per logit (the matmul
-writes 2, the log-sum-exp reads 2 or 4, the gradient kernel reads 2 and writes 2, the two gradient
-matmuls read 2 + 2). Scattering the label column's -1 into fp32 probabilities and casting after
-would make Inductor write and read them in fp32 first: about 20. ``benchmarks/loss_kernels.py``
-shows the buffers the compiled chunk allocates and times it.
+Each chunk's logits become their log-softmax in place (one row-wise pass), then the softmax gradient
+in place (``exp_``); on a CPU in fp32, eager, they become the softmax in place at once, one exp per
+logit (``probs_in_place``; compiled, Inductor fuses the passes anyway). Without compile a chunk
+needs one fp32 buffer. On a CPU that buffer is sized to stay in cache between the matmul that writes
+it and the two that read it (``chunk_rows``); the matmuls then run near the CPU's peak and the
+softmax passes cost far less than on logits that spill to memory, except on AMD CPUs, where MKL's
+matmuls need more rows than the cache holds (docs/benchmarks.md). Under torch.compile Inductor fuses
+the softmax, the exp and the cast into one pass: bf16 on a GPU moves about 12 to 14 bytes per logit
+(the matmul writes 2, the log-sum-exp reads 2 or 4, the gradient kernel reads 2 and writes 2, the
+two gradient matmuls read 2 + 2). Scattering the label column's -1 into fp32 probabilities and
+casting after would make Inductor write and read them in fp32 first: about 20.
+``benchmarks/loss_kernels.py`` shows the buffers the compiled chunk allocates and times it.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         for lo in range(0, n, chunk):
             rows, labels = x[lo:lo + chunk], targets[lo:lo + chunk]
             at_labels = (torch.arange(len(labels), device=x.device), labels)
-            if buffer is not None and x.device.type == "cpu":
+            if buffer is not None and x.device.type == "cpu" and not torch.compiler.is_compiling():
                 g, picked = probs_in_place(rows, w, labels, vocab_size, buffer)
             else:
                 logp = log_probs(rows, w, vocab_size, acc, buffer, gemm)
