@@ -210,9 +210,14 @@ def cpu_gemm(setting: str, device_type: str) -> str:
 
 def cpu_vendor() -> str:
     """The x86 vendor string (``GenuineIntel``, ``AuthenticAMD``) where /proc/cpuinfo says it, else ''."""
+    return cpu_info("vendor_id")
+
+
+def cpu_info(field: str) -> str:
+    """A field of /proc/cpuinfo's first CPU (``vendor_id``, ``model name``), '' where there is none (not Linux)."""
     try:
         with open("/proc/cpuinfo") as info:
-            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("vendor_id")), "")
+            return next((line.split(":", 1)[1].strip() for line in info if line.split(":")[0].strip() == field), "")
     except OSError:
         return ""
 
