@@ -37,6 +37,7 @@ from gpt2.core.errors import UserError
 GPU_CHUNK_ROWS = 8192
 CPU_CHUNK_BYTES = 32 * 2**20  # fp32 logits of one chunk: small enough for a server CPU's caches
 AMD_CHUNK_BYTES = 128 * 2**20  # on AMD CPUs MKL needs more rows per matmul than the cache holds
+LOG_TINY = -69.0  # log(1e-30): a label's probability below it is recomputed, as fp32 underflows near 1e-38
 AUTOCAST_DEVICES = ("cuda", "cpu", "mps", "xpu")  # torch.is_autocast_enabled raises for others (meta)
 
 
@@ -81,7 +82,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             rows, labels = x[lo:lo + chunk], targets[lo:lo + chunk]
             at_labels = (torch.arange(len(labels), device=x.device), labels)
             if buffer is not None and x.device.type == "cpu" and not torch.compiler.is_compiling():
-                g, picked = probs_in_place(rows, w, labels, vocab_size, buffer)
+                g, picked = probs_in_place(rows, w, at_labels, vocab_size, buffer)
             else:
                 logp = log_probs(rows, w, vocab_size, acc, buffer, gemm)
                 picked = logp.gather(1, labels[:, None]).squeeze(1)
@@ -129,11 +130,8 @@ def logits_gemm(setting: str, compute: torch.dtype) -> str:
     return "onednn" if onednn else "blas"
 
 
-LOG_TINY = -69.0  # log(1e-30): a label's probability below it is recomputed, as fp32 underflows near 1e-38
-
-
-def probs_in_place(rows: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, vocab_size: int | None,
-                   buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def probs_in_place(rows: torch.Tensor, weight: torch.Tensor, at_labels: tuple[torch.Tensor, torch.Tensor],
+                   vocab_size: int | None, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunk's softmax in ``buffer`` and the labels' log-probabilities, on a CPU in fp32.
 
     One exp per logit where the log-softmax then its exp take two: 7% of the tiny step on a CPU
@@ -144,11 +142,11 @@ def probs_in_place(rows: torch.Tensor, weight: torch.Tensor, labels: torch.Tenso
     if vocab_size is not None and vocab_size < probs.shape[1]:
         probs[:, vocab_size:] = float("-inf")
     torch.softmax(probs, dim=-1, out=probs)
-    picked = probs[torch.arange(len(labels)), labels].log()
+    picked = probs[at_labels].log()
     unlikely = (picked < LOG_TINY).nonzero().squeeze(1)
     if len(unlikely):
         exact = log_probs(rows[unlikely], weight, vocab_size, probs.dtype)
-        picked[unlikely] = exact[torch.arange(len(unlikely)), labels[unlikely]]
+        picked[unlikely] = exact[torch.arange(len(unlikely)), at_labels[1][unlikely]]
     return probs, picked
 
 
