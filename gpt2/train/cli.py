@@ -23,12 +23,12 @@ from gpt2.core.cli import PARAMS, SETS, user_errors
 def train(params_path: str, sets: tuple[str, ...], tokens: str, ckpt: str, out: str, evaluation: str | None) -> None:
     """Train GPT-2 on data/tokens/ as params.yaml says; resume an interrupted run."""
     from gpt2.core.config import load_params
-    from gpt2.train import distributed
+    from gpt2.train import processes
 
     params = load_params(params_path, sets)
-    if distributed.must_launch(params.train):  # train.distributed: ddp on N processes: torchrun runs this again
+    if processes.must_launch(params.train):  # train.distributed: ddp on N processes: torchrun runs this again
         overrides = [arg for item in sets for arg in ("-S", item)]
-        code = distributed.launch(params.train, ["--params", params_path, *overrides, "--tokens", tokens,
+        code = processes.launch(params.train, ["--params", params_path, *overrides, "--tokens", tokens,
                                                  "--checkpoint", ckpt, "--out", out])
         if code == 0 and evaluation:
             _withdraw(evaluation, out)

@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import signal
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +22,7 @@ import torch.distributed as dist
 from gpt2.core import log
 from gpt2.core.config import TrainConfig
 from gpt2.core.errors import UserError
+from gpt2.train.processes import under_torchrun
 
 logger = log.get("train")
 
@@ -43,67 +41,6 @@ class Dist:
     def main(self) -> bool:
         """Rank 0: the one that logs, writes reports and checkpoints."""
         return self.rank == 0
-
-
-def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def must_launch(cfg: TrainConfig) -> bool:
-    """Whether this process should start torchrun rather than train."""
-    return cfg.distributed != "off" and cfg.nproc_per_node > 1 and not under_torchrun()
-
-
-def launch(cfg: TrainConfig, args: list[str]) -> int:
-    """Run ``python -m gpt2.train.cli ARGS`` in ``nproc_per_node`` processes under torchrun; its exit status."""
-    command = [sys.executable, "-m", "gpt2.train.torchrun", "--standalone", f"--nproc-per-node={cfg.nproc_per_node}",
-               "-m", "gpt2.train.cli", *args]
-    logger.info(f"train: launching {cfg.nproc_per_node} processes: {' '.join(command[1:])}")
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(_threads_per_rank(cfg)))}
-    code = run_forwarding_signals(command, env)
-    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
-        return code
-    if code > 128:  # a rank killed by a signal: the launcher's `error:` line above names it
-        return code
-    if code != 0:
-        logger.info(f"train: {cfg.nproc_per_node} processes ended with exit status {code}. The first rank to fail "
-                    "says why above (its `error:` line). On CUDA (NCCL) a rank that dies or hangs is noticed by "
-                    "PyTorch's watchdog, "
-                    f"which ends every rank after train.dist_timeout_s = {cfg.dist_timeout_s:g} s (the first step: "
-                    f"train.dist_first_step_timeout_s = {cfg.dist_first_step_timeout_s:g} s, for compilation) with "
-                    "'Watchdog caught collective operation timeout' or 'ProcessGroupNCCL' lines: those are the "
-                    "consequence; the cause is the first rank's own error, or a rank that stopped printing.")
-    return code
-
-
-def run_forwarding_signals(command: list[str], env: dict[str, str]) -> int:
-    """Run ``command`` and pass it each SIGINT/SIGTERM this process gets; wait for it to end.
-
-    The ranks save a checkpoint when torchrun hands them the signal. Without this, a SIGTERM to the
-    stage (DVC, a scheduler) would end this process at once and leave the ranks training, holding the
-    checkpoint's lock. torchrun gets its own session, so a Ctrl-C in the terminal reaches it once,
-    through here, not twice (a second SIGINT aborts a rank without saving). Returns 128 + the signal
-    when one was forwarded, else torchrun's exit status."""
-    from gpt2.train.signals import stop_with_parent
-
-    child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=stop_with_parent)
-    received: list[int] = []
-
-    def forward(signum: int, frame: object) -> None:
-        received.append(signum)
-        child.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        code = child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 128 + received[0] if received else code
-
-
-def _threads_per_rank(cfg: TrainConfig) -> int:
-    return max(1, (os.cpu_count() or 1) // cfg.nproc_per_node)
 
 
 def init(cfg: TrainConfig, device: torch.device) -> tuple[Dist, torch.device]:

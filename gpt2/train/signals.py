@@ -7,10 +7,7 @@ once, without saving.
 
 from __future__ import annotations
 
-import os
 import signal
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -69,70 +66,6 @@ def stop_on_signals() -> Iterator[StopRequest]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
-
-
-def stop_with_parent() -> None:
-    """Have the kernel send this process SIGTERM when its parent dies (Linux; elsewhere nothing).
-
-    DVC, ``timeout`` or a job scheduler that is killed would otherwise leave the trainer orphaned: it would
-    train on to the end and write a checkpoint no one records. With this it stops as on SIGTERM: it
-    finishes the step, saves, and exits. Also used as the ``preexec_fn`` of a process this one starts."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        parent = os.getppid()
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
-            return
-    except (OSError, AttributeError):  # not Linux, or no prctl
-        return
-    if os.getppid() != parent:  # it died before the request took effect
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
-    if _name(parent) in SHELLS:  # `sh -c CMD` (DVC's shell) outlives the one who started it: watch that one
-        grandparent = _parent_of(parent)
-        started = _started(grandparent) if grandparent > 1 else None
-        if started is not None:
-            threading.Thread(target=_term_when_gone, args=(grandparent, started), daemon=True,
-                             name="parent-watch").start()
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-SHELLS = {"sh", "dash", "bash", "zsh", "fish", "ksh"}
-
-
-def _stat(pid: int) -> list[str]:
-    """/proc/PID/stat's fields after the command name (which may hold spaces)."""
-    with open(f"/proc/{pid}/stat") as handle:
-        return handle.read().rsplit(")", 1)[1].split()
-
-
-def _name(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
-
-
-def _parent_of(pid: int) -> int:
-    try:
-        return int(_stat(pid)[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _started(pid: int) -> str | None:
-    try:
-        return _stat(pid)[19]  # start time: a reused PID is another process
-    except (OSError, IndexError):
-        return None
-
-
-def _term_when_gone(pid: int, started: str, every_s: float = 1.0) -> None:
-    while _started(pid) == started:
-        time.sleep(every_s)
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 class StopVote:

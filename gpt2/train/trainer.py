@@ -39,7 +39,8 @@ from gpt2.train.oom import is_cpu_out_of_memory, out_of_memory_error
 from gpt2.train.optim import lr_at, set_lr
 from gpt2.train.reports import run_summary
 from gpt2.train.saving import Checkpointer
-from gpt2.train.signals import StopVote, TrainingInterrupted, stop_on_signals, stop_with_parent
+from gpt2.train.processes import stop_with_parent
+from gpt2.train.signals import StopVote, TrainingInterrupted, stop_on_signals
 from gpt2.train.step import backward_micro_batches, optimizer_step
 from gpt2.train.step_log import StepLog
 
