@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 import yaml
-from conftest import MICRO_MODEL, MICRO_TRAIN, ROOT, commit_all, dvc, micro_params, project_copy, set_params
+from conftest import MICRO_MODEL, MICRO_TRAIN, ROOT, dvc, environment, micro_params, project_copy, set_params
 
 from gpt2.run import checkpoint
 from gpt2.train.trainer import train
@@ -260,27 +260,15 @@ def test_torchrun_with_distributed_off_is_refused(monkeypatch):
 
 
 @pytest.mark.slow
-def test_dvc_repro_launches_two_ranks_and_writes_once(tmp_path, tmp_path_factory):
+def test_the_train_stage_launches_ranks_that_save_on_its_sigterm_and_resume_writing_once(tmp_path, tmp_path_factory):
+    """The DVC stage's command with 2 processes: it launches torchrun. A SIGTERM to it (what DVC or a scheduler
+    sends) reaches the ranks, which save after a step and end before it does; `dvc repro` resumes, and rank 0 alone
+    writes the checkpoint, the reports and the one MLflow run."""
     mlflow = pytest.importorskip("mlflow")
     root = project_copy(tmp_path_factory, tmp_path)
-    set_params(root, train={"distributed": "ddp", "nproc_per_node": 2, "mlflow": True})
-    commit_all(root)
-    dvc(root, "repro", "train")
-    out = json.loads((root / "reports/train/summary.json").read_text())
-    assert out["perf"]["world_size"] == 2 and out["steps"] == 12
-    assert [p.name for p in (root / "checkpoints").iterdir()] == ["ckpt.pt"]
-    client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
-    runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
-    assert len(runs) == 1 and runs[0].data.tags["world_size"] == "2"
-
-
-@pytest.mark.slow
-def test_sigterm_to_the_launching_stage_stops_its_ranks_after_a_saved_step(tmp_path, tokens):
-    """What DVC or a scheduler does to the stage: the ranks save and end before the stage does."""
-    params = params_file(tmp_path, distributed="ddp", nproc_per_node=2, max_steps=100_000, micro_batch_size=2)
-    stage = subprocess.Popen([sys.executable, "-m", "gpt2.cli", "train", "--params", str(params), "--tokens",
-                              str(tokens), "--checkpoint", str(tmp_path / "ckpt.pt"), "--out", str(tmp_path / "r")],
-                             cwd=ROOT, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    set_params(root, train={"distributed": "ddp", "nproc_per_node": 2, "max_steps": 100_000})
+    stage = subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=root, stderr=subprocess.PIPE, text=True,
+                             env=environment())
     lines = []
     for line in stage.stderr:  # the ranks train: step lines
         lines.append(line)
@@ -292,10 +280,20 @@ def test_sigterm_to_the_launching_stage_stops_its_ranks_after_a_saved_step(tmp_p
     errors = [line for line in rest.splitlines() if line.startswith("error:")]  # one line, rank 0's
     assert len(errors) == 1 and "interrupted by SIGTERM at step" in errors[0], rest
     assert "Traceback" not in rest and "ChildFailedError" not in rest, rest
-    saved = checkpoint.load(tmp_path / "ckpt.pt")["step"]
+    saved = checkpoint.load(root / "checkpoints/ckpt.pt")["step"]
     assert 0 < saved < 100_000
-    with checkpoint.exclusive(tmp_path / "ckpt.pt"):  # no rank trains on, holding the checkpoint's folder
+    with checkpoint.exclusive(root / "checkpoints/ckpt.pt"):  # no rank trains on, holding the checkpoint's folder
         pass
+
+    set_params(root, train={"max_steps": saved + 2, "mlflow": True})
+    done = dvc(root, "repro", "train")
+    assert f"resuming at step {saved}/{saved + 2}" in done.stdout + done.stderr
+    out = json.loads((root / "reports/train/summary.json").read_text())
+    assert out["perf"]["world_size"] == 2 and out["steps"] == saved + 2
+    assert [p.name for p in (root / "checkpoints").iterdir()] == ["ckpt.pt"]
+    client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
+    assert len(runs) == 1 and runs[0].data.tags["world_size"] == "2"
 
 
 def test_preload_under_ddp_shares_one_mapped_copy(tokens):
