@@ -9,14 +9,24 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks")]
+import gpu_check  # noqa: E402
+import nanogpt_peer  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 
 def check(out: Path, tokens: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--smoke", "--json", str(out), "--tokens",
                            str(tokens), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def check_here(out: Path, tokens: Path, *args: str):
+    """gpu_check in this process, for a call that ends before any child starts: no process to pay torch's import."""
+    return CliRunner().invoke(gpu_check.main, ["--smoke", "--json", str(out), "--tokens", str(tokens), *args])
 
 
 FAKE_NANOGPT = """
@@ -87,11 +97,11 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
 
 def test_a_child_past_its_time_limit_is_a_timed_out_row_and_peers_need_the_ladder(tmp_path, tokens):
     out = tmp_path / "check.json"
-    refused = check(out, tokens, "--part", "fit", "--part", "long")
-    assert refused.returncode != 0 and "long, fit start(s) from the fastest row" in refused.stderr
+    refused = check_here(out, tokens, "--part", "fit", "--part", "long")
+    assert refused.exit_code != 0 and "long, fit start(s) from the fastest row" in refused.stderr
     assert "run --part ladder or --part best first" in refused.stderr
-    not_nanogpt = check(out, tokens, "--part", "nanogpt", "--nanogpt", str(tmp_path))
-    assert not_nanogpt.returncode != 0 and "no train.py, model.py, configurator.py there" in not_nanogpt.stderr
+    not_nanogpt = check_here(out, tokens, "--part", "nanogpt", "--nanogpt", str(tmp_path))
+    assert not_nanogpt.exit_code != 0 and "no train.py, model.py, configurator.py there" in not_nanogpt.stderr
     fp32 = {"name": "fp32", "step_ms": 9.0, "tokens_per_s": 1.0, "tokens_per_s_wall": None, "mfu": None, "peak_gb": 0.1,
             "estimate_gb": None, "warmup_s": 0.0, "sdpa": "manual (no SDPA)", "dtype": "fp32", "micro_batch": 1,
             "accum": 1, "note": "", "train": {}}
@@ -102,8 +112,8 @@ def test_a_child_past_its_time_limit_is_a_timed_out_row_and_peers_need_the_ladde
     for path in carried.iterdir():
         path.chmod(0o444)
     out = tmp_path / "out/check.json"  # an empty output folder, as every job on the lent box starts with
-    out_of_budget = check(out, tokens, "--part", "long", "--carried", str(carried), "--budget-s", "1")
-    assert out_of_budget.returncode == 0 and "--budget-s 1 left long to the next job" in out_of_budget.stderr
+    out_of_budget = check_here(out, tokens, "--part", "long", "--carried", str(carried), "--budget-s", "1")
+    assert out_of_budget.exit_code == 0 and "--budget-s 1 left long to the next job" in out_of_budget.stderr
     assert [r["name"] for r in json.loads(out.read_text())["rows"]] == ["fp32"]  # carried; nothing started
     result = check(out, tokens, "--part", "long", "--timeout-s", "0.5")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -116,10 +126,9 @@ def test_a_child_past_its_time_limit_is_a_timed_out_row_and_peers_need_the_ladde
 def test_nanogpt_side_by_side_on_a_cpu_reports_each_pair_and_the_ratio(tmp_path, tokens):
     nanogpt = fake_nanogpt(tmp_path / "nanoGPT")
     (nanogpt / "train.py").write_text(FAKE_NANOGPT.replace('"12"', '"8"'))  # the tiny config's micro-batch
-    result = subprocess.run([sys.executable, "benchmarks/nanogpt_peer.py", "--nanogpt", str(nanogpt), "--pairs", "1",
-                             "--steps", "3", "--warmup", "1", "--tokens", str(tokens), "--set", "loss_chunk=64"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = CliRunner().invoke(nanogpt_peer.main, ["--nanogpt", str(nanogpt), "--pairs", "1", "--steps", "3",
+                                                    "--warmup", "1", "--tokens", str(tokens), "--set", "loss_chunk=64"])
+    assert result.exit_code == 0, result.stderr[-3000:]
     assert result.stderr.count("nanoGPT 25.0 ms") == 1  # the median of its timed iterations (20, 30 ms)
     assert "ours: loss_chunk=64" in result.stdout and "nanoGPT train.py: 40,960 tok/s" in result.stdout
     assert "ours ÷ nanoGPT:" in result.stdout
