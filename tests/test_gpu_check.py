@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,14 +18,11 @@ import nanogpt_peer  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def check(out: Path, tokens: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--smoke", "--json", str(out), "--tokens",
-                           str(tokens), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
-
-
-def check_here(out: Path, tokens: Path, *args: str):
-    """gpu_check in this process, for a call that ends before any child starts: no process to pay torch's import."""
-    return CliRunner().invoke(gpu_check.main, ["--smoke", "--json", str(out), "--tokens", str(tokens), *args])
+def check(out: Path, tokens: Path, *args: str):
+    """gpu_check in this process (its children, the trainings, are processes of their own): running it as a
+    script, copied without an install, is test_gpu_check_plan's."""
+    return CliRunner().invoke(gpu_check.main, ["--smoke", "--json", str(out), "--tokens", str(tokens), *args],
+                              catch_exceptions=False)
 
 
 FAKE_NANOGPT = """
@@ -53,7 +49,7 @@ def fake_nanogpt(folder: Path) -> Path:
 def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measured(tmp_path, tokens):
     out = tmp_path / "check.json"
     first = check(out, tokens, "--part", "ladder")  # a job that ends (or is killed) after the ladder
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.exit_code == 0, first.stderr[-3000:]
     ladder = json.loads(out.read_text())["rows"]
     # no TF32 on a CPU, no compile in smoke
     assert [r["name"] for r in ladder] == ["fp32", "+ bf16 autocast", "+ flash attention", "+ padded vocab (50304)",
@@ -61,7 +57,7 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
     nanogpt = fake_nanogpt(tmp_path / "nanoGPT")
     second = check(out, tokens, "--part", "ladder", "--part", "nanogpt", "--nanogpt", str(nanogpt),
                    "--nanogpt-repeats", "1", "--part", "long", "--part", "profile")  # peers, fit: test_gpu_check_plan
-    assert second.returncode == 0, second.stderr[-3000:]
+    assert second.exit_code == 0, second.stderr[-3000:]
     assert "fp32:" not in second.stderr  # the ladder's rows were read back, not measured again
     report = json.loads(out.read_text())
     names = [r["name"] for r in report["rows"]]
@@ -97,10 +93,10 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
 
 def test_a_child_past_its_time_limit_is_a_timed_out_row_and_peers_need_the_ladder(tmp_path, tokens):
     out = tmp_path / "check.json"
-    refused = check_here(out, tokens, "--part", "fit", "--part", "long")
+    refused = check(out, tokens, "--part", "fit", "--part", "long")
     assert refused.exit_code != 0 and "long, fit start(s) from the fastest row" in refused.stderr
     assert "run --part ladder or --part best first" in refused.stderr
-    not_nanogpt = check_here(out, tokens, "--part", "nanogpt", "--nanogpt", str(tmp_path))
+    not_nanogpt = check(out, tokens, "--part", "nanogpt", "--nanogpt", str(tmp_path))
     assert not_nanogpt.exit_code != 0 and "no train.py, model.py, configurator.py there" in not_nanogpt.stderr
     fp32 = {"name": "fp32", "step_ms": 9.0, "tokens_per_s": 1.0, "tokens_per_s_wall": None, "mfu": None, "peak_gb": 0.1,
             "estimate_gb": None, "warmup_s": 0.0, "sdpa": "manual (no SDPA)", "dtype": "fp32", "micro_batch": 1,
@@ -112,11 +108,11 @@ def test_a_child_past_its_time_limit_is_a_timed_out_row_and_peers_need_the_ladde
     for path in carried.iterdir():
         path.chmod(0o444)
     out = tmp_path / "out/check.json"  # an empty output folder, as every job on the lent box starts with
-    out_of_budget = check_here(out, tokens, "--part", "long", "--carried", str(carried), "--budget-s", "1")
+    out_of_budget = check(out, tokens, "--part", "long", "--carried", str(carried), "--budget-s", "1")
     assert out_of_budget.exit_code == 0 and "--budget-s 1 left long to the next job" in out_of_budget.stderr
     assert [r["name"] for r in json.loads(out.read_text())["rows"]] == ["fp32"]  # carried; nothing started
     result = check(out, tokens, "--part", "long", "--timeout-s", "0.5")
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.exit_code == 0, result.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert rows[0]["name"] == "fp32" and rows[-1]["failed"] == "timed out after 0.5 s"
     assert out.with_suffix(".stderr.log").read_text().startswith("===== fp32")  # the carried log, appended to
@@ -127,7 +123,8 @@ def test_nanogpt_side_by_side_on_a_cpu_reports_each_pair_and_the_ratio(tmp_path,
     nanogpt = fake_nanogpt(tmp_path / "nanoGPT")
     (nanogpt / "train.py").write_text(FAKE_NANOGPT.replace('"12"', '"8"'))  # the tiny config's micro-batch
     result = CliRunner().invoke(nanogpt_peer.main, ["--nanogpt", str(nanogpt), "--pairs", "1", "--steps", "3",
-                                                    "--warmup", "1", "--tokens", str(tokens), "--set", "loss_chunk=64"])
+                                                    "--warmup", "1", "--tokens", str(tokens), "--set", "loss_chunk=64"],
+                                catch_exceptions=False)
     assert result.exit_code == 0, result.stderr[-3000:]
     assert result.stderr.count("nanoGPT 25.0 ms") == 1  # the median of its timed iterations (20, 30 ms)
     assert "ours: loss_chunk=64" in result.stdout and "nanoGPT train.py: 40,960 tok/s" in result.stdout
