@@ -29,7 +29,7 @@ def train(params_path: str, sets: tuple[str, ...], tokens: str, ckpt: str, out: 
     if processes.must_launch(params.train):  # train.distributed: ddp on N processes: torchrun runs this again
         overrides = [arg for item in sets for arg in ("-S", item)]
         code = processes.launch(params.train, ["--params", params_path, *overrides, "--tokens", tokens,
-                                                 "--checkpoint", ckpt, "--out", out])
+                                               "--checkpoint", ckpt, "--out", out])
         if code == 0 and evaluation:
             _withdraw(evaluation, out)
         sys.exit(code)
