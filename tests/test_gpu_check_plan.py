@@ -57,17 +57,18 @@ def new_check(tmp_path, budget_s, clock, machine="card-1", rows=()) -> gpu_check
 def test_a_row_that_does_not_fit_is_left_to_the_next_job_and_cheaper_rows_still_run(tmp_path, monkeypatch):
     clock, calls = Clock(), []
     fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
-    check = new_check(tmp_path, 450.0, clock)
+    check = new_check(tmp_path, 550.0, clock)
     left = check.run(("best", "levers", "ladder"), None, 1)
     names = [r["name"] for r in check.report.data["rows"]]
-    assert names[:3] == ["all switches", "all switches + Liger fused loss", "all switches + FP8 matmuls (tensorwise)"]
+    assert names[:4] == ["all switches", "all switches + Liger fused loss", "all switches + FP8 matmuls (tensorwise)",
+                         "all switches + FP8 LM head"]
     # max-autotune (300 s until measured) does not fit the 150 s left: left, and the ladder's first rungs run instead
     assert "all switches + max-autotune" in left and "all switches + max-autotune" not in names
-    assert names[3:] == ["fp32", "+ tf32", "+ bf16 autocast"]  # 60 s left: no compiled rung (100 s here)
+    assert names[4:] == ["fp32", "+ tf32", "+ bf16 autocast"]  # 60 s left: no compiled rung (100 s here)
     assert left[-1] == "the ladder from '+ torch.compile'"  # a rung left leaves the rungs below it
     rows = check.report.data["rows"]
     assert all(r["machine"] == "card-1" and r["seconds"] > 0 for r in rows)
-    assert rows[0]["kind"] == "compiled" and rows[3]["kind"] == "plain"
+    assert rows[0]["kind"] == "compiled" and rows[4]["kind"] == "plain"
     assert check.expected_s("compiled") == 100.0  # what this card measured, not the cold default (150)
 
 

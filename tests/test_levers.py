@@ -1,8 +1,10 @@
-"""The GPU levers that are optional extras: FP8 matmuls (torchao, emulated on a CPU) and Liger's fused linear +
-cross-entropy (CUDA only). The CUDA runs of both are in tests/test_gpu.py."""
+"""The GPU levers that are optional: FP8 matmuls in the blocks (torchao, emulated on a CPU), the LM head's matmuls in
+FP8 (torch's own, oneDNN's on a CPU) and Liger's fused linear + cross-entropy (CUDA only). Their CUDA runs are in
+tests/test_gpu.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import pytest
@@ -16,9 +18,10 @@ from gpt2.model.gpt import GPT, gpt_config
 from gpt2.model.loss import liger_loss
 from gpt2.train import describe, trainer
 
-torchao = pytest.importorskip("torchao")
+needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao")
 
 
+@needs_torchao
 @pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
 def test_fp8_trains_close_to_bf16_and_keeps_the_checkpoint_layout(tokens, tmp_path, scaling):
     """Emulated FP8 in the blocks' linear layers: the losses follow bf16's to FP8's precision, and the
@@ -36,6 +39,7 @@ def test_fp8_trains_close_to_bf16_and_keeps_the_checkpoint_layout(tokens, tmp_pa
     plain.load_state_dict(state)
 
 
+@needs_torchao
 def test_fp8_converts_the_blocks_linear_layers_only():
     model = GPT(gpt_config("tiny", {}, 50257, True, "flash"))
     names = fp8.convert(model, "tensorwise", torch.device("cpu"))
@@ -56,9 +60,50 @@ def test_fp8_refused_without_fp8_tensor_cores_or_without_torchao(monkeypatch):
         fp8.convert(model, "rowwise", torch.device("cpu"))
 
 
+@needs_torchao
 def test_fp8_on_a_cpu_warns_that_it_is_emulated(tokens):
     s = trainer.build(micro_params(fp8="rowwise"), tokens)
     assert any("emulated on cpu" in w for w in describe.inert_switch_warnings(s))
+
+
+def test_fp8_head_trains_close_to_fp32_and_evaluates_in_full_precision(tokens, tmp_path):
+    """The LM head's matmuls in FP8: the training losses follow fp32's to FP8's precision, the val loss is
+    computed without FP8 (the same weights give the same val loss either way), and the run says what ran."""
+    runs = {}
+    for setting in (False, True):
+        runs[setting] = trainer.train(micro_params(fp8_head=setting, max_steps=8), tokens,
+                                      tmp_path / str(setting) / "c.pt", tmp_path / str(setting))
+    assert runs[True]["runtime"]["fp8_head"] is True and runs[False]["runtime"]["fp8_head"] is False
+    assert runs[True]["val"]["loss"] == pytest.approx(runs[False]["val"]["loss"], rel=0.02)
+    assert runs[True]["val"]["loss"] != runs[False]["val"]["loss"]  # FP8 really trained
+    s = trainer.build(micro_params(fp8_head=True), tokens)
+    assert s.model.fp8_head and any("fp8_head runs on cpu through oneDNN" in w
+                                    for w in describe.inert_switch_warnings(s))
+    idx = torch.randint(0, 50257, (2, 16))
+    with torch.no_grad():
+        in_fp8 = s.model(idx, idx)[1]
+        s.model.fp8_head = False
+        assert s.model(idx, idx)[1] == in_fp8  # evaluation never takes the FP8 path
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"loss_chunk": 0}, r"inside the chunked loss; set train.loss_chunk auto"),
+    ({"model": {"n_embd": 40}}, r"multiples of 16 \(FP8 tensor cores\): model.n_embd = 40; change them"),
+    ({"micro_batch_size": 3, "block_size": 7}, r"positions per micro-batch .* = 21"),
+    ({"model": {"pad_vocab": False}}, r"vocabulary rows .* = 50257"),
+])
+def test_fp8_head_is_refused_where_its_matmuls_cannot_run(tokens, change, message):
+    with pytest.raises(UserError, match=message):
+        trainer.build(micro_params(change.pop("model", None), fp8_head=True, **change), tokens)
+
+
+def test_fp8_head_is_refused_without_fp8_tensor_cores(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(UserError, match=r"fp8_head: NVIDIA A100.*8\.0\) has no FP8 tensor cores.*fp8_head: false"):
+        fp8.head_fp8_device(torch.device("cuda"))
+    with pytest.raises(UserError, match=r"runs on CUDA \(or a CPU\), not on mps"):
+        fp8.head_fp8_device(torch.device("mps"))
 
 
 def test_liger_loss_is_refused_off_cuda_and_without_the_package(tokens, monkeypatch):

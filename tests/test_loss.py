@@ -227,3 +227,50 @@ def test_cpu_gemm_auto_is_onednn_on_amd_only_and_a_missing_onednn_is_refused(mon
     assert loss.cpu_gemm("auto", "cpu") == "blas"
     with pytest.raises(UserError, match="cpu_gemm onednn: this PyTorch build has no oneDNN"):
         loss.cpu_gemm("onednn", "cpu")
+
+
+class MatmulLog(TorchDispatchMode):
+    """The FP8 matmuls a computation runs: their operands' dtypes, strides and shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._scaled_mm.default:
+            a, b = args[0], args[1]
+            self.calls.append((a.dtype, b.dtype, a.stride(), b.stride(), a.shape, b.shape))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_fp8_head_follows_the_full_precision_loss_from_operands_cuda_can_take():
+    """Three FP8 matmuls a chunk: e4m3 hidden states and weight for the logits; the e5m2 loss gradient against
+    each for the two gradients; the first operand row-major and the second column-major, sizes multiples of 16
+    (what CUDA's FP8 matmul requires). The loss follows fp32's to FP8's precision, the padding rows get no
+    gradient, and without gradients (evaluation) nothing runs in FP8."""
+    torch.manual_seed(0)
+    n, c, v, vocab = 96, 32, 320, 300
+    hidden = torch.randn(n, c, requires_grad=True)
+    weight = (0.5 * torch.randn(v, c)).requires_grad_()
+    targets = torch.randint(0, vocab, (n,))
+    results = {}
+    for gemm in ("blas", "fp8"):
+        hidden.grad = weight.grad = None
+        with MatmulLog() as log:
+            loss = linear_cross_entropy(hidden, weight, targets, vocab, 48, gemm=gemm)
+        loss.backward()
+        results[gemm] = loss.item(), hidden.grad.clone(), weight.grad.clone(), log.calls
+    (full, *full_grads, none), (low, *low_grads, calls) = results["blas"], results["fp8"]
+    assert none == [] and len(calls) == 3 * 2
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    assert [(a, b) for a, b, *_ in calls[:3]] == [(e4, e4), (e5, e4), (e5, e4)]
+    for *_, a_stride, b_stride, a_shape, b_shape in calls:
+        assert a_stride[1] == 1 and b_stride[0] == 1  # row-major, column-major
+        assert all(size % 16 == 0 for size in (*a_shape, *b_shape))
+    assert low == pytest.approx(full, rel=0.01) and low != full
+    for got, expected in zip(low_grads, full_grads):
+        assert F.cosine_similarity(got.flatten(), expected.flatten(), dim=0) > 0.99
+    assert torch.all(low_grads[1][vocab:] == 0)
+    with torch.no_grad(), MatmulLog() as log:
+        evaluated = linear_cross_entropy(hidden, weight, targets, vocab, 48, gemm="fp8")
+    assert log.calls == [] and evaluated.item() == pytest.approx(full, rel=1e-6)

@@ -117,6 +117,13 @@ class TrainConfig:
                "scaling. Inputs and weights round to e4m3, gradients to e5m2, each scaled to its largest value; "
                "sums in fp32; weights and optimizer unchanged. CUDA compute capability 8.9+; a CPU emulates it",
         note="needs torchao (pip install torchao)")
+    fp8_head: bool = param(
+        False, "FP8 matmuls for the LM head inside the chunked loss (torch._scaled_mm): the logits and the loss's "
+               "two gradient matmuls. Hidden states and the tied weight round to e4m3, each scaled to its largest "
+               "value; the loss's gradient (in [-1, 1]) to e5m2 at a fixed scale; sums in fp32; evaluation and the "
+               "val loss stay in full precision. CUDA compute capability 8.9+ (a CPU runs it through oneDNN: its "
+               "numerics, slower); n_embd, the padded vocabulary, the positions per micro-batch and loss_chunk "
+               "multiples of 16")
     loss_kernel: Literal["torch", "liger"] = param(
         "torch", "the training loss: torch (plain or chunked, train.loss_chunk) | liger (Liger-Kernel's fused linear "
                  "+ cross-entropy in Triton, never all logits at once: the same loss, summed in another order; CUDA "

@@ -1,4 +1,5 @@
-"""FP8 matmuls for the blocks' linear layers, through torchao's float8 training (``train.fp8``).
+"""FP8 matmuls: the blocks' linear layers through torchao's float8 training (``train.fp8``), and the LM
+head's three matmuls in the chunked loss through torch's own FP8 matmul (``train.fp8_head``).
 
 Each converted ``nn.Linear`` keeps its bf16 or fp32 weight (the optimizer, the checkpoint and every
 reader of it see the same tensors as before) and casts weight, input and output gradient to FP8 with a
@@ -6,12 +7,13 @@ scale inside its forward and backward: e4m3 for the forward's operands, e5m2 for
 ``tensorwise`` takes one scale per tensor (the fastest); ``rowwise`` one per row (closer to bf16, a
 little slower). The matmuls accumulate in fp32 and return the autocast dtype.
 
-The LM head is left out: its weight is the token embedding's (tied), and the training loss uses it
-inside the chunked or fused loss, not as a module. Layers whose sizes are not multiples of 16 (FP8's
-tensor cores need them) stay as they are.
+torchao leaves the LM head out: its weight is the token embedding's (tied), and the training loss uses
+it inside the chunked loss, not as a module. ``HeadFp8`` gives that loss FP8 operands instead. The
+head is GPT-2's widest matmul (50,304 columns), where FP8's matmuls gain the most over their casts.
+Layers whose sizes are not multiples of 16 (FP8's tensor cores need them) stay as they are.
 
-On a CPU torchao emulates the FP8 matmuls: the numerics of FP8, at a loss of speed. That is what the
-tests train with.
+On a CPU torchao emulates the FP8 matmuls, and torch runs ``_scaled_mm`` with oneDNN: the numerics of
+FP8, at a loss of speed. That is what the tests train with.
 """
 
 from __future__ import annotations
@@ -57,3 +59,72 @@ def convert(model: nn.Module, scaling: str, device: torch.device) -> list[str]:
 
     convert_to_float8_training(model, config=config, module_filter_fn=wanted)
     return converted
+
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+# softmax minus one-hot lies in [-1, 1]: this fixed scale puts it under e5m2's largest value (57,344) with no
+# pass to find its maximum, and keeps probabilities down to about 5e-10 from rounding to zero
+GRAD_SCALE = 2.0**15
+
+
+def head_fp8_check(n_embd: int, vocab_rows: int, rows: int, chunk: int, fused_loss: bool) -> None:
+    """Refuse ``train.fp8_head`` where its matmuls cannot run: FP8 tensor cores take sizes that are multiples
+    of 16, and the head's FP8 path is part of the chunked loss."""
+    if fused_loss or chunk == 0:
+        raise UserError("train.fp8_head runs the LM head's matmuls inside the chunked loss; set train.loss_chunk "
+                        "auto (or > 0) and train.loss_kernel: torch, or set train.fp8_head: false")
+    sizes = {"model.n_embd": n_embd, "the vocabulary rows (model.pad_vocab: true pads 50,257 to 50,304)": vocab_rows,
+             "the positions per micro-batch (micro_batch_size x block_size)": rows, "train.loss_chunk": chunk}
+    odd = [f"{name} = {size}" for name, size in sizes.items() if size % 16]
+    if odd:
+        raise UserError(f"train.fp8_head needs sizes that are multiples of 16 (FP8 tensor cores): {'; '.join(odd)}; "
+                        "change them or set train.fp8_head: false")
+
+
+def head_fp8_device(device: torch.device) -> None:
+    """FP8 tensor cores or a CPU (oneDNN's FP8 matmul: the numerics, not the speed); nothing else."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < FP8_CAPABILITY:
+        name, capability = torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
+        raise UserError(f"train.fp8_head: {name} (compute capability {capability[0]}.{capability[1]}) has no FP8 "
+                        "tensor cores (8.9 and newer: Ada, Hopper, Blackwell); set train.fp8_head: false")
+    if device.type not in ("cuda", "cpu"):
+        raise UserError(f"train.fp8_head runs on CUDA (or a CPU), not on {device.type}; set train.fp8_head: false")
+
+
+def to_fp8(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``t`` scaled so that its largest magnitude is ``dtype``'s, rounded to ``dtype``; and the fp32 scale that
+    undoes it (what ``torch._scaled_mm`` multiplies the product by)."""
+    amax = t.detach().abs().amax().float().clamp(min=1e-12)
+    largest = torch.finfo(dtype).max
+    scale = largest / amax
+    return (t.float() * scale).clamp(-largest, largest).to(dtype), scale.reciprocal()  # e4m3 has no inf: NaN past it
+
+
+class HeadFp8:
+    """The LM head's weight in FP8 (e4m3, one scale) for one forward, in both layouts its matmuls read.
+
+    ``torch._scaled_mm`` takes its first operand row-major and its second column-major. The logits read the
+    weight (V, C) as its transpose, which is column-major as it is stored; the hidden states' gradient reads
+    it untransposed, from a transposed copy. Each chunk's hidden states take their own scale; the loss's
+    gradient (softmax minus one-hot) takes ``GRAD_SCALE`` and e5m2, as FP8 training does for gradients."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight, self.weight_scale = to_fp8(weight, E4M3)
+        self.weight_t = self.weight.t().contiguous()
+        self.grad_scale = torch.tensor(1.0 / GRAD_SCALE, device=weight.device)
+
+    def logits(self, rows: torch.Tensor, out_dtype: torch.dtype) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``rows @ weight.T`` in ``out_dtype`` from FP8 operands, and the rows in FP8 for ``grads``."""
+        x, x_scale = to_fp8(rows, E4M3)
+        logits = torch._scaled_mm(x, self.weight.t(), scale_a=x_scale, scale_b=self.weight_scale, out_dtype=out_dtype)
+        return logits, (x, x_scale)
+
+    def grads(self, g: torch.Tensor, rows_fp8: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``g @ weight`` (the hidden states' gradient) and ``g.T @ rows`` (the weight's), both fp32."""
+        x, x_scale = rows_fp8
+        g8 = (g * GRAD_SCALE).to(E5M2)
+        grad_hidden = torch._scaled_mm(g8, self.weight_t.t(), scale_a=self.grad_scale, scale_b=self.weight_scale,
+                                       out_dtype=torch.float32)
+        grad_weight = torch._scaled_mm(g8.t().contiguous(), x.t().contiguous().t(), scale_a=self.grad_scale,
+                                       scale_b=x_scale, out_dtype=torch.float32)
+        return grad_hidden, grad_weight

@@ -133,6 +133,7 @@ class GPT(nn.Module):
         self.residual_dtype = residual_dtype
         self.fused_loss = None  # train.loss_kernel liger: model/loss.py's liger_loss, for training only
         self.logits_gemm = "blas"  # train.cpu_gemm as resolved (model/loss.py's cpu_gemm)
+        self.fp8_head = False  # train.fp8_head: the training loss's head matmuls in FP8 (model/fp8.py's HeadFp8)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),
             wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
@@ -195,8 +196,9 @@ class GPT(nn.Module):
             loss = self.fused_loss(self.lm_head.weight[:self.cfg.vocab_size], x.reshape(B * T, -1), targets.reshape(-1))
             return None, loss
         if targets is not None and self.loss_chunk:  # training: the loss without the logits (model/loss.py)
+            gemm = "fp8" if self.fp8_head and torch.is_grad_enabled() else self.logits_gemm
             loss = linear_cross_entropy(x.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1),
-                                        self.cfg.vocab_size, self.loss_chunk, per_row=per_window, gemm=self.logits_gemm)
+                                        self.cfg.vocab_size, self.loss_chunk, per_row=per_window, gemm=gemm)
             return None, loss.view(B, T).mean(1) if per_window else loss
         if targets is None:
             logits = self.lm_head(x[:, [-1], :])  # generation needs only the last position

@@ -32,6 +32,7 @@ import math
 import torch
 
 from gpt2.core.errors import UserError
+from gpt2.model.fp8 import HeadFp8
 
 
 GPU_CHUNK_ROWS = 8192
@@ -76,12 +77,19 @@ class LinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), device=hidden.device, dtype=acc)
         grad_hidden = torch.empty(x.shape, device=hidden.device, dtype=acc)
         grad_weight = None
+        head8 = HeadFp8(weight) if gemm == "fp8" else None
         gemm = logits_gemm(gemm, compute)
-        buffer = logits_buffer(x, w, chunk, compute, acc) if gemm == "blas" else None
+        buffer = logits_buffer(x, w, chunk, compute, acc) if gemm == "blas" and head8 is None else None
         for lo in range(0, n, chunk):
             rows, labels = x[lo:lo + chunk], targets[lo:lo + chunk]
             at_labels = (torch.arange(len(labels), device=x.device), labels)
-            if buffer is not None and x.device.type == "cpu" and not torch.compiler.is_compiling():
+            if head8 is not None:
+                logits, rows8 = head8.logits(rows, compute)
+                logp = masked_log_softmax(logits.to(acc), vocab_size)
+                picked = logp.gather(1, labels[:, None]).squeeze(1)
+                g = logp.exp_()  # stays fp32 until its own FP8 cast
+                del logits, logp
+            elif buffer is not None and x.device.type == "cpu" and not torch.compiler.is_compiling():
                 g, picked = probs_in_place(rows, w, at_labels, vocab_size, buffer)
             else:
                 logp = log_probs(rows, w, vocab_size, acc, buffer, gemm)
@@ -90,14 +98,18 @@ class LinearCrossEntropy(torch.autograd.Function):
                 del logp
             total -= picked.sum()
             # d(loss sum)/d(logits) = softmax - one-hot, the label column from its fp32 log-probability
-            g[at_labels] = (picked.exp() - 1.0).to(compute)
-            grad_hidden[lo:lo + chunk] = g @ w
-            if grad_weight is None:
-                grad_weight = (g.t() @ rows).to(acc)
-            elif compute == acc:
-                grad_weight.addmm_(g.t(), rows)  # the sum inside the matmul: no second pass over the V x C buffer
+            g[at_labels] = (picked.exp() - 1.0).to(g.dtype)
+            if head8 is not None:
+                grad_hidden[lo:lo + chunk], part = head8.grads(g, rows8)
+                grad_weight = part if grad_weight is None else grad_weight.add_(part)
             else:
-                grad_weight += g.t() @ rows
+                grad_hidden[lo:lo + chunk] = g @ w
+                if grad_weight is None:
+                    grad_weight = (g.t() @ rows).to(acc)
+                elif compute == acc:
+                    grad_weight.addmm_(g.t(), rows)  # the sum inside the matmul: no second pass over the V x C buffer
+                else:
+                    grad_weight += g.t() @ rows
             del g  # under autocast, g is a copy: freed before the next chunk's matmul allocates its logits
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.meta = (hidden.dtype, weight.dtype, n)
@@ -125,7 +137,8 @@ def logits_buffer(x: torch.Tensor, weight: torch.Tensor, chunk: int, compute: to
 
 def logits_gemm(setting: str, compute: torch.dtype) -> str:
     """Where ``cpu_gemm``'s choice of oneDNN applies: its fp32 kernel (every CPU has one), in eager code (a
-    compiled graph keeps Inductor's own choice of matmul); else the BLAS path, ``blas``."""
+    compiled graph keeps Inductor's own choice of matmul); else the BLAS path, ``blas`` (also for ``fp8``,
+    which only the training loss's gradient path takes: evaluation stays in full precision)."""
     onednn = setting == "onednn" and compute == torch.float32 and not torch.compiler.is_compiling()
     return "onednn" if onednn else "blas"
 
@@ -161,9 +174,15 @@ def log_probs(rows: torch.Tensor, weight: torch.Tensor, vocab_size: int | None, 
         logits = torch.mm(rows, weight.t(), out=buffer[:len(rows)])
     else:
         logits = (rows @ weight.t()).to(acc)
+    return masked_log_softmax(logits, vocab_size)
+
+
+def masked_log_softmax(logits: torch.Tensor, vocab_size: int | None) -> torch.Tensor:
+    """Log-softmax of ``logits`` in place (one chunk-sized buffer, not two), the padded columns (from
+    ``vocab_size`` on) at -inf: padding takes no probability mass."""
     if vocab_size is not None and vocab_size < logits.shape[1]:
-        logits[:, vocab_size:] = float("-inf")  # padding takes no probability mass
-    return torch.log_softmax(logits, dim=-1, out=logits)  # in place: one chunk-sized buffer, not two
+        logits[:, vocab_size:] = float("-inf")
+    return torch.log_softmax(logits, dim=-1, out=logits)
 
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -175,7 +194,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     padding (GPT-2's 50,257 tokens padded to 50,304 rows): they get no probability. Without gradients
     (evaluation) only the loss is computed, chunk by chunk; ``per_row`` returns each row's loss,
     shape (N,), instead of their mean (evaluation only). ``gemm``: ``cpu_gemm``'s choice for the logits'
-    matmul (``blas`` off a CPU).
+    matmul (``blas`` off a CPU), or ``fp8`` (``train.fp8_head``): the training loss's three matmuls from
+    FP8 operands (``model/fp8.py``'s ``HeadFp8``), evaluation in full precision.
     """
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         if per_row:

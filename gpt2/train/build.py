@@ -108,6 +108,11 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     model.logits_gemm = cpu_gemm(cfg.cpu_gemm, runtime.device.type)
     if cfg.loss_kernel == "liger":
         model.fused_loss = liger_loss(runtime.device)
+    if cfg.fp8_head:
+        fp8.head_fp8_device(runtime.device)
+        fp8.head_fp8_check(model_cfg.n_embd, model_cfg.padded_vocab_size, batch.micro * seq_len, loss_chunk,
+                           cfg.loss_kernel == "liger")
+        model.fp8_head = True
     if dist_info.world > 1:
         torch.manual_seed(cfg.seed + dist_info.rank)  # each rank its own dropout masks
     optimizers = build_optimizers(model, cfg)

@@ -105,7 +105,7 @@ def what_runs(s: Setup) -> dict[str, Any]:
         "deterministic": cfg.deterministic, "world_size": s.dist.world,
         "micro_batch_size": s.batch.micro, "grad_accum_steps": s.batch.accum, "loss_chunk": s.model.loss_chunk,
         "loss_kernel": cfg.loss_kernel, "cpu_gemm": s.model.logits_gemm,
-        "fp8": f"{cfg.fp8} ({len(s.fp8_layers)} layers)" if s.fp8_layers else "off",
+        "fp8": f"{cfg.fp8} ({len(s.fp8_layers)} layers)" if s.fp8_layers else "off", "fp8_head": s.model.fp8_head,
         **({"distributed": s.params.train.distributed} if s.dist.grouped else {}),
         "params": s.model.num_params(), "torch": str(torch.__version__), **s.init,
         **({"muon_ns_dtype": "fp32" if isinstance(s.optimizers[0], FP32Muon) else "bf16"}
@@ -117,7 +117,8 @@ def run_name(s: Setup) -> str:
     """What a run outside ``dvc exp`` is called in MLflow: what it trained, how, and when."""
     cfg = s.params.train
     switches = [s.runtime.dtype, s.model_cfg.attention] + ["compile"] * cfg.compile
-    switches += [f"fp8 {cfg.fp8}"] * bool(s.fp8_layers) + ["liger loss"] * (cfg.loss_kernel == "liger")
+    switches += [f"fp8 {cfg.fp8}"] * bool(s.fp8_layers) + ["fp8 head"] * s.model.fp8_head
+    switches += ["liger loss"] * (cfg.loss_kernel == "liger")
     if s.dist.world > 1:
         switches.append(f"{cfg.distributed}×{s.dist.world}")
     length = f"{s.total_steps} steps" if s.total_steps else f"{cfg.time_budget_s:g} s"
@@ -139,6 +140,9 @@ def inert_switch_warnings(s: Setup) -> list[str]:
     if s.fp8_layers and device != "cuda":
         warnings.append(f"train.fp8 {cfg.fp8} is emulated on {device}: FP8's numerics at a loss of speed (FP8 tensor "
                         "cores are CUDA's)")
+    if s.model.fp8_head and device != "cuda":
+        warnings.append(f"train.fp8_head runs on {device} through oneDNN's FP8 matmul: FP8's numerics at a loss of "
+                        "speed (FP8 tensor cores are CUDA's)")
     if not cfg.compile and cfg.compile_mode != "default":
         warnings.append(f"train.compile_mode {cfg.compile_mode} is inert: train.compile is false")
     if cfg.compile and device != "cuda" and cfg.compile_mode in ("reduce-overhead",):

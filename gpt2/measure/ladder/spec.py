@@ -199,6 +199,9 @@ def cannot_show(rung: Rung, before: dict[str, Any], after: dict[str, Any], devic
             reasons.append("FP8 tensor cores are CUDA's (a CPU emulates FP8: its numerics, slower)")
         elif key == "fp8" and not _installed("torchao"):
             reasons.append("torchao is not installed (pip install torchao)")
+        elif key == "fp8_head" and device != "cuda":
+            reasons.append("FP8 tensor cores are CUDA's (a CPU runs FP8 matmuls through oneDNN: their numerics, "
+                           "slower)")
         elif key == "loss_kernel" and device != "cuda":
             reasons.append("Liger's fused loss is Triton kernels, CUDA only")
         elif key == "loss_kernel" and not _installed("liger_kernel"):
