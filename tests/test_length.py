@@ -41,7 +41,7 @@ def test_a_budget_run_trains_until_the_budget_is_spent_and_ends_decayed(tmp_path
     cost = metrics["cost"]  # the run's wall time (build and evals too) at the price it was given
     assert cost["usd"] == pytest.approx(3600.0 * cost["device_hours"], rel=1e-3) and cost["usd"] > 0
     assert cost["price_source"] == "train.price_per_hour"
-    assert cost["device_hours"] == pytest.approx(metrics["wall_s"] / 3600, rel=0.01)
+    assert cost["device_hours"] == pytest.approx(metrics["wall_s"] / 3600, abs=0.006 / 3600)  # wall_s: to 10 ms
     rates = lrs(tmp_path)
     assert rates[1] == pytest.approx(1.0e-2)  # step 2: the peak, at the end of the warm-up
     assert rates == sorted(rates[:2]) + sorted(rates[2:], reverse=True)  # then a decay over the budget
