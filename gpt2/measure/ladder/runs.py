@@ -116,6 +116,10 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
 
 
 def resolve_device(device: str) -> str:
+    """``--device`` as a device type; a CPU needs no check (nor torch's import: seconds of a ladder that only
+    reads its experiments back)."""
+    if device == "cpu":
+        return device
     from gpt2.run.device import pick_device
 
     return pick_device(device, "--device").type
