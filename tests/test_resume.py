@@ -238,6 +238,11 @@ def test_rules_a_finished_run_is_reused_only_with_the_same_params(tmp_path, on_d
     assert resume.load_for_resume(on_disk(saved(s, 12, metrics={"steps": 12}, mlflow=True)), s)["metrics"]
     assert resume.load_for_resume(on_disk(saved(s, 12, metrics={"steps": 12}, lr=0.5)), s) is None
     assert len(list(tmp_path.glob("ckpt.*.pt"))) == 1  # the finished model of other params is kept
+    older = saved(s, 12, metrics={"steps": 12})  # a version before train.fp8_head and model.dropout existed
+    del older["params"]["train"]["fp8_head"], older["params"]["model"]["dropout"]
+    assert resume.load_for_resume(on_disk(older), s)["metrics"]  # trained as their defaults do: reused
+    older["params"]["train"]["lr"] = 0.5
+    assert resume.load_for_resume(on_disk(older), s) is None
 
 
 @pytest.mark.parametrize("change, refused", [

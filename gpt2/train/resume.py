@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from gpt2.core import log
-from gpt2.core.config import REUSABLE_TRAIN_FIELDS, to_dict
+from gpt2.core.config import REUSABLE_TRAIN_FIELDS, ModelParams, TrainConfig, to_dict
 from gpt2.core.errors import UserError
 from gpt2.run import checkpoint
 from gpt2.train import sharded
@@ -165,10 +165,14 @@ def changed_settings(state: dict[str, Any], s: Setup) -> dict[str, tuple[Any, An
 
 
 def same_run(state: dict[str, Any], s: Setup) -> bool:
-    """Whether a checkpoint was trained with exactly these model and train params, on this data."""
+    """Whether a checkpoint was trained with exactly these model and train params, on this data. A key that a
+    checkpoint from an older version lacks is a switch added since, and it trained as that switch's default does:
+    a new switch left at its default still reuses the finished run."""
+    model = {**to_dict(ModelParams()), **state["params"]["model"]}
     train = {k: _normal(v) for k, v in to_dict(s.params.train).items() if k not in REUSABLE_TRAIN_FIELDS}
-    saved = {k: _normal(v) for k, v in state["params"]["train"].items() if k not in REUSABLE_TRAIN_FIELDS}
-    return state["params"]["model"] == to_dict(s.params.model) and saved == train and state["data"] == s.data_identity
+    saved = {k: _normal(v) for k, v in {**to_dict(TrainConfig()), **state["params"]["train"]}.items()
+             if k not in REUSABLE_TRAIN_FIELDS}
+    return model == to_dict(s.params.model) and saved == train and state["data"] == s.data_identity
 
 
 def _normal(value: Any) -> Any:
