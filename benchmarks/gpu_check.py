@@ -95,9 +95,9 @@ RUNGS: list[tuple[str, dict[str, Any]]] = [
 ]
 LEVERS = RUNGS[-4:]  # optional until the GPU table shows they win: also measured alone on top of every other switch
 LARGEST = "+ largest micro-batch"
+# FP8 on a CPU gives its numerics, slower by design (tests/test_levers.py): no row there
 CUDA_ONLY = {"+ tf32", "+ cuDNN attention", "+ bf16 residual stream", "+ Liger fused loss",
-             "+ FP8 matmuls (tensorwise)", "+ FP8 LM head"}  # FP8 on a CPU: its numerics, slower by design
-# (tests/test_levers.py)
+             "+ FP8 matmuls (tensorwise)", "+ FP8 LM head"}
 COMPILE_ONLY = {"+ torch.compile", "+ max-autotune"}
 NANOGPT = {"micro_batch_size": 12, "dtype": "bf16", "compile": True, "attention": "flash", "pad_vocab": True,
            "fused_adamw": True}

@@ -101,9 +101,9 @@ def test_fp8_head_is_refused_without_fp8_tensor_cores(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
     with pytest.raises(UserError, match=r"fp8_head: NVIDIA A100.*8\.0\) has no FP8 tensor cores.*fp8_head: false"):
-        fp8.head_fp8_device(torch.device("cuda"))
+        fp8.require_fp8_device(torch.device("cuda"), "train.fp8_head", "train.fp8_head: false")
     with pytest.raises(UserError, match=r"runs on CUDA \(or a CPU\), not on mps"):
-        fp8.head_fp8_device(torch.device("mps"))
+        fp8.require_fp8_device(torch.device("mps"), "train.fp8_head", "train.fp8_head: false")
 
 
 def test_liger_loss_is_refused_off_cuda_and_without_the_package(tokens, monkeypatch):

@@ -33,13 +33,7 @@ def convert(model: nn.Module, scaling: str, device: torch.device) -> list[str]:
     ``device`` (emulated off CUDA); the names of the layers converted."""
     if scaling == "off":
         return []
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) < FP8_CAPABILITY:
-        name, capability = torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
-        raise UserError(f"train.fp8 {scaling}: {name} (compute capability {capability[0]}.{capability[1]}) has no FP8 "
-                        "tensor cores (8.9 and newer: Ada, Hopper, Blackwell); set train.fp8: off")
-    if device.type not in ("cuda", "cpu"):
-        raise UserError(f"train.fp8 {scaling} runs on CUDA (or emulated on a CPU), not on {device.type}; "
-                        "set train.fp8: off")
+    require_fp8_device(device, f"train.fp8 {scaling}", "train.fp8: off")
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
@@ -81,14 +75,15 @@ def head_fp8_check(n_embd: int, vocab_rows: int, rows: int, chunk: int, fused_lo
                         "change them or set train.fp8_head: false")
 
 
-def head_fp8_device(device: torch.device) -> None:
-    """FP8 tensor cores or a CPU (oneDNN's FP8 matmul: the numerics, not the speed); nothing else."""
+def require_fp8_device(device: torch.device, setting: str, off: str) -> None:
+    """FP8 tensor cores, or a CPU (FP8's numerics, not its speed); else a UserError naming ``setting`` and how to
+    turn it ``off``."""
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < FP8_CAPABILITY:
         name, capability = torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
-        raise UserError(f"train.fp8_head: {name} (compute capability {capability[0]}.{capability[1]}) has no FP8 "
-                        "tensor cores (8.9 and newer: Ada, Hopper, Blackwell); set train.fp8_head: false")
+        raise UserError(f"{setting}: {name} (compute capability {capability[0]}.{capability[1]}) has no FP8 tensor "
+                        f"cores (8.9 and newer: Ada, Hopper, Blackwell); set {off}")
     if device.type not in ("cuda", "cpu"):
-        raise UserError(f"train.fp8_head runs on CUDA (or a CPU), not on {device.type}; set train.fp8_head: false")
+        raise UserError(f"{setting} runs on CUDA (or a CPU), not on {device.type}; set {off}")
 
 
 def to_fp8(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -109,7 +109,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     if cfg.loss_kernel == "liger":
         model.fused_loss = liger_loss(runtime.device)
     if cfg.fp8_head:
-        fp8.head_fp8_device(runtime.device)
+        fp8.require_fp8_device(runtime.device, "train.fp8_head", "train.fp8_head: false")
         fp8.head_fp8_check(model_cfg.n_embd, model_cfg.padded_vocab_size, batch.micro * seq_len, loss_chunk,
                            cfg.loss_kernel == "liger")
         model.fp8_head = True
