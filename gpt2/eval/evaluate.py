@@ -279,7 +279,7 @@ def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Pat
     experiment = state.get("params", {}).get("train", {}).get("experiment", "gpt2")
     name = f"evaluate {state['pretrained']}" if state.get("pretrained") else f"evaluate step {state['step']}"
     with MlflowTracker(experiment, state.get("mlflow_run_id"), run_name=name, kept_in=str(out),
-                       run_uid=state.get("history", {}).get("run_uid")) as tracker:
+                       run_uid=state.get("history", {}).get("run_uid"), keep_duration=True) as tracker:
         # the compared figures as metrics (the runs list's columns), the rest as tags: no one-point charts
         tracker.set_tags({"training_run_id": state.get("mlflow_run_id"), "eval.val_tokens": metrics["val"]["tokens"],
                           "eval.val_ppl": round(metrics["val"]["ppl"], 2),

@@ -283,13 +283,15 @@ class MlflowTracker(Tracker):
 
     def __init__(self, experiment: str, run_id: str | None = None, run_name: str | None = None,
                  kept_in: str = "the reports", started_at: float | None = None, catch_up_hint: str = "",
-                 run_uid: str | None = None) -> None:
+                 run_uid: str | None = None, keep_duration: bool = False) -> None:
         """Open run ``run_id`` (a resumed training, or evaluate logging into the training's run) or start
         a new one called ``run_name``. An existing run keeps its name: MLflow renames a run it reopens
         with a name, which once made every training run in the UI "evaluate". ``started_at`` (a time.time())
         dates a new run back to when its work began: a grid's or a ladder's run, opened once its runs are
         done, then lasts as long as they did. ``run_uid``: the training's own id (its checkpoint's), a tag of
-        the run, which finds the run again where ``run_id`` is not in the store (a replay into a new one)."""
+        the run, which finds the run again where ``run_id`` is not in the store (a replay into a new one).
+        ``keep_duration``: ending the reopened run keeps the end time it had, so a finished training's Duration in
+        the UI stays what the training took, not the hours until an evaluation added its figures."""
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         for name, value in HTTP_LIMITS.items():
             os.environ.setdefault(name, value)
@@ -305,6 +307,8 @@ class MlflowTracker(Tracker):
         self.backlog: list[tuple[str, Callable[[], Any]]] = []  # calls the store has not taken yet, in order
         self.down_since: float | None = None  # when the store stopped answering (time.monotonic())
         self.retry_at = 0.0
+        self.keep_duration = keep_duration
+        self.ended_at: int | None = None  # the reopened run's end time (ms), where keep_duration keeps it
         opening = lambda: self._open(experiment, run_id, run_name, started_at, run_uid)  # noqa: E731
         if self.uri.startswith(("http://", "https://")) and not reachable(self.uri):
             self.backlog.append(("open the run", opening))
@@ -352,6 +356,8 @@ class MlflowTracker(Tracker):
                 mlflow.MlflowClient().log_batch(self.run.info.run_id,
                                                 tags=self.run_tags({**who(), "run_uid": run_uid}))
         self.run_id = self.run.info.run_id
+        if self.keep_duration and self.run_id == run_id:  # reopening keeps end_time; ending it would move it
+            self.ended_at = self.run.info.end_time
         logger.info(f"mlflow: run {self.run_id} ({self.run.info.run_name}) in {self.uri}; "
                     + where_to_see(self.uri, self.experiment_id, self.run_id))
 
@@ -541,10 +547,11 @@ class MlflowTracker(Tracker):
 
     def _end(self, status: str) -> None:
         active = self.mlflow.active_run()
-        if active is not None and active.info.run_id == self.run_id:
+        ours = active is not None and active.info.run_id == self.run_id
+        if ours:
             self.mlflow.end_run(status=status)  # stops the system metrics too
-        else:
-            self.mlflow.MlflowClient().set_terminated(self.run_id, status)
+        if not ours or self.ended_at is not None:
+            self.mlflow.MlflowClient().set_terminated(self.run_id, status, end_time=self.ended_at)
 
 
 MODEL_TYPE = "gpt2 checkpoint (weights in DVC's cache)"
