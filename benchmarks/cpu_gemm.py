@@ -43,11 +43,21 @@ def gflops(work, m: int, k: int, n: int, reps: int = 10, rounds: int = 3) -> flo
 def shapes_table() -> str:
     import torch
 
-    lines = ["| shape (M × K × N) | MKL (`a @ b`) | oneDNN | OpenBLAS (numpy) |", "|---|---|---|---|"]
+    from gpt2.model.loss import onednn_mm
+
+    lines = ["| shape (M × K × N) | MKL (`a @ b`) | oneDNN (as the loss calls it) | OpenBLAS (numpy) |",
+             "|---|---|---|---|"]
     for m, k, n in SHAPES:
         a, b = torch.randn(m, k), torch.randn(k, n)
-        weight = b.t().contiguous()  # a linear layer's (out, in) layout
-        onednn = gflops(lambda: torch.ops.mkldnn._linear_pointwise(a, weight, None, "none", [], ""), m, k, n)
+        if NAMES.get((m, k, n)) == "g @ w":  # b is the head's weight, (V, C): read through its transposed view
+            call = lambda: onednn_mm(a, b.t())  # noqa: E731
+        elif NAMES.get((m, k, n)) == "g.T @ rows":  # a is g's transposed view: the loss computes rows.T @ g
+            g, rows_t = torch.randn(k, m), b.t().contiguous()
+            call = lambda: onednn_mm(rows_t, g.t())  # noqa: E731
+        else:  # the logits: the weight in a linear layer's (out, in) layout
+            weight = b.t().contiguous()
+            call = lambda: onednn_mm(a, weight)  # noqa: E731
+        onednn = gflops(call, m, k, n)
         x, y = a.numpy(), b.numpy()
         name = f"{m:,} × {k:,} × {n:,}" + (f" ({NAMES[(m, k, n)]})" if (m, k, n) in NAMES else "")
         lines.append(f"| {name} | {gflops(lambda: a @ b, m, k, n):.0f} | {onednn:.0f} "

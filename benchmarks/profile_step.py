@@ -37,7 +37,8 @@ from train_switches import merge, parse_overrides, synthetic_tokens  # noqa: E40
 KINDS = [
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),
     ("optimizer", r"adam|foreach|multi_tensor|muon"),
-    ("matmul", r"gemm|cutlass|xmma|nvjet|cublas|\bmm\b|aten::mm|aten::addmm|aten::bmm|aten::matmul|aten::linear"),
+    ("matmul", r"gemm|cutlass|xmma|nvjet|cublas|\bmm\b|aten::mm|aten::addmm|aten::bmm|aten::matmul|aten::linear"
+               r"|mkldnn::_linear_pointwise"),
     ("fused (Inductor)", r"^triton_|cpp_fused|graph_\d+_cpp"),
     ("copy", r"memcpy|memset|copy_|_to_copy|aten::cat|aten::clone|contiguous"),
     ("elementwise (eager)", r"elementwise|vectorized|aten::(add|mul|div|sub|exp|fill|gelu|tanh|pow|where|sqrt|rsqrt)"),

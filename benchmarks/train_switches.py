@@ -2,7 +2,7 @@
 
     python benchmarks/train_switches.py                          # tiny on this machine, every switch
     python benchmarks/train_switches.py --set model.size=gpt2 --set train.micro_batch_size=16 \\
-        --set train.compile=true --steps 40 --variants baseline,model.attention=manual
+        --set train.compile=true --steps 40 --variants "baseline;model.attention=manual"
 
 Each variant runs in a fresh process (compile caches, allocator settings and peak-memory
 counters do not leak between runs), with MLflow off, on ``data/tokens`` if present, else on a

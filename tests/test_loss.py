@@ -193,8 +193,9 @@ def test_auto_chunks_fit_a_cpu_cache_and_stay_large_on_a_gpu(monkeypatch):
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
 @pytest.mark.parametrize("masked", [False, True])
-def test_the_onednn_logits_matmul_gives_the_blas_loss_and_gradients(masked):
-    """train.cpu_gemm onednn: the logits from oneDNN's kernel, training and evaluation alike, to fp32's precision."""
+def test_the_onednn_head_matmuls_give_the_blas_loss_and_gradients(masked):
+    """train.cpu_gemm onednn: the logits (training and evaluation) and the gradients summed over four chunks from
+    oneDNN's kernel, to fp32's precision."""
     torch.manual_seed(0)
     n, c, v = 50, 16, 70
     hidden = torch.randn(n, c, requires_grad=True)

@@ -327,13 +327,15 @@ def test_loss_chunk_auto_runs_cache_sized_chunks_on_a_cpu_and_says_so(tokens):
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
-def test_cpu_gemm_switch_changes_the_logits_kernel(tokens):
-    """train.cpu_gemm onednn runs the logits' matmul through oneDNN's linear, blas through aten::mm; the run says
-    which one it used."""
+def test_cpu_gemm_switch_changes_the_head_s_kernels(tokens):
+    """train.cpu_gemm onednn runs the training loss's three head matmuls (the logits and both gradients, done in
+    forward) through oneDNN's linear, blas through aten::mm; the run says which one it used."""
     idx = torch.randint(0, 50257, (2, 16))
-    kernels = {}
+    onednn_calls = {}
     for gemm in ("blas", "onednn"):
         s = setup(tokens, cpu_gemm=gemm)
-        assert describe.what_runs(s)["cpu_gemm"] == gemm
-        kernels[gemm] = ops_in_forward(s.model, idx)
-    assert "mkldnn::_linear_pointwise" in kernels["onednn"] and "mkldnn::_linear_pointwise" not in kernels["blas"]
+        assert describe.what_runs(s)["cpu_gemm"] == gemm and s.model.loss_chunk >= 32  # one chunk
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            s.model(idx, idx)
+        onednn_calls[gemm] = sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
+    assert onednn_calls == {"blas": 0, "onednn": 3}

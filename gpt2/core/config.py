@@ -134,9 +134,11 @@ class TrainConfig:
                 "a CPU 32 MB of logits (128 positions), on an AMD CPU 128 MB (512)", ge=0,
         note="0 = plain loss")
     cpu_gemm: Literal["auto", "blas", "onednn"] = param(
-        "blas", "the library of the LM head's logits matmul on a CPU: blas (PyTorch's BLAS, MKL on x86) | onednn "
-                "(oneDNN's kernels: 1.3-1.5x MKL's speed on that matmul on AMD CPUs, the step not measurably faster "
-                "yet) | auto (onednn on AMD, blas elsewhere); the last bits of the loss differ between them")
+        "auto", "the library of the training loss's three LM-head matmuls on a CPU (fp32, eager): blas (PyTorch's "
+                "BLAS, MKL on x86) | onednn (oneDNN's kernels, built for this CPU at run time: on an AMD EPYC with "
+                "AVX-512 2.2x MKL's rate on these shapes, the tiny step 1.6x faster) | auto (onednn on AMD CPUs, "
+                "where MKL's fp32 kernels run at half the chip's rate; blas elsewhere); the last bits of the loss "
+                "differ between them")
     keep_host_memory: bool = param(True, "CPU/Linux: glibc reuses freed big blocks instead of page-faulting them in "
                                          "every step")
     threads: int = param(0, "CPU intra-op threads; the count changes the last digits of CPU results", ge=0,

@@ -79,6 +79,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_weight = None
         head8 = HeadFp8(weight) if gemm == "fp8" else None
         gemm = logits_gemm(gemm, compute)
+        in_place = x.device.type == "cpu" and compute == acc and head8 is None and not torch.compiler.is_compiling()
         buffer = logits_buffer(x, w, chunk, compute, acc) if gemm == "blas" and head8 is None else None
         for lo in range(0, n, chunk):
             rows, labels = x[lo:lo + chunk], targets[lo:lo + chunk]
@@ -89,8 +90,10 @@ class LinearCrossEntropy(torch.autograd.Function):
                 picked = logp.gather(1, labels[:, None]).squeeze(1)
                 g = logp.exp_()  # stays fp32 until its own FP8 cast
                 del logits, logp
-            elif buffer is not None and x.device.type == "cpu" and not torch.compiler.is_compiling():
-                g, picked = probs_in_place(rows, w, at_labels, vocab_size, buffer)
+            elif in_place:
+                logits = onednn_mm(rows, w) if gemm == "onednn" else torch.mm(rows, w.t(), out=buffer[:len(rows)])
+                g, picked = probs_in_place(logits, rows, w, at_labels, vocab_size)
+                del logits
             else:
                 logp = log_probs(rows, w, vocab_size, acc, buffer, gemm)
                 picked = logp.gather(1, labels[:, None]).squeeze(1)
@@ -101,6 +104,10 @@ class LinearCrossEntropy(torch.autograd.Function):
             g[at_labels] = (picked.exp() - 1.0).to(g.dtype)
             if head8 is not None:
                 grad_hidden[lo:lo + chunk], part = head8.grads(g, rows8)
+                grad_weight = part if grad_weight is None else grad_weight.add_(part)
+            elif gemm == "onednn":  # g's transpose and w's as strided views: oneDNN reads them in place
+                grad_hidden[lo:lo + chunk] = onednn_mm(g, w.t())
+                part = onednn_mm(rows.t().contiguous(), g.t()).t()  # computed as its transpose, (C, V)
                 grad_weight = part if grad_weight is None else grad_weight.add_(part)
             else:
                 grad_hidden[lo:lo + chunk] = g @ w
@@ -143,15 +150,23 @@ def logits_gemm(setting: str, compute: torch.dtype) -> str:
     return "onednn" if onednn else "blas"
 
 
-def probs_in_place(rows: torch.Tensor, weight: torch.Tensor, at_labels: tuple[torch.Tensor, torch.Tensor],
-                   vocab_size: int | None, buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunk's softmax in ``buffer`` and the labels' log-probabilities, on a CPU in fp32.
+def onednn_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b.T`` in fp32 through oneDNN's kernel (``train.cpu_gemm onednn``). Either operand may be a
+    transposed view: oneDNN reads its strides, where a copy would cost a pass over the chunk."""
+    return torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+
+
+def probs_in_place(logits: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor,
+                   at_labels: tuple[torch.Tensor, torch.Tensor],
+                   vocab_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk's ``logits`` (``rows @ weight.T``) turned into its softmax in place, and the labels'
+    log-probabilities, on a CPU in fp32.
 
     One exp per logit where the log-softmax then its exp take two: 7% of the tiny step on a CPU
     (docs/benchmarks.md). The labels' log-probabilities come from their probabilities, which lose
     nothing above 1e-30; a row whose label is less likely than that (a loss above 69) has its
     log-softmax recomputed from its logits, so the loss stays exact where fp32 probabilities underflow."""
-    probs = torch.mm(rows, weight.t(), out=buffer[:len(rows)])
+    probs = logits
     if vocab_size is not None and vocab_size < probs.shape[1]:
         probs[:, vocab_size:] = float("-inf")
     torch.softmax(probs, dim=-1, out=probs)
@@ -169,7 +184,7 @@ def log_probs(rows: torch.Tensor, weight: torch.Tensor, vocab_size: int | None, 
     written into ``buffer`` (``logits_buffer``) where there is one. ``gemm``: the matmul's library
     (``logits_gemm``)."""
     if gemm == "onednn":
-        logits = torch.ops.mkldnn._linear_pointwise(rows, weight, None, "none", [], "")
+        logits = onednn_mm(rows, weight)
     elif buffer is not None:
         logits = torch.mm(rows, weight.t(), out=buffer[:len(rows)])
     else:
@@ -210,20 +225,26 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
 
 
 def cpu_gemm(setting: str, device_type: str) -> str:
-    """The library for the LM head's logits matmul (``train.cpu_gemm``), the loss's largest: ``blas`` (PyTorch's
-    BLAS: MKL on x86) or ``onednn`` (oneDNN's kernels, JIT-compiled for the CPU it runs on). MKL runs this
-    matmul's shape (a few hundred rows against 50,304) at half its speed on an AMD CPU, where oneDNN runs it
-    1.5 times faster (docs/benchmarks.md); on an Intel CPU both are alike. ``auto``: oneDNN on an AMD CPU, BLAS
-    elsewhere; off a CPU always the device's own. Only fp32 matmuls take oneDNN (under bf16 autocast a CPU
-    without native bf16 has no oneDNN kernel for them)."""
+    """The library for the training loss's LM-head matmuls (``train.cpu_gemm``), the step's largest: ``blas``
+    (PyTorch's BLAS: MKL on x86) or ``onednn`` (oneDNN's kernels, JIT-compiled for the CPU it runs on). MKL
+    picks its kernels by the CPU's vendor: on an AMD CPU with AVX-512 its fp32 kernels run these shapes at half
+    the chip's rate, where oneDNN's run them 2.2 times faster and the tiny step 1.6 times (docs/benchmarks.md);
+    on an Intel CPU MKL runs at the chip's rate. ``auto``: oneDNN on an AMD CPU, BLAS elsewhere; off a CPU
+    always the device's own. Only fp32 matmuls take oneDNN (under bf16 autocast a CPU without native bf16 has
+    no oneDNN kernel for them)."""
     if device_type != "cpu":
         return "blas"
-    available = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    available = onednn_available()
     if setting == "onednn" and not available:
         raise UserError("train.cpu_gemm onednn: this PyTorch build has no oneDNN; set train.cpu_gemm: auto or blas")
     if setting == "auto":
         return "onednn" if available and cpu_vendor() == "AuthenticAMD" else "blas"
     return setting
+
+
+def onednn_available() -> bool:
+    """Whether this PyTorch build has oneDNN's fp32 linear kernel (``onednn_mm``)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 def cpu_vendor() -> str:

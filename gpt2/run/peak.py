@@ -3,7 +3,10 @@
 A GPU's dense peak comes from its vendor (gpt2/run/flops.py). A CPU has no such figure that a
 step could reach: its clock, cores, vector units and memory vary too much. So the peak is measured:
 the best sustained throughput of a few large matmuls in fp32, and in bf16 where the CPU does bf16
-in hardware (AVX512-BF16 or AMX), with the thread count the run uses. It is measured once per CPU
+in hardware (AVX512-BF16 or AMX), with the thread count the run uses. fp32 takes the faster of
+PyTorch's two libraries, its BLAS (MKL) and oneDNN: on an AMD CPU with AVX-512, MKL's fp32 kernels
+run at half the chip's rate, oneDNN's at all of it, and the training loss uses oneDNN there
+(``train.cpu_gemm``). It is measured once per CPU
 model, core count, thread count and torch version, and kept in a small JSON file
 (``~/.cache/gpt2-pipeline/matmul_peaks.json``, or ``$GPT2_PEAK_CACHE``). ``gpt2 peak`` measures it
 again. A later measurement only raises the kept figure: one taken beside other work reads low, and
@@ -62,21 +65,27 @@ def machine_key(threads: int) -> str:
 
 def matmul_flops(dtype: torch.dtype, shapes: tuple[tuple[int, int, int], ...] | None = None,
                  seconds_per_shape: float | None = None) -> float:
-    """The best FLOP/s over ``shapes`` (SHAPES): each shape's median over repeats that fill
-    ``seconds_per_shape`` (SECONDS_PER_SHAPE)."""
+    """The best FLOP/s over ``shapes`` (SHAPES) and libraries (BLAS; oneDNN too in fp32, where the build has it):
+    each one's median over repeats that fill ``seconds_per_shape`` (SECONDS_PER_SHAPE)."""
+    from gpt2.model.loss import onednn_available, onednn_mm
+
     best = 0.0
     seconds_per_shape = SECONDS_PER_SHAPE if seconds_per_shape is None else seconds_per_shape
     for m, k, n in SHAPES if shapes is None else shapes:
         a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         out = torch.empty(m, n, dtype=dtype)
-        torch.mm(a, b, out=out)  # warm-up: thread pool, packing buffers
-        times: list[float] = []
-        started = time.perf_counter()
-        while len(times) < 3 or time.perf_counter() - started < seconds_per_shape:
-            tick = time.perf_counter()
-            torch.mm(a, b, out=out)
-            times.append(time.perf_counter() - tick)
-        best = max(best, 2 * m * k * n / statistics.median(times))
+        kernels = [lambda: torch.mm(a, b, out=out)]
+        if dtype == torch.float32 and onednn_available():
+            kernels.append(lambda: onednn_mm(a, b.t()))
+        for kernel in kernels:
+            kernel()  # warm-up: thread pool, packing buffers, oneDNN's JIT
+            times: list[float] = []
+            started = time.perf_counter()
+            while len(times) < 3 or time.perf_counter() - started < seconds_per_shape:
+                tick = time.perf_counter()
+                kernel()
+                times.append(time.perf_counter() - tick)
+            best = max(best, 2 * m * k * n / statistics.median(times))
     return best
 
 
