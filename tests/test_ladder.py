@@ -26,9 +26,10 @@ def load(tmp_path, text: str) -> ladder.Ladder:
 def test_the_projects_ladder_is_the_documented_one():
     spec = ladder.load_ladder(ROOT / "ladder.yaml")
     names = [r.name for r in spec.rungs]
-    assert names == ["baseline", "ram preload", "vectorized batching", "keep host memory", "tf32", "amp", "compile",
-                     "flash attention", "padded vocab", "fused adamw", "cudnn attention", "bf16 residual",
-                     "liger loss", "fp8", "fp8 head", "max-autotune", "cuda graphs", "grad accumulation", "muon"]
+    assert names == ["baseline", "ram preload", "vectorized batching", "keep host memory", "tf32", "amp",
+                     "onednn head", "compile", "flash attention", "padded vocab", "fused adamw", "cudnn attention",
+                     "bf16 residual", "liger loss", "fp8", "fp8 head", "max-autotune", "cuda graphs",
+                     "grad accumulation", "muon"]
     assert all(len(r.changes) == 1 for r in spec.rungs[1:])  # one switch per rung
     assert set(spec.profiles) == {"cpu", "cuda"} and spec.profiles["cuda"].model == {"size": "gpt2"}
 
@@ -43,13 +44,14 @@ def test_each_rung_is_the_one_above_plus_its_change():
         above = flat[max(j for j in range(i) if not p.cannot_show[j])]
         changed = {k for k in flat[i] if flat[i][k] != above[k]}
         assert changed == set(rung.changes), rung.name
-    assert flat[7]["model.attention"] == "flash" and flat[6]["model.attention"] == "manual"
-    assert p.sets[7]["model.attention"] == "flash"  # what `dvc exp run -S` is given
+    assert flat[8]["model.attention"] == "flash" and flat[7]["model.attention"] == "manual"
+    assert p.sets[8]["model.attention"] == "flash"  # what `dvc exp run -S` is given
     assert trains[-2]["grad_accum_steps"] == 2048 // (8 * 128)  # "target": the profile's batch in micro-batches
     assert trains[-1]["optimizer"] == "muon" and trains[-1]["target_val_loss"] is None
     assert all(t["max_steps"] == 12 and not t["save_checkpoint"] and t["resume"] == "never" for t in trains)
     assert {s["model"]["size"] for s in p.sections} == {"tiny"}
-    assert p.sets[6]["train.compile"] is True and p.sets[6]["model.size"] == "tiny"
+    assert p.sets[7]["train.compile"] is True and p.sets[7]["model.size"] == "tiny"
+    assert trains[0]["cpu_gemm"] == "blas" and p.sets[6]["train.cpu_gemm"] == "onednn"
 
 
 def test_the_default_ladder_builds_every_rung_that_runs_on_a_cpu(tmp_path):
@@ -180,7 +182,8 @@ def test_rungs_a_device_cannot_show_are_known_before_running_and_not_run(tmp_pat
     cuda = dict(zip(names, ladder.resolve(spec, PARAMS, "cuda").cannot_show))
     missing = {name for name in ("torchao", "liger_kernel") if not ladder.spec._installed(name)}
     expected = {rung for rung, package in (("fp8", "torchao"), ("liger loss", "liger_kernel")) if package in missing}
-    assert {n for n, why in cuda.items() if why} == expected
+    assert {n for n, why in cuda.items() if why} == expected | {"onednn head"}
+    assert cuda["onednn head"] == "train.cpu_gemm picks a CPU's matmul library"
     if "liger_kernel" in missing:  # an optional package a GPU rung needs: known before the hour of runs
         assert cuda["liger loss"] == "liger-kernel is not installed (pip install liger-kernel)"
     p = ladder.resolve(spec, PARAMS, "cpu")
@@ -211,7 +214,7 @@ def test_only_ladder_experiments_with_the_same_params_are_reused(tmp_path):
     other_name = fake_run(p, 3, 10.0, cpu, "my-experiment")
     other_steps = fake_run(ladder.resolve(spec, PARAMS, "cpu", steps=5), 3, 10.0, cpu, "ladder-03-keep-host-memory-2")
     found = ladder.measured(p, [same, other_name, other_steps])
-    assert [[e.name for e in runs] for runs in found] == [[], [], [], ["ladder-03-keep-host-memory-1"]] + [[]] * 15
+    assert [[e.name for e in runs] for runs in found] == [[], [], [], ["ladder-03-keep-host-memory-1"]] + [[]] * 16
 
 
 # --------------------------------------------------------------------------- end to end

@@ -202,6 +202,8 @@ def cannot_show(rung: Rung, before: dict[str, Any], after: dict[str, Any], devic
         elif key == "fp8_head" and device != "cuda":
             reasons.append("FP8 tensor cores are CUDA's (a CPU runs FP8 matmuls through oneDNN: their numerics, "
                            "slower)")
+        elif key == "cpu_gemm" and device != "cpu":
+            reasons.append("train.cpu_gemm picks a CPU's matmul library")
         elif key == "loss_kernel" and device != "cuda":
             reasons.append("Liger's fused loss is Triton kernels, CUDA only")
         elif key == "loss_kernel" and not _installed("liger_kernel"):
