@@ -143,6 +143,20 @@ def fake_run(p: ladder.Resolved, i: int, step_ms: float, runtime: dict, name: st
                       {paths.TRAIN_SUMMARY: {"runtime": runtime}})
 
 
+def test_the_plot_marks_a_rung_slower_than_the_one_above_though_its_cumulative_bar_is_above_1():
+    from gpt2.measure.ladder.report import bar_style
+
+    def row(vs_previous, cumulative, noise=False, effect="acts"):
+        return ladder.Row(1, "r", {}, 2, [], effect=effect, vs_previous=vs_previous, cumulative=cumulative,
+                          inside_noise={"tokens_per_s": noise})
+
+    assert bar_style(row(0.65, 1.13)) == ("tab:red", "1.13× (this rung: 0.65× the rung above)")
+    assert bar_style(row(1.55, 1.73)) == ("tab:blue", "1.73×")
+    assert bar_style(row(0.98, 1.1, noise=True)) == ("tab:gray", "1.10× (its gain: inside noise)")
+    assert bar_style(row(0.9, 0.9, effect=ladder.NO_EFFECT))[0] == "tab:gray"
+    assert bar_style(ladder.Row(1, "r", {}, 0, [])) == ("tab:gray", "")  # not run: the plot says why instead
+
+
 def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
     spec = load(tmp_path, "baseline: {tf32: false, model.pad_vocab: false, grad_accum_steps: 1}\nrungs:\n"
                           "  - {name: tf32, set: {tf32: true}}\n  - {name: pad, set: {model.pad_vocab: true}}\n"

@@ -148,6 +148,18 @@ def write_report(out: Path, rows: list[Row], resolved: Resolved, runs: list[list
     return data
 
 
+def bar_style(row: Row) -> tuple[str, str]:
+    """A rung's bar color and note: gray for a change inside noise, red for a rung the repeats show slower than
+    the one above (its cumulative bar may still read above 1, so the note gives its own ratio), else blue."""
+    if not row.runs:
+        return "tab:gray", ""
+    if row.effect == NO_EFFECT or row.inside_noise.get("tokens_per_s"):
+        return "tab:gray", f"{row.cumulative:.2f}× (its gain: inside noise)"
+    if row.vs_previous is not None and row.vs_previous < 1:
+        return "tab:red", f"{row.cumulative:.2f}× (this rung: {row.vs_previous:.2f}× the rung above)"
+    return "tab:blue", f"{row.cumulative:.2f}×"
+
+
 def render_png(rows: list[Row], subtitle: str, verdict: str = "") -> bytes:
     """Cumulative speedup and peak memory per rung, the noise verdict on top. Every rung has a line: one
     that did not run here or failed says so where its bar would be, so a gap never reads as a clean ladder."""
@@ -161,15 +173,15 @@ def render_png(rows: list[Row], subtitle: str, verdict: str = "") -> bytes:
     lines = head.count("\n") + 1 if head else 0
     fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 0.4 * len(rows) + 2.0 + 0.17 * lines), dpi=100,
                                         sharey=True, gridspec_kw={"width_ratios": [3, 2]})
-    colors = ["tab:gray" if r.effect == NO_EFFECT or r.inside_noise.get("tokens_per_s") else "tab:blue"
-              for r in shown]  # gray: no gain that the repeats can tell from noise
+    colors = [bar_style(r)[0] for r in shown]
     speed.barh(labels, [r.cumulative or 0 for r in shown], color=colors)
     speed.axvline(1.0, color="black", linewidth=0.8)
     speed.set_xlim(0, 1.45 * max([r.cumulative or 0 for r in rows] + [1.0]))  # room for the notes
-    speed.set(xlabel="cumulative speedup (tokens/s vs baseline; gray: inside noise)", title="Speed")
+    speed.set(xlabel="cumulative speedup (tokens/s vs baseline; gray: inside noise; red: slower than the rung above)",
+              title="Speed")
     for y, r in enumerate(shown):
         if r.runs:
-            note = f"{r.cumulative:.2f}×" + (" (its gain: inside noise)" if r.inside_noise.get("tokens_per_s") else "")
+            note = bar_style(r)[1]
             speed.annotate(note, (r.cumulative or 0, y), xytext=(3, 0), textcoords="offset points", va="center",
                            fontsize=8)
         else:
