@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from gpt2.model import loss
 from gpt2.run import peak
 from gpt2.train.trainer import train
 from tests.conftest import micro_params
@@ -51,9 +52,31 @@ def test_the_best_shape_is_the_peak(monkeypatch):
         now[0] += 2 * a.shape[0] * a.shape[1] * b.shape[1] / rates[a.shape[0]]
 
     monkeypatch.setattr(peak.torch, "mm", matmul)
+    monkeypatch.setattr(loss, "onednn_available", lambda: False)
     monkeypatch.setattr(peak.time, "perf_counter", lambda: now[0])
     assert peak.matmul_flops(torch.float32, ((256, 256, 256), (8, 8, 8)), 0.01) == pytest.approx(100e9)
     assert peak.matmul_flops(torch.float32, ((8, 8, 8),), 0.01) == pytest.approx(1e9)
+
+
+def test_the_fp32_peak_is_the_faster_library_s(monkeypatch):
+    """MKL runs fp32 at half an AMD chip's rate, where oneDNN (which the loss's head uses there) runs at all of it:
+    the peak is the faster one's, else MFU would read above 100%. bf16 is timed through torch.mm alone."""
+    now = [0.0]
+    rates = {"blas": 100e9, "onednn": 200e9}
+
+    def kernel(library):
+        def run(a, b, out=None):
+            now[0] += 2 * a.shape[0] * a.shape[1] * a.shape[1] / rates[library]
+        return run
+
+    monkeypatch.setattr(peak.torch, "mm", kernel("blas"))
+    monkeypatch.setattr(loss, "onednn_mm", kernel("onednn"))
+    monkeypatch.setattr(loss, "onednn_available", lambda: True)
+    monkeypatch.setattr(peak.time, "perf_counter", lambda: now[0])
+    assert peak.matmul_flops(torch.float32, ((64, 64, 64),), 0.01) == pytest.approx(200e9)
+    assert peak.matmul_flops(torch.bfloat16, ((64, 64, 64),), 0.01) == pytest.approx(100e9)
+    rates["onednn"] = 50e9
+    assert peak.matmul_flops(torch.float32, ((64, 64, 64),), 0.01) == pytest.approx(100e9)
 
 
 def test_a_cpu_run_reports_mfu_against_the_measured_peak(tokens, tmp_path, cache):
