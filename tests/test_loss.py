@@ -215,6 +215,33 @@ def test_the_onednn_head_matmuls_give_the_blas_loss_and_gradients(masked):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_onednn_linear_layer_computes_what_nn_linear_does(bias):
+    """train.cpu_gemm onednn: the blocks' linear layers, forward and backward, to fp32's precision; under
+    autocast it is nn.Linear itself."""
+    from gpt2.model.onednn import OnednnLinear, convert
+
+    torch.manual_seed(0)
+    model = torch.nn.Module()
+    model.transformer = torch.nn.Module()
+    model.transformer.h = torch.nn.Sequential(torch.nn.Linear(24, 40, bias=bias))
+    reference = torch.nn.Linear(24, 40, bias=bias)
+    reference.load_state_dict(model.transformer.h[0].state_dict())
+    assert convert(model) == ["transformer.h.0"] and type(model.transformer.h[0]) is OnednnLinear
+    x = torch.randn(3, 5, 24, requires_grad=True)
+    results = []
+    for layer in (model.transformer.h[0], reference):
+        x.grad = None
+        out = layer(x)
+        out.backward(torch.randn_like(out, generator=torch.Generator().manual_seed(1)))
+        results.append([out, x.grad, *(p.grad for p in layer.parameters())])
+    for got, expected in zip(*results):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model.transformer.h[0](x).dtype == torch.bfloat16
+
+
 def test_cpu_gemm_auto_is_onednn_on_amd_only_and_a_missing_onednn_is_refused(monkeypatch):
     from gpt2.core.errors import UserError
     from gpt2.model import loss

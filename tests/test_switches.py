@@ -327,15 +327,20 @@ def test_loss_chunk_auto_runs_cache_sized_chunks_on_a_cpu_and_says_so(tokens):
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
-def test_cpu_gemm_switch_changes_the_head_s_kernels(tokens):
+def test_cpu_gemm_switch_changes_the_head_s_and_the_blocks_kernels(tokens):
     """train.cpu_gemm onednn runs the training loss's three head matmuls (the logits and both gradients, done in
-    forward) through oneDNN's linear, blas through aten::mm; the run says which one it used."""
+    forward) and the blocks' linear layers through oneDNN's linear, blas through aten::mm; the run says which one
+    it used."""
     idx = torch.randint(0, 50257, (2, 16))
-    onednn_calls = {}
+    onednn_calls, keys = {}, {}
     for gemm in ("blas", "onednn"):
         s = setup(tokens, cpu_gemm=gemm)
         assert describe.what_runs(s)["cpu_gemm"] == gemm and s.model.loss_chunk >= 32  # one chunk
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             s.model(idx, idx)
         onednn_calls[gemm] = sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
-    assert onednn_calls == {"blas": 0, "onednn": 3}
+        keys[gemm] = list(s.model.state_dict())
+        layers = s.model.cfg.n_layer
+    # the head's three, and each block's four linear layers (the blocks' gradients come in backward)
+    assert onednn_calls == {"blas": 0, "onednn": 3 + 4 * layers}
+    assert keys["onednn"] == keys["blas"]  # the same checkpoint either way

@@ -134,9 +134,10 @@ class TrainConfig:
                 "a CPU 32 MB of logits (128 positions), on an AMD CPU 128 MB (512)", ge=0,
         note="0 = plain loss")
     cpu_gemm: Literal["auto", "blas", "onednn"] = param(
-        "auto", "the library of the training loss's three LM-head matmuls on a CPU (fp32, eager): blas (PyTorch's "
-                "BLAS, MKL on x86) | onednn (oneDNN's kernels, built for this CPU at run time: on an AMD EPYC with "
-                "AVX-512 2.2x MKL's rate on these shapes, the tiny step 1.6x faster) | auto (onednn on AMD CPUs, "
+        "auto", "the library of training's matmuls on a CPU (fp32, eager): the loss's three LM-head matmuls and the "
+                "blocks' linear layers: blas (PyTorch's BLAS, MKL on x86) | onednn (oneDNN's kernels, built for this "
+                "CPU at run time: on an AMD EPYC with AVX-512 2x MKL's rate, the tiny step 1.7x faster) | auto "
+                "(onednn on AMD CPUs, "
                 "where MKL's fp32 kernels run at half the chip's rate; blas elsewhere); the last bits of the loss "
                 "differ between them")
     keep_host_memory: bool = param(True, "CPU/Linux: glibc reuses freed big blocks instead of page-faulting them in "
