@@ -16,7 +16,7 @@ in place (``exp_``); on a CPU in fp32, eager, they become the softmax in place a
 logit (``probs_in_place``; compiled, Inductor fuses the passes anyway). Without compile a chunk
 needs one fp32 buffer. On a CPU that buffer is sized to stay in cache between the matmul that writes
 it and the two that read it (``chunk_rows``); the matmuls then run near the CPU's peak and the
-softmax passes cost far less than on logits that spill to memory, except on AMD CPUs, where MKL's
+softmax passes cost far less than on logits that spill to memory, except on AMD CPUs, where the
 matmuls need more rows than the cache holds (docs/benchmarks.md). Under torch.compile Inductor fuses
 the softmax, the exp and the cast into one pass: bf16 on a GPU moves about 12 to 14 bytes per logit
 (the matmul writes 2, the log-sum-exp reads 2 or 4, the gradient kernel reads 2 and writes 2, the
@@ -56,9 +56,10 @@ def chunk_rows(setting: int | str, device_type: str, vocab_size: int) -> int:
     best. On a CPU a chunk is sized so that its fp32 logits stay in cache from the matmul that writes
     them through the softmax and the two matmuls that read them: a power of two whose logits fit in
     32 MB (128 positions at GPT-2's vocabulary). On an AMD CPU the matmuls weigh more than the cache:
-    MKL's kernels there run the head's shapes 15-30% slower at 128 rows than at 512, so the chunk is
-    the power of two whose logits fit in 128 MB (512 positions). docs/benchmarks.md has the
-    measurements behind each."""
+    MKL's kernels there run the head's shapes 15-30% slower at 128 rows than at 512, and with oneDNN
+    (``cpu_gemm: auto`` there) each chunk adds its share into the weight's gradient in a pass of its
+    own, which fewer chunks pay less often; so the chunk is the power of two whose logits fit in
+    128 MB (512 positions). docs/benchmarks.md has the measurements behind each."""
     if setting != "auto":
         return int(setting)
     if device_type != "cpu":
@@ -150,10 +151,10 @@ def logits_gemm(setting: str, compute: torch.dtype) -> str:
     return "onednn" if onednn else "blas"
 
 
-def onednn_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b.T`` in fp32 through oneDNN's kernel (``train.cpu_gemm onednn``). Either operand may be a
-    transposed view: oneDNN reads its strides, where a copy would cost a pass over the chunk."""
-    return torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+def onednn_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``a @ b.T`` (``+ bias``) in fp32 through oneDNN's kernel (``train.cpu_gemm onednn``). Either operand may
+    be a transposed view: oneDNN reads its strides, where a copy would cost a pass over the chunk."""
+    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
 
 
 def probs_in_place(logits: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor,
@@ -229,10 +230,9 @@ def cpu_gemm(setting: str, device_type: str) -> str:
     blocks' linear layers (``model/onednn.py``): ``blas`` (PyTorch's BLAS: MKL on x86) or ``onednn`` (oneDNN's
     kernels, JIT-compiled for the CPU it runs on). MKL picks its kernels by the CPU's vendor: on an AMD CPU
     with AVX-512 its fp32 kernels run these shapes at half the chip's rate, where oneDNN's run them about
-    twice as fast and the tiny step 1.75 times (docs/benchmarks.md);
-    on an Intel CPU MKL runs at the chip's rate. ``auto``: oneDNN on an AMD CPU, BLAS elsewhere; off a CPU
-    always the device's own. Only fp32 matmuls take oneDNN (under bf16 autocast a CPU without native bf16 has
-    no oneDNN kernel for them)."""
+    twice as fast and the tiny step 1.75 times (docs/benchmarks.md); on an Intel CPU MKL runs at the chip's
+    rate. ``auto``: oneDNN on an AMD CPU, BLAS elsewhere; off a CPU always the device's own. Only fp32
+    matmuls take oneDNN (under bf16 autocast a CPU without native bf16 has no oneDNN kernel for them)."""
     if device_type != "cpu":
         return "blas"
     available = onednn_available()

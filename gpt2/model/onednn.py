@@ -25,8 +25,7 @@ class OnednnLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
         rows = x.reshape(-1, x.shape[-1])
-        out = torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
-        return out.view(*x.shape[:-1], weight.shape[0])
+        return onednn_mm(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):

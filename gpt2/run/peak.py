@@ -5,9 +5,9 @@ step could reach: its clock, cores, vector units and memory vary too much. So th
 the best sustained throughput of a few large matmuls in fp32, and in bf16 where the CPU does bf16
 in hardware (AVX512-BF16 or AMX), with the thread count the run uses. fp32 takes the faster of
 PyTorch's two libraries, its BLAS (MKL) and oneDNN: on an AMD CPU with AVX-512, MKL's fp32 kernels
-run at half the chip's rate, oneDNN's at all of it, and the training loss uses oneDNN there
-(``train.cpu_gemm``). It is measured once per CPU
-model, core count, thread count and torch version, and kept in a small JSON file
+run at half the chip's rate, oneDNN's at all of it, and training uses oneDNN there
+(``train.cpu_gemm``). It is measured once per CPU model, core count, thread count and torch
+version, and kept in a small JSON file
 (``~/.cache/gpt2-pipeline/matmul_peaks.json``, or ``$GPT2_PEAK_CACHE``). ``gpt2 peak`` measures it
 again. A later measurement only raises the kept figure: one taken beside other work reads low, and
 a lower peak would inflate every MFU divided by it. ``gpt2 peak --fresh`` forgets the kept figure
