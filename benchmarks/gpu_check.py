@@ -234,8 +234,9 @@ PARTS = ("tests", "best", "nanogpt", "levers", "ladder", "long", "peers", "fit",
 BEST_ROW_PARTS = {"peers", "long", "fit", "profile"}  # each starts from the fastest row measured
 FIRST_TESTS = "compiled_bf16"  # pytest -k: the compiled CUDA test, run first; the rest of test_gpu.py runs last
 # What a row costs on a GPU (process start, compile, the steps) until this card has measured one of its kind: the
-# dearest of each kind on an H100 (2026-11-26: compiled rows 19-58 s, the tests 30 and 60 s); max-autotune's is a
-# guess (Inductor benchmarks each kernel's choices: minutes) until measured (docs/benchmarks.md, "GPU check").
+# dearest of each kind on an H100 (2026-11-26: compiled rows 19-58 s, the tests 30 and 60 s). max-autotune's is the
+# least it takes: on an H100 it ran past 300 s (2026-11-27), so it gets the rest of a job that has 300 s left, and a
+# job stopped by its budget leaves the row to the next (docs/benchmarks.md, "GPU check").
 COST_S = {"plain": 30.0, "compiled": 60.0, "autotune": 300.0, "tests first": 40.0, "tests": 90.0}
 SMOKE_COST_S = 20.0
 
@@ -533,9 +534,19 @@ class Check:
                 continue
             result = step(f"all switches {name}", self.measure, f"all switches {name}", {**base, **change})
             if result is not None and base_row is not None and "failed" not in result and "failed" not in base_row:
-                gain = 100 * (result["tokens_per_s"] / base_row["tokens_per_s"] - 1)
-                result["note"] = f"{gain:+.1f}% tokens/s vs all switches" + apart(result, base_row)
+                baseline = self.same_card(base_row, result.get("machine"))
+                gain = 100 * (result["tokens_per_s"] / baseline["tokens_per_s"] - 1)
+                result["note"] = f"{gain:+.1f}% tokens/s vs all switches" + apart(result, baseline)
         self.report.save()
+
+    def same_card(self, row: dict[str, Any], machine: str | None) -> dict[str, Any]:
+        """``row``, or a run of its configuration that ``machine`` measured: a lever measured by an earlier job on
+        another card is compared with its own card's baseline, not with this card's (instances differ by a few
+        percent, as much as a lever's gain)."""
+        if row.get("machine") == machine:
+            return row
+        return next((r for r in self.report.data["rows"] if r.get("machine") == machine and "failed" not in r
+                     and (r.get("model"), r.get("train")) == (row.get("model"), row.get("train"))), row)
 
     def nanogpt_pairs(self, nanogpt: Path, repeats: int, base: dict[str, Any], step: Any) -> None:
         """Ours and nanoGPT's own train.py, alternating, both halves of a pair in one job on one card (a pair split

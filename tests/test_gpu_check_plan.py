@@ -100,6 +100,21 @@ def test_a_row_of_the_same_configuration_on_the_same_card_is_reused_not_run_agai
     assert len(calls) == before + 1  # another card measures it itself
 
 
+def test_a_lever_from_an_earlier_card_keeps_its_own_cards_baseline(tmp_path, monkeypatch):
+    clock, calls = Clock(), []
+    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
+    first = new_check(tmp_path, None, clock)
+    first.run(("best", "ladder"), None, 1)  # card 1: 'all switches', and '+ bf16 residual stream' its twin
+    lever = {**first.report.row("all switches"), "name": "all switches + FP8 LM head", "tokens_per_s": 2000.0}
+    rows = [r for r in first.report.data["rows"] if r["name"] != "all switches"] + [lever]
+    second = new_check(tmp_path, 250.0, clock, machine="card-2", rows=rows)  # 'all switches' measured again
+    second.run(("best", "levers"), None, 1)
+    own = first.report.row("all switches")["tokens_per_s"]
+    assert second.report.row("all switches")["machine"] == "card-2"
+    note = second.report.row("all switches + FP8 LM head")["note"]
+    assert note == f"{100 * (2000.0 / own - 1):+.1f}% tokens/s vs all switches"  # card 1's, not flagged
+
+
 def test_nanogpt_pairs_best_first_each_measured_whole_on_one_card(tmp_path, monkeypatch):
     clock, calls = Clock(), []
     fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
