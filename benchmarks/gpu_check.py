@@ -342,6 +342,12 @@ def timed_out(r: dict[str, Any] | None) -> bool:
     return r is not None and str(r.get("failed", "")).startswith("timed out")
 
 
+def reusable(r: dict[str, Any]) -> bool:
+    """Whether a row may stand in for another of its configuration: measured, and not ``superseded`` (a row of code
+    that has changed since, kept in the table under a name of its own for the record)."""
+    return "failed" not in r and "superseded" not in r
+
+
 def apart(*rows: dict[str, Any]) -> str:
     """A note for a comparison between rows that different cards measured (instances of one model differ by a
     few percent, about one rung's gain)."""
@@ -483,7 +489,7 @@ class Check:
         params = train_params(self.prof, train, steps or self.prof["steps"])
         twin = None if fresh else next(
             (r for r in self.report.data["rows"] if (r.get("model"), r.get("train")) == (params["model"],
-             params["train"]) and r.get("machine") == self.machine and "failed" not in r), None)
+             params["train"]) and r.get("machine") == self.machine and reusable(r)), None)
         if twin is not None:
             copy = {**twin, "name": name, "note": f"the run of '{twin['name']}' (the same configuration)"}
             self.report.add(copy)
@@ -545,7 +551,7 @@ class Check:
         percent, as much as a lever's gain)."""
         if row.get("machine") == machine:
             return row
-        return next((r for r in self.report.data["rows"] if r.get("machine") == machine and "failed" not in r
+        return next((r for r in self.report.data["rows"] if r.get("machine") == machine and reusable(r)
                      and (r.get("model"), r.get("train")) == (row.get("model"), row.get("train"))), row)
 
     def nanogpt_pairs(self, nanogpt: Path, repeats: int, base: dict[str, Any], step: Any) -> None:

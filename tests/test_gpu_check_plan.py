@@ -98,6 +98,10 @@ def test_a_row_of_the_same_configuration_on_the_same_card_is_reused_not_run_agai
     before = len(calls)
     other.measure("again", rows["all switches"]["train"] | {"attention": "flash", "pad_vocab": True})
     assert len(calls) == before + 1  # another card measures it itself
+    for r in check.report.data["rows"]:
+        r["superseded"] = "measured before a change to the code it runs"
+    check.measure("after the change", rows["all switches"]["train"] | {"attention": "flash", "pad_vocab": True})
+    assert len(calls) == before + 2  # a superseded row stands in for nothing
 
 
 def test_a_lever_from_an_earlier_card_keeps_its_own_cards_baseline(tmp_path, monkeypatch):

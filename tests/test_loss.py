@@ -177,6 +177,36 @@ def test_compiled_under_bf16_it_writes_no_fp32_logits():
     assert loss.item() == pytest.approx(F.cross_entropy(hidden @ weight.t(), targets).item(), rel=2e-2)
 
 
+def test_compiled_the_fp8_head_writes_its_loss_gradient_once_in_e5m2():
+    """The FP8 head's softmax - one-hot goes from the bf16 logits straight to e5m2 in one fused kernel, with no
+    fp32 probabilities between them (each fp32 copy is 8 bytes per logit element a chunk, about what the FP8
+    matmuls save: docs/benchmarks.md), and its transposed copy for the weight's gradient."""
+    import sys
+    from pathlib import Path
+
+    from torch._inductor.utils import run_and_get_code
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from loss_kernels import vocab_wide_buffers
+
+    torch.manual_seed(0)
+    hidden = torch.randn(64, 32, requires_grad=True)
+    weight = torch.randn(256, 32, requires_grad=True)
+    targets = torch.randint(0, 256, (64,))
+
+    def step():
+        with torch.autocast("cpu", torch.bfloat16):
+            loss = linear_cross_entropy(hidden, weight, targets, None, 64, gemm="fp8")
+        loss.backward()
+        return loss
+
+    torch._dynamo.reset()
+    loss, codes = run_and_get_code(torch.compile(step))
+    assert sorted(vocab_wide_buffers("\n".join(codes), 64 * 256)) == [
+        "(256, 64) torch.float8_e5m2", "(64, 256) torch.bfloat16", "(64, 256) torch.float8_e5m2"]
+    assert loss.item() == pytest.approx(F.cross_entropy(hidden @ weight.t(), targets).item(), rel=5e-2)
+
+
 def test_auto_chunks_fit_a_cpu_cache_and_stay_large_on_a_gpu(monkeypatch):
     from gpt2.model import loss
     from gpt2.model.loss import chunk_rows

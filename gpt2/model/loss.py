@@ -89,8 +89,10 @@ class LinearCrossEntropy(torch.autograd.Function):
                 logits, rows8 = head8.logits(rows, compute)
                 logp = masked_log_softmax(logits.to(acc), vocab_size)
                 picked = logp.gather(1, labels[:, None]).squeeze(1)
-                g = logp.exp_()  # stays fp32 until its own FP8 cast
-                del logits, logp
+                # softmax - one-hot in one expression, no scatter: compiled, one pass from the logits to e5m2
+                one_hot = torch.arange(logp.shape[1], device=x.device) == labels[:, None]
+                g = logp.exp_().sub_(one_hot.to(acc))
+                del logits, logp, one_hot
             elif in_place:
                 logits = onednn_mm(rows, w) if gemm == "onednn" else torch.mm(rows, w.t(), out=buffer[:len(rows)])
                 g, picked = probs_in_place(logits, rows, w, at_labels, vocab_size)
@@ -101,8 +103,8 @@ class LinearCrossEntropy(torch.autograd.Function):
                 g = logp.exp_().to(compute)  # the softmax, cast once to the matmul dtype
                 del logp
             total -= picked.sum()
-            # d(loss sum)/d(logits) = softmax - one-hot, the label column from its fp32 log-probability
-            g[at_labels] = (picked.exp() - 1.0).to(g.dtype)
+            if head8 is None:  # d(loss sum)/d(logits) = softmax - one-hot, the label column from its fp32 log-prob
+                g[at_labels] = (picked.exp() - 1.0).to(g.dtype)
             if head8 is not None:
                 grad_hidden[lo:lo + chunk], part = head8.grads(g, rows8)
                 grad_weight = part if grad_weight is None else grad_weight.add_(part)
