@@ -148,10 +148,9 @@ def test_under_bf16_autocast_it_matches_the_plain_path_to_bf16_precision():
     assert ours.dtype == torch.float32 and ours.item() == pytest.approx(expected.item(), rel=2e-2)
 
 
-@pytest.mark.skipif(not hasattr(torch, "get_autocast_dtype"), reason="needs torch >= 2.4")
-def test_compiled_under_bf16_it_writes_no_fp32_logits():
-    """Inductor fuses the softmax, the label column and the cast: a chunk's only vocabulary-wide buffers are
-    the bf16 logits and their bf16 gradient (benchmarks/loss_kernels.py counts them at full size)."""
+def compiled_chunk(gemm: str, dim: int) -> tuple[list[str], float, float]:
+    """One 64-row chunk of the loss under bf16 autocast, compiled: the vocabulary-wide buffers Inductor's code
+    allocates (benchmarks/loss_kernels.py counts them at full size), its loss and the fp32 reference's."""
     import sys
     from pathlib import Path
 
@@ -161,50 +160,38 @@ def test_compiled_under_bf16_it_writes_no_fp32_logits():
     from loss_kernels import vocab_wide_buffers
 
     torch.manual_seed(0)
-    hidden = torch.randn(64, 16, requires_grad=True)
-    weight = torch.randn(256, 16, requires_grad=True)
+    hidden = torch.randn(64, dim, requires_grad=True)
+    weight = torch.randn(256, dim, requires_grad=True)
     targets = torch.randint(0, 256, (64,))
 
     def step():
         with torch.autocast("cpu", torch.bfloat16):
-            loss = linear_cross_entropy(hidden, weight, targets, None, 64)
+            loss = linear_cross_entropy(hidden, weight, targets, None, 64, gemm=gemm)
         loss.backward()
         return loss
 
     torch._dynamo.reset()
     loss, codes = run_and_get_code(torch.compile(step))
-    assert vocab_wide_buffers("\n".join(codes), 64 * 256) == ["(64, 256) torch.bfloat16"] * 2
-    assert loss.item() == pytest.approx(F.cross_entropy(hidden @ weight.t(), targets).item(), rel=2e-2)
+    reference = F.cross_entropy(hidden @ weight.t(), targets).item()
+    return sorted(vocab_wide_buffers("\n".join(codes), 64 * 256)), loss.item(), reference
+
+
+@pytest.mark.skipif(not hasattr(torch, "get_autocast_dtype"), reason="needs torch >= 2.4")
+def test_compiled_under_bf16_it_writes_no_fp32_logits():
+    """Inductor fuses the softmax, the label column and the cast: a chunk's only vocabulary-wide buffers are
+    the bf16 logits and their bf16 gradient."""
+    buffers, loss, reference = compiled_chunk("blas", 16)
+    assert buffers == ["(64, 256) torch.bfloat16"] * 2
+    assert loss == pytest.approx(reference, rel=2e-2)
 
 
 def test_compiled_the_fp8_head_writes_its_loss_gradient_once_in_e5m2():
     """The FP8 head's softmax - one-hot goes from the bf16 logits straight to e5m2 in one fused kernel, with no
     fp32 probabilities between them (each fp32 copy is 8 bytes per logit element a chunk, about what the FP8
     matmuls save: docs/benchmarks.md), and its transposed copy for the weight's gradient."""
-    import sys
-    from pathlib import Path
-
-    from torch._inductor.utils import run_and_get_code
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from loss_kernels import vocab_wide_buffers
-
-    torch.manual_seed(0)
-    hidden = torch.randn(64, 32, requires_grad=True)
-    weight = torch.randn(256, 32, requires_grad=True)
-    targets = torch.randint(0, 256, (64,))
-
-    def step():
-        with torch.autocast("cpu", torch.bfloat16):
-            loss = linear_cross_entropy(hidden, weight, targets, None, 64, gemm="fp8")
-        loss.backward()
-        return loss
-
-    torch._dynamo.reset()
-    loss, codes = run_and_get_code(torch.compile(step))
-    assert sorted(vocab_wide_buffers("\n".join(codes), 64 * 256)) == [
-        "(256, 64) torch.float8_e5m2", "(64, 256) torch.bfloat16", "(64, 256) torch.float8_e5m2"]
-    assert loss.item() == pytest.approx(F.cross_entropy(hidden @ weight.t(), targets).item(), rel=5e-2)
+    buffers, loss, reference = compiled_chunk("fp8", 32)
+    assert buffers == ["(256, 64) torch.float8_e5m2", "(64, 256) torch.bfloat16", "(64, 256) torch.float8_e5m2"]
+    assert loss == pytest.approx(reference, rel=5e-2)
 
 
 def test_auto_chunks_fit_a_cpu_cache_and_stay_large_on_a_gpu(monkeypatch):
