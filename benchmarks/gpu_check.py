@@ -487,9 +487,7 @@ class Check:
         if not fresh and ((before is not None and not timed_out(before)) or not run):
             return before
         params = train_params(self.prof, train, steps or self.prof["steps"])
-        twin = None if fresh else next(
-            (r for r in self.report.data["rows"] if (r.get("model"), r.get("train")) == (params["model"],
-             params["train"]) and r.get("machine") == self.machine and reusable(r)), None)
+        twin = None if fresh else self.run_of(params, self.machine)
         if twin is not None:
             copy = {**twin, "name": name, "note": f"the run of '{twin['name']}' (the same configuration)"}
             self.report.add(copy)
@@ -545,14 +543,16 @@ class Check:
                 result["note"] = f"{gain:+.1f}% tokens/s vs all switches" + apart(result, baseline)
         self.report.save()
 
+    def run_of(self, config: dict[str, Any], machine: str | None) -> dict[str, Any] | None:
+        """A reusable row of ``config``'s model and train settings that ``machine`` measured, if any."""
+        return next((r for r in self.report.data["rows"] if r.get("machine") == machine and reusable(r)
+                     and (r.get("model"), r.get("train")) == (config.get("model"), config.get("train"))), None)
+
     def same_card(self, row: dict[str, Any], machine: str | None) -> dict[str, Any]:
         """``row``, or a run of its configuration that ``machine`` measured: a lever measured by an earlier job on
         another card is compared with its own card's baseline, not with this card's (instances differ by a few
         percent, as much as a lever's gain)."""
-        if row.get("machine") == machine:
-            return row
-        return next((r for r in self.report.data["rows"] if r.get("machine") == machine and reusable(r)
-                     and (r.get("model"), r.get("train")) == (row.get("model"), row.get("train"))), row)
+        return row if row.get("machine") == machine else self.run_of(row, machine) or row
 
     def nanogpt_pairs(self, nanogpt: Path, repeats: int, base: dict[str, Any], step: Any) -> None:
         """Ours and nanoGPT's own train.py, alternating, both halves of a pair in one job on one card (a pair split

@@ -103,7 +103,9 @@ class LinearCrossEntropy(torch.autograd.Function):
                 g = logp.exp_().to(compute)  # the softmax, cast once to the matmul dtype
                 del logp
             total -= picked.sum()
-            if head8 is None:  # d(loss sum)/d(logits) = softmax - one-hot, the label column from its fp32 log-prob
+            # d(loss sum)/d(logits) = softmax - one-hot, the label column from its fp32 log-probability (FP8's g
+            # has it already: a scatter here would cost its one fused pass)
+            if head8 is None:
                 g[at_labels] = (picked.exp() - 1.0).to(g.dtype)
             if head8 is not None:
                 grad_hidden[lo:lo + chunk], part = head8.grads(g, rows8)
