@@ -233,6 +233,19 @@ def test_the_onednn_head_matmuls_give_the_blas_loss_and_gradients(masked):
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
+@pytest.mark.parametrize("gemm", ["blas", "onednn"])
+def test_the_head_weight_gradient_comes_back_in_the_weight_layout(gemm):
+    """The loss hands autograd the weight's gradient row-major on every path: oneDNN sums it transposed, and a
+    transposed gradient makes autograd add the tied embedding's gradient through strides, then copy the sum."""
+    torch.manual_seed(0)
+    hidden = torch.randn(50, 16, requires_grad=True)
+    weight = torch.randn(70, 16, requires_grad=True)
+    loss = linear_cross_entropy(hidden, weight, torch.randint(0, 70, (50,)), None, 16, gemm=gemm)
+    grad = torch.autograd.grad(loss, weight)[0]  # as the loss returned it: no AccumulateGrad copy in between
+    assert grad.stride() == weight.stride()
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_onednn_linear_layer_computes_what_nn_linear_does(bias):
     """train.cpu_gemm onednn: the blocks' linear layers, forward and backward, to fp32's precision; under
