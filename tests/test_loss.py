@@ -194,6 +194,34 @@ def test_compiled_the_fp8_head_writes_its_loss_gradient_once_in_e5m2():
     assert loss == pytest.approx(reference, rel=5e-2)
 
 
+def test_compiled_every_chunk_gives_its_matmuls_the_same_autotune_key():
+    """Inductor keys its autotuning on the inputs' offsets too: each chunk's matmuls read their rows at offset 0,
+    not as a slice of the hidden states at the chunk's own offset (under max-autotune, one ~18 s autotune per
+    chunk and matmul on an H100). The hidden states come from a layer norm, as in the model, so Inductor
+    keeps them in one buffer that the slices would point into."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    hidden = torch.randn(64, 16, requires_grad=True)
+    weight = torch.randn(320, 16, requires_grad=True)
+    targets = torch.randint(0, 320, (64,))
+
+    def step():
+        with torch.autocast("cpu", torch.bfloat16):
+            loss = linear_cross_entropy(F.layer_norm(hidden, (16,)), weight, targets, None, 16)
+        loss.backward()
+
+    torch._dynamo.reset()
+    _, codes = run_and_get_code(torch.compile(step))
+    # the two matmuls per chunk that read its rows (the logits, the weight's gradient) name the vocabulary size
+    head = [line for line in "\n".join(codes).splitlines() if "extern_kernels.mm(" in line and "320" in line]
+    view = re.compile(r"reinterpret_tensor\(\w+, \([^)]*\), \([^)]*\), (\d+)\)")  # (buffer, size, stride, offset)
+    offsets = {int(offset) for line in head for offset in view.findall(line)}
+    assert len(head) == 2 * 4 and offsets == {0}, head
+
+
 def test_auto_chunks_fit_a_cpu_cache_and_stay_large_on_a_gpu(monkeypatch):
     from gpt2.model import loss
     from gpt2.model.loss import chunk_rows
