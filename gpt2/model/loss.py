@@ -74,8 +74,8 @@ def own_copy(rows: torch.Tensor) -> torch.Tensor:
 
     A chunk's rows are a slice of the hidden states, at an offset that differs from chunk to chunk, and the
     offset is part of the key Inductor caches its autotuning under (``select_algorithm.key_of``). Under
-    ``max-autotune`` every chunk's two matmuls on them were autotuned anew, about 18 s each on an H100 for
-    GPT-2's head: minutes of compile for the same shapes. A copy at offset 0 gives every chunk the same key.
+    ``max-autotune`` the matmuls on a slice would be autotuned anew for every chunk, about 18 s each on an H100
+    for GPT-2's head: minutes of compile for the same shapes. A copy at offset 0 gives every chunk the same key.
     Inductor folds a plain ``clone`` of the same shape away, but not an opaque operator. The copy is one pass
     over the chunk's rows (C wide), small beside its matmuls (V wide)."""
     return rows.clone()
@@ -84,6 +84,12 @@ def own_copy(rows: torch.Tensor) -> torch.Tensor:
 @own_copy.register_fake
 def _(rows: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(rows)
+
+
+def rows_of(x: torch.Tensor, lo: int, chunk: int) -> torch.Tensor:
+    """A chunk's rows of ``x``: a slice, or under compile its copy at offset 0 (``own_copy``)."""
+    rows = x[lo:lo + chunk]
+    return own_copy(rows) if torch.compiler.is_compiling() else rows
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -101,9 +107,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         in_place = x.device.type == "cpu" and compute == acc and head8 is None and not torch.compiler.is_compiling()
         buffer = logits_buffer(x, w, chunk, compute, acc) if gemm == "blas" and head8 is None else None
         for lo in range(0, n, chunk):
-            rows, labels = x[lo:lo + chunk], targets[lo:lo + chunk]
-            if torch.compiler.is_compiling():
-                rows = own_copy(rows)  # at offset 0: the next chunks' matmuls reuse this one's autotuning
+            rows, labels = rows_of(x, lo, chunk), targets[lo:lo + chunk]
             at_labels = (torch.arange(len(labels), device=x.device), labels)
             if head8 is not None:
                 logits, rows8 = head8.logits(rows, compute)
@@ -254,7 +258,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     compute, acc = precision(hidden)
     gemm = logits_gemm(gemm, compute)
     buffer = logits_buffer(hidden, weight, chunk, compute, acc) if gemm == "blas" else None
-    losses = torch.cat([-log_probs(hidden[lo:lo + chunk], weight, vocab_size, acc, buffer, gemm)
+    losses = torch.cat([-log_probs(rows_of(hidden, lo, chunk), weight, vocab_size, acc, buffer, gemm)
                         .gather(1, targets[lo:lo + chunk, None]).squeeze(1) for lo in range(0, hidden.shape[0], chunk)])
     return losses if per_row else losses.mean()
 
