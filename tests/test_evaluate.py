@@ -67,10 +67,24 @@ def test_evaluation_is_deterministic_and_beats_nothing_trivially(trained, tmp_pa
     assert text.count("### Sample") == 4 and "## The king" in text
 
 
-def test_val_loss_matches_a_direct_computation(trained, tmp_path):
+@pytest.mark.parametrize("gemm", ["blas", "onednn"])
+def test_val_loss_matches_a_direct_computation(trained, tmp_path, gemm, monkeypatch):
+    """eval.cpu_gemm onednn scores through oneDNN's kernels (the head's and the blocks'), to fp32's precision."""
     from gpt2.eval.loading import eval_runtime, load_model
+    from gpt2.model import loss, onednn
 
-    metrics = run_eval(trained, tmp_path)
+    if gemm == "onednn" and not loss.onednn_available():
+        pytest.skip("no oneDNN in this PyTorch build")
+    calls, original = [], loss.onednn_mm
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return original(*args)
+
+    monkeypatch.setattr(loss, "onednn_mm", counted)  # the head's logits
+    monkeypatch.setattr(onednn, "onednn_mm", counted)  # the blocks' linear layers
+    metrics = run_eval(trained, tmp_path, cpu_gemm=gemm)
+    assert bool(calls) == (gemm == "onednn")
     loaded = load_model(trained / "ckpt.pt", eval_runtime("cpu", "fp32"))
     val = np.fromfile(trained / "tokens/val.bin", dtype=np.uint16).astype(np.int64)
     losses, lengths = [], []  # each window's mean loss (the plain path: whole logits, F.cross_entropy)

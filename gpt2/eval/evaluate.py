@@ -34,6 +34,7 @@ from gpt2.core.tokens import (
 )
 from gpt2.eval.loading import Loaded, eval_runtime, load_model, load_pretrained_model
 from gpt2.eval.sample import SamplingConfig, encode_prompts, generate_ids
+from gpt2.model import onednn
 from gpt2.model.loss import chunk_rows
 
 logger = log.get("evaluate")
@@ -200,6 +201,7 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = paths.CHECKPOINT, tokens_d
     """Score and sample the checkpoint; write metrics.json and samples.md (each atomically, both or none)."""
     runtime = eval_runtime(cfg.device, cfg.dtype, cfg.keep_host_memory)
     loaded = load_pretrained_model(cfg.pretrained, runtime) if cfg.pretrained else load_model(ckpt_path, runtime)
+    onednn.use(loaded.model, cfg.cpu_gemm, runtime.device.type)
     meta = read_meta(tokens_dir)
     model_vocab = loaded.model.cfg.vocab_size
     if model_vocab != meta["vocab_size"]:

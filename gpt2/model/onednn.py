@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gpt2.model.loss import onednn_mm
+from gpt2.model.loss import cpu_gemm, onednn_mm
 
 
 class OnednnLinearFunction(torch.autograd.Function):
@@ -52,3 +52,14 @@ def convert(model: nn.Module) -> list[str]:
             module.__class__ = OnednnLinear
             converted.append(name)
     return converted
+
+
+def use(model: nn.Module, setting: str, device_type: str) -> str:
+    """Route the model's fp32 CPU matmuls through ``cpu_gemm``'s choice for this device (``train.cpu_gemm``,
+    ``eval.cpu_gemm``): the LM head's in the loss, and with oneDNN the blocks' linear layers too. Returns the
+    library chosen (``blas`` or ``onednn``)."""
+    gemm = cpu_gemm(setting, device_type)
+    if gemm == "onednn":
+        convert(model)
+    model.logits_gemm = gemm
+    return gemm

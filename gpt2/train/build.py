@@ -21,7 +21,7 @@ from gpt2.core.sizes import SIZES, sequence_length
 from gpt2.core.tokens import read_meta
 from gpt2.model.gpt import GPT, GPTConfig, gpt_config
 from gpt2.model import fp8, onednn
-from gpt2.model.loss import chunk_rows, cpu_gemm, liger_loss
+from gpt2.model.loss import chunk_rows, liger_loss
 from gpt2.run.compiled import CompileWatch
 from gpt2.run.device import Runtime, resolve
 from gpt2.run.flops import Throughput, dtype_peak_flops, flops_per_token, yardstick_flops
@@ -102,13 +102,10 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
                     dist_info.world if dist_info.sharded else 1)
     batch = resolve_batch(cfg, recipe, dist_info.world, runtime.device)  # before the model takes device memory
     fp8_layers = fp8.convert(model, cfg.fp8, runtime.device)  # before FSDP shards the layers it swaps
-    gemm = cpu_gemm(cfg.cpu_gemm, runtime.device.type)
-    if gemm == "onednn":
-        onednn.convert(model)  # the blocks' linear layers, as the loss's head: oneDNN's fp32 matmuls
+    onednn.use(model, cfg.cpu_gemm, runtime.device.type)  # before FSDP shards the layers it swaps
     if dist_info.sharded:
         sharded.shard(model, runtime.device, torch.bfloat16 if runtime.dtype == "bf16" else None)
     model = model.to(runtime.device)  # under FSDP: the unsharded buffer (the logit mask)
-    model.logits_gemm = gemm
     if cfg.loss_kernel == "liger":
         model.fused_loss = liger_loss(runtime.device)
     if cfg.fp8_head:
