@@ -280,17 +280,20 @@ def test_the_head_weight_gradient_comes_back_in_the_weight_layout(gemm):
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_onednn_linear_layer_computes_what_nn_linear_does(bias):
-    """train.cpu_gemm onednn: the blocks' linear layers, forward and backward, to fp32's precision; under
-    autocast it is nn.Linear itself."""
+    """train.cpu_gemm onednn: the blocks' linear layers and the LM head, forward and backward, to fp32's precision;
+    under autocast it is nn.Linear itself."""
     from gpt2.model.onednn import OnednnLinear, convert
 
     torch.manual_seed(0)
     model = torch.nn.Module()
     model.transformer = torch.nn.Module()
-    model.transformer.h = torch.nn.Sequential(torch.nn.Linear(24, 40, bias=bias))
+    model.transformer.h = torch.nn.Sequential(torch.nn.Linear(24, 40, bias=bias), torch.nn.LayerNorm(40))
+    model.transformer.ln_f = torch.nn.Linear(4, 4)  # not a block's layer: stays nn.Linear
+    model.lm_head = torch.nn.Linear(24, 40, bias=False)
     reference = torch.nn.Linear(24, 40, bias=bias)
     reference.load_state_dict(model.transformer.h[0].state_dict())
-    assert convert(model) == ["transformer.h.0"] and type(model.transformer.h[0]) is OnednnLinear
+    assert convert(model) == ["transformer.h.0", "lm_head"] and type(model.transformer.h[0]) is OnednnLinear
+    assert type(model.transformer.ln_f) is torch.nn.Linear
     x = torch.randn(3, 5, 24, requires_grad=True)
     results = []
     for layer in (model.transformer.h[0], reference):

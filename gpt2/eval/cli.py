@@ -68,7 +68,7 @@ def sample(params_path: str, sets: tuple[str, ...], ckpt: str, prompt: str, **fl
         cfg = build(Params, override({}, sets), "").eval
     chosen = {name: value for name, value in flags.items() if value is not None}
     cfg = build(EvalConfig, {**to_dict(cfg), **chosen}, "sample")  # the flags checked as the params are
-    stream_sample(ckpt, prompt, SamplingConfig.of(cfg), cfg.num_samples, cfg.seed, cfg.device, cfg.dtype)
+    stream_sample(ckpt, prompt, SamplingConfig.of(cfg), cfg.num_samples, cfg.seed, cfg.device, cfg.dtype, cfg.cpu_gemm)
 
 
 @click.command()

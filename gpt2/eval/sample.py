@@ -132,15 +132,17 @@ def check_prompt(prompt: str, ids: list[int], block: int) -> None:
 
 
 def stream_sample(ckpt_path: str | Path, prompt: str, sampling: SamplingConfig, num_samples: int, seed: int,
-                  device: str, dtype: str) -> None:
+                  device: str, dtype: str, cpu_gemm: str = "auto") -> None:
     """``gpt2 sample``: print each continuation token by token as it is generated."""
     from gpt2.data.tokenizer import EOT_ID, gpt2_encoding
+    from gpt2.model import onednn
 
     def write(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
     loaded = load_model(ckpt_path, eval_runtime(device, dtype))
+    onednn.use(loaded.model, cpu_gemm, loaded.runtime.device.type)
     encoding = gpt2_encoding()
     ids = encoding.encode_ordinary(prompt)
     check_prompt(prompt, ids, loaded.model.cfg.block_size)
