@@ -33,6 +33,18 @@ def test_measured_once_then_read_from_the_cache(cache, monkeypatch):
     assert peak.cpu_peaks() == (first, False)
 
 
+def test_a_peak_measured_with_all_instructions_is_not_reused_under_an_isa_cap(cache, monkeypatch):
+    """Capping the vector instructions (an AVX2 machine emulated on an AVX-512 one) is another machine to the
+    cache: its MFU is against the peak it can reach."""
+    for name in peak.ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    whole = peak.machine_key(2)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert peak.isa_caps() == "ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2"
+    assert peak.machine_key(2) == f"{whole} | ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2"
+
+
 def test_a_corrupt_or_foreign_cache_is_measured_around(cache):
     cache.parent.mkdir(parents=True)
     cache.write_text("{not json")

@@ -59,8 +59,19 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# Variables that cap the vector instructions PyTorch's, oneDNN's and MKL's kernels use (an AVX2 machine emulated on
+# an AVX-512 one): a peak measured without them is not the peak with them.
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def isa_caps() -> str:
+    """The environment's caps on the CPU's vector instructions, e.g. ``ATEN_CPU_CAPABILITY=avx2``; '' for none."""
+    return " ".join(f"{name}={os.environ[name]}" for name in ISA_CAPS if os.environ.get(name))
+
+
 def machine_key(threads: int) -> str:
-    return f"{cpu_name()} | {os.cpu_count()} logical cores | {threads} threads | torch {torch.__version__}"
+    key = f"{cpu_name()} | {os.cpu_count()} logical cores | {threads} threads | torch {torch.__version__}"
+    return f"{key} | {isa_caps()}" if isa_caps() else key
 
 
 def matmul_flops(dtype: torch.dtype, shapes: tuple[tuple[int, int, int], ...] | None = None,
