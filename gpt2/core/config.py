@@ -134,11 +134,11 @@ class TrainConfig:
                 "a CPU 32 MB of logits (128 positions), on an AMD CPU 128 MB (512)", ge=0,
         note="0 = plain loss")
     cpu_gemm: Literal["auto", "blas", "onednn"] = param(
-        "auto", "the library of training's matmuls on a CPU (fp32, eager): the loss's three LM-head matmuls and the "
-                "blocks' linear layers: blas (PyTorch's BLAS, MKL on x86) | onednn (oneDNN's kernels, built for this "
-                "CPU at run time: on an AMD EPYC with AVX-512 2x MKL's rate, the tiny step 1.7x faster) | auto "
-                "(onednn on AMD CPUs, where MKL's fp32 kernels run at half the chip's rate; blas elsewhere); the "
-                "last bits of the loss differ between them")
+        "auto", "the library of training's matmuls on a CPU (fp32, eager): the loss's three LM-head matmuls, the "
+                "blocks' linear layers and the head's own (the plain loss): blas (PyTorch's BLAS, MKL on x86) | "
+                "onednn (oneDNN's kernels, built for this CPU at run time: on an AMD EPYC with AVX-512 2x MKL's "
+                "rate, the tiny step 1.7x faster) | auto (onednn on AMD CPUs, where MKL's fp32 kernels run at half "
+                "the chip's rate; blas elsewhere); the last bits of the loss differ between them")
     keep_host_memory: bool = param(True, "CPU/Linux: glibc reuses freed big blocks instead of page-faulting them in "
                                          "every step")
     threads: int = param(0, "CPU intra-op threads; the count changes the last digits of CPU results", ge=0,

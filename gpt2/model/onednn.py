@@ -2,10 +2,10 @@
 
 PyTorch's ``nn.Linear`` on a CPU calls its BLAS, MKL on x86, which runs fp32 at half an AMD chip's
 rate; oneDNN runs the same matmuls at all of it (docs/benchmarks.md). ``convert`` turns the blocks'
-``nn.Linear`` layers and the LM head into ``OnednnLinear``: the same parameters under the same names (checkpoints,
-optimizers and exports see no difference), with a forward and backward of oneDNN's three matmuls
-where the input is fp32 on a CPU in eager code. Anywhere else (autocast, a GPU, a compiled graph)
-it is ``nn.Linear``.
+``nn.Linear`` layers and the LM head into ``OnednnLinear``: the same parameters under the same
+names (checkpoints, optimizers and exports see no difference), with a forward and backward of
+oneDNN's three matmuls where the input is fp32 on a CPU in eager code. Anywhere else (autocast, a
+GPU, a compiled graph) it is ``nn.Linear``.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def convert(model: nn.Module) -> list[str]:
 
 def use(model: nn.Module, setting: str, device_type: str) -> str:
     """Route the model's fp32 CPU matmuls through ``cpu_gemm``'s choice for this device (``train.cpu_gemm``,
-    ``eval.cpu_gemm``): the LM head's in the loss, and with oneDNN the blocks' linear layers too. Returns the
-    library chosen (``blas`` or ``onednn``)."""
+    ``eval.cpu_gemm``): the LM head's in the chunked loss, and with oneDNN the linear layers ``convert`` takes.
+    Returns the library chosen (``blas`` or ``onednn``)."""
     gemm = cpu_gemm(setting, device_type)
     if gemm == "onednn":
         convert(model)
