@@ -187,6 +187,24 @@ def test_top_k_and_top_p_filters():
     assert kept.tolist() == [True, True, False, False, False] and probs[0] < 0.8 < probs[:2].sum()
 
 
+@pytest.mark.parametrize("top_k, top_p, temperature", [(200, 0.95, 0.8), (0, 0.9, 1.0), (50, 1.0, 1.0), (0, 0.5, 1.3)])
+def test_the_filters_keep_what_transformers_warpers_keep(top_k, top_p, temperature):
+    """Top-k then top-p against Hugging Face's logits warpers, on GPT-2-sized vocabularies: the same tokens kept,
+    but for the one at the top-p boundary where two sums in another order round apart."""
+    logits_process = pytest.importorskip("transformers.generation.logits_process")
+    cfg = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    generator = torch.Generator().manual_seed(0)
+    for scale in (1.0, 3.0, 7.0):
+        logits = torch.randn(50304, generator=generator) * scale
+        theirs = logits_process.TemperatureLogitsWarper(temperature)(None, logits[None].clone())
+        if top_k:
+            theirs = logits_process.TopKLogitsWarper(top_k)(None, theirs)
+        if top_p < 1:
+            theirs = logits_process.TopPLogitsWarper(top_p)(None, theirs)
+        ours = torch.isfinite(filter_logits(logits, cfg))
+        assert (ours != torch.isfinite(theirs[0])).sum() <= (1 if top_p < 1 else 0)
+
+
 @pytest.mark.parametrize("overrides, match", [
     ({"temperature": -0.1}, r"eval.temperature = -0.1 .*>= 0"),
     ({"top_p": 0.0}, r"eval.top_p = 0.0 .*\(0, 1\]"),

@@ -45,18 +45,22 @@ class SamplingConfig:
 
 
 def filter_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """Temperature, then keep the top-k, then the smallest set whose probability reaches top-p."""
+    """Temperature, then keep the top-k, then the smallest set whose probability reaches top-p.
+
+    Top-p ranks only the top-k survivors (``topk`` returns them sorted), not the whole vocabulary: a sort of
+    50,304 logits took most of a sampled token's time outside the model."""
     logits = logits.float() / cfg.temperature
+    ranked = None  # the surviving logits, largest first
     if cfg.top_k > 0:
-        k = min(cfg.top_k, logits.size(-1))
-        kth = torch.topk(logits, k, dim=-1).values[..., -1, None]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        ranked = torch.topk(logits, min(cfg.top_k, logits.size(-1)), dim=-1).values
+        logits = logits.masked_fill(logits < ranked[..., -1:], float("-inf"))
     if cfg.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-        drop = cumulative - torch.softmax(sorted_logits, dim=-1) >= cfg.top_p  # keep the token that crosses top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+        if ranked is None:
+            ranked = torch.sort(logits, descending=True, dim=-1).values
+        probs = torch.softmax(ranked, dim=-1)
+        above = probs.cumsum(dim=-1) - probs  # the probability of the tokens ranked above each one
+        kept = (above < cfg.top_p).sum(dim=-1, keepdim=True)  # up to the token that crosses top_p
+        logits = logits.masked_fill(logits < ranked.gather(-1, kept - 1), float("-inf"))
     return logits
 
 
