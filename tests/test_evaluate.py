@@ -219,6 +219,13 @@ def test_bad_sampling_params_are_refused_before_anything_is_written(tmp_path, tr
     assert not (tmp_path / "eval").exists()
 
 
+def test_onednn_asked_of_a_build_without_it_names_the_eval_key_and_writes_nothing(tmp_path, trained, monkeypatch):
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    with pytest.raises(UserError, match=r"eval.cpu_gemm onednn: this PyTorch build has no oneDNN; set eval.cpu_gemm"):
+        run_eval(trained, tmp_path, cpu_gemm="onednn")
+    assert not (tmp_path / "eval").exists()
+
+
 def test_missing_and_corrupt_checkpoints(tmp_path, trained):
     with pytest.raises(UserError, match="not found; train first"):
         evaluate(quick(), tmp_path / "none.pt", trained / "tokens", tmp_path / "eval")

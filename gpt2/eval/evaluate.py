@@ -201,7 +201,7 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = paths.CHECKPOINT, tokens_d
     """Score and sample the checkpoint; write metrics.json and samples.md (each atomically, both or none)."""
     runtime = eval_runtime(cfg.device, cfg.dtype, cfg.keep_host_memory)
     loaded = load_pretrained_model(cfg.pretrained, runtime) if cfg.pretrained else load_model(ckpt_path, runtime)
-    onednn.use(loaded.model, cfg.cpu_gemm, runtime.device.type)
+    onednn.use(loaded.model, cfg.cpu_gemm, runtime.device.type, "eval.cpu_gemm")
     meta = read_meta(tokens_dir)
     model_vocab = loaded.model.cfg.vocab_size
     if model_vocab != meta["vocab_size"]:

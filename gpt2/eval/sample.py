@@ -146,7 +146,7 @@ def stream_sample(ckpt_path: str | Path, prompt: str, sampling: SamplingConfig, 
         sys.stdout.flush()
 
     loaded = load_model(ckpt_path, eval_runtime(device, dtype))
-    onednn.use(loaded.model, cpu_gemm, loaded.runtime.device.type)
+    onednn.use(loaded.model, cpu_gemm, loaded.runtime.device.type, "eval.cpu_gemm")
     encoding = gpt2_encoding()
     ids = encoding.encode_ordinary(prompt)
     check_prompt(prompt, ids, loaded.model.cfg.block_size)

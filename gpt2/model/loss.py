@@ -263,7 +263,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     return losses if per_row else losses.mean()
 
 
-def cpu_gemm(setting: str, device_type: str) -> str:
+def cpu_gemm(setting: str, device_type: str, key: str = "train.cpu_gemm") -> str:
     """The library for the training loss's LM-head matmuls (``train.cpu_gemm``), the step's largest, and the
     blocks' linear layers (``model/onednn.py``): ``blas`` (PyTorch's BLAS: MKL on x86) or ``onednn`` (oneDNN's
     kernels, JIT-compiled for the CPU it runs on). MKL picks its kernels by the CPU's vendor: on an AMD CPU
@@ -275,7 +275,7 @@ def cpu_gemm(setting: str, device_type: str) -> str:
         return "blas"
     available = onednn_available()
     if setting == "onednn" and not available:
-        raise UserError("train.cpu_gemm onednn: this PyTorch build has no oneDNN; set train.cpu_gemm: auto or blas")
+        raise UserError(f"{key} onednn: this PyTorch build has no oneDNN; set {key}: auto or blas")
     if setting == "auto":
         return "onednn" if available and cpu_vendor() == "AuthenticAMD" else "blas"
     return setting
