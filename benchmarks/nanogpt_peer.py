@@ -182,7 +182,8 @@ def main(folder: Path, pairs: int, steps: int, warmup: int, micro_batch: int, to
             print(f"pair {k + 1}: nanoGPT {peer['step_ms']:.1f} ms, ours {summary['perf']['step_ms']:.1f} ms: "
                   f"{our_rates[-1] / peer_rates[-1]:.2f}×", file=sys.stderr, flush=True)
     each = [o / p for o, p in zip(our_rates, peer_rates)]
-    cpu = (cpu_info("model name") or platform.machine()) + (f" ({isa_caps()})" if isa_caps() else "")
+    caps = isa_caps()
+    cpu = (cpu_info("model name") or platform.machine()) + (f" ({caps})" if caps else "")
     print(f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}; tiny, "
           f"micro-batch {micro_batch} × {TINY['seq']}, fp32, compile off, {steps} iterations ({warmup} warm-up) per "
           f"run, {pairs} alternating pairs; ours: {' '.join(sets) or 'params defaults'}")

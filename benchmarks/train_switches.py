@@ -152,8 +152,8 @@ def main(sets: tuple[str, ...], variants: str | None, steps: int, tokens: str | 
             print(f"{name}: {metrics['perf']['step_ms']:.1f} ms/step, {metrics['perf']['tokens_per_s']:.0f} tok/s",
                   file=sys.stderr)
     device = torch.cuda.get_device_name() if gpu else f"{platform.processor() or platform.machine()} CPU"
-    if not gpu and isa_caps():
-        device += f" ({isa_caps()})"
+    caps = "" if gpu else isa_caps()
+    device += f" ({caps})" if caps else ""
     print(f"\nDevice: {device}, {os.cpu_count()} cores, torch {torch.__version__}. "
           f"Base: {' '.join(sets) or 'params defaults'}; {steps} steps per run.\n")
     print("| variant | ms/step (median) | tokens/s | MFU | peak mem (GB) | vs baseline |")

@@ -23,6 +23,7 @@ import torch
 from gpt2.core.config import EvalConfig
 from gpt2.core.errors import UserError
 from gpt2.eval.loading import eval_runtime, load_model
+from gpt2.model import onednn
 from gpt2.model.gpt import GPT, KVCache
 
 _EVAL = EvalConfig()  # the defaults live once, in params.yaml's eval section
@@ -139,7 +140,6 @@ def stream_sample(ckpt_path: str | Path, prompt: str, sampling: SamplingConfig, 
                   device: str, dtype: str, cpu_gemm: str = "auto") -> None:
     """``gpt2 sample``: print each continuation token by token as it is generated."""
     from gpt2.data.tokenizer import EOT_ID, gpt2_encoding
-    from gpt2.model import onednn
 
     def write(text: str) -> None:
         sys.stdout.write(text)

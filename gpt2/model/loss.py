@@ -264,13 +264,14 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
 
 
 def cpu_gemm(setting: str, device_type: str, key: str = "train.cpu_gemm") -> str:
-    """The library for the training loss's LM-head matmuls (``train.cpu_gemm``), the step's largest, and the
-    blocks' linear layers (``model/onednn.py``): ``blas`` (PyTorch's BLAS: MKL on x86) or ``onednn`` (oneDNN's
-    kernels, JIT-compiled for the CPU it runs on). MKL picks its kernels by the CPU's vendor: on an AMD CPU
-    with AVX-512 its fp32 kernels run these shapes at half the chip's rate, where oneDNN's run them about
-    twice as fast and the tiny step 1.75 times (docs/benchmarks.md); on an Intel CPU MKL runs at the chip's
-    rate. ``auto``: oneDNN on an AMD CPU, BLAS elsewhere; off a CPU always the device's own. Only fp32
-    matmuls take oneDNN (under bf16 autocast a CPU without native bf16 has no oneDNN kernel for them)."""
+    """The library for the LM-head matmuls (``train.cpu_gemm``, ``eval.cpu_gemm``: ``key``, named in the message
+    where oneDNN is missing), the step's largest, and the other linear layers (``model/onednn.py``): ``blas``
+    (PyTorch's BLAS: MKL on x86) or ``onednn`` (oneDNN's kernels, JIT-compiled for the CPU it runs on).
+    MKL picks its kernels by the CPU's vendor: on an AMD CPU with AVX-512 its fp32 kernels run these shapes at
+    half the chip's rate, where oneDNN's run them about twice as fast and the tiny step 1.75 times
+    (docs/benchmarks.md); on an Intel CPU MKL runs at the chip's rate. ``auto``: oneDNN on an AMD CPU, BLAS
+    elsewhere; off a CPU always the device's own. Only fp32 matmuls take oneDNN (under bf16 autocast a CPU
+    without native bf16 has no oneDNN kernel for them)."""
     if device_type != "cpu":
         return "blas"
     available = onednn_available()

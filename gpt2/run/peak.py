@@ -71,7 +71,8 @@ def isa_caps() -> str:
 
 def machine_key(threads: int) -> str:
     key = f"{cpu_name()} | {os.cpu_count()} logical cores | {threads} threads | torch {torch.__version__}"
-    return f"{key} | {isa_caps()}" if isa_caps() else key
+    caps = isa_caps()
+    return f"{key} | {caps}" if caps else key
 
 
 def matmul_flops(dtype: torch.dtype, shapes: tuple[tuple[int, int, int], ...] | None = None,
