@@ -115,7 +115,8 @@ class LinearCrossEntropy(torch.autograd.Function):
                 picked = logp.gather(1, labels[:, None]).squeeze(1)
                 # softmax - one-hot in one expression, no scatter: compiled, one pass from the logits to e5m2
                 one_hot = torch.arange(logp.shape[1], device=x.device) == labels[:, None]
-                g = logp.exp_().sub_(one_hot.view(torch.uint8))  # bool as 0/1 bytes, no copy
+                # a conversion, not a dtype view: torch 2.11's Inductor cannot lower a bool's bitcast
+                g = logp.exp_().sub_(one_hot.to(torch.uint8))
                 del logits, logp, one_hot
             elif in_place:
                 logits = onednn_mm(rows, w) if gemm == "onednn" else torch.mm(rows, w.t(), out=buffer[:len(rows)])
