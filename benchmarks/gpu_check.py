@@ -40,8 +40,10 @@ GPU box): every row reaches the JSON the moment it is measured, a second run wit
 skips the rows already there, and a row of the same configuration on the same card is reused. Each
 job probes its card (``machine_probe``) and every row records which card measured it and what it
 cost. A row starts only if what it is expected to cost fits what is left of ``--budget-s``; else it
-is left to the next job, and cheaper rows still run. A child past ``--timeout-s`` (300 s on a GPU)
-is stopped with a row that says so, and the next job measures it again with twice the time. Each
+is left to the next job, and cheaper rows still run. A child past ``--timeout-s`` (300 s on a GPU,
+or its expected cost where that is more) or past the end of the budget is stopped with a row that
+says so and the time it had; the next job measures it again with twice that time, and starts it
+only where it can have more than it had. Each
 child's stderr tail is kept in ``<json>.stderr.log``, pytest's output in ``<json>.tests_first.log``
 and ``<json>.tests.log``. Where the output folder starts empty every job (the lent box), ``--carried
 DIR`` first copies the files the last job returned. The plan and the figures are in
@@ -235,16 +237,18 @@ BEST_ROW_PARTS = {"peers", "long", "fit", "profile"}  # each starts from the fas
 FIRST_TESTS = "compiled_bf16"  # pytest -k: the compiled CUDA test, run first; the rest of test_gpu.py runs last
 # What a row costs on a GPU (process start, compile, the steps) until this card has measured one of its kind: the
 # dearest of each kind on an H100 (2026-11-26: compiled rows 19-58 s, the tests 30 and 60 s). max-autotune's is the
-# least it takes: on an H100 it ran past 300 s (2026-11-27), so it gets the rest of a job that has 300 s left, and a
-# job stopped by its budget leaves the row to the next (docs/benchmarks.md, "GPU check").
-COST_S = {"plain": 30.0, "compiled": 60.0, "autotune": 300.0, "tests first": 40.0, "tests": 90.0}
+# least it takes: cold, it compiled past 443 s on an H100 (2026-11-27), so it gets the rest of a job that has 450 s
+# left, and a job stopped by its budget leaves the row to the next (docs/benchmarks.md, "GPU check").
+COST_S = {"plain": 30.0, "compiled": 60.0, "autotune": 450.0, "tests first": 40.0, "tests": 90.0}
+MORE_THAN_LAST = 1.25  # a row that timed out starts again only with a quarter more time than it had at least
 SMOKE_COST_S = 20.0
 
 
 @dataclasses.dataclass(frozen=True)
 class Limit:
-    """A child's time limit, and whether it is the job's budget (not the child's own limit) that set it: a child
-    stopped by the budget is measured again by the next job, not recorded as timed out."""
+    """A child's time limit, and whether it is the job's budget (not the child's own limit) that set it. A child
+    stopped by either is recorded as timed out, with the time it had, so that the next job gives it more; one the
+    budget stopped also ends the job's run of rows (``check``)."""
 
     seconds: float | None
     by_budget: bool
@@ -274,9 +278,11 @@ class Budget:
         return self.clock() - self.started
 
     def limit(self, expected_s: float, own_s: float | None = None) -> Limit:
-        """The next child's time: its own limit, cut to what is left of the budget. A child starts only if what
-        it is expected to cost fits what is left; else ``OutOfBudget``, and the next job measures it."""
+        """The next child's time: its own limit (``--timeout-s``, or what it is expected to cost where that is
+        more), cut to what is left of the budget. A child starts only if what it is expected to cost fits what is
+        left; else ``OutOfBudget``, and the next job measures it."""
         own = own_s if own_s is not None else self.timeout_s
+        own = None if own is None else max(own, expected_s)
         if self.seconds is None:
             return Limit(own, False)
         left = self.seconds - self.spent()
@@ -423,7 +429,6 @@ def run_tests(report: Report, limit: Limit, key: str, selection: str) -> None:
         tests = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=limit.seconds)
         output, summary = tests.stdout + tests.stderr, (tests.stdout.strip().splitlines() or ["no output"])[-1]
     except subprocess.TimeoutExpired as exc:
-        limit.check("timed out")
         output = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         summary = f"timed out after {limit.seconds:g} s; what ran is in the tests log"
     report.data[key] = summary
@@ -431,6 +436,7 @@ def run_tests(report: Report, limit: Limit, key: str, selection: str) -> None:
         report.path.with_suffix(f".{key.replace(' ', '_')}.log").write_text(output)
     report.save()
     print(f"gpu_check: tests/test_gpu.py -k '{selection}': {summary}", file=sys.stderr)
+    limit.check(summary)
 
 
 class Check:
@@ -463,19 +469,25 @@ class Check:
         return "autotune" if str(train.get("compile_mode", "")).startswith("max-autotune") else "compiled"
 
     def limit(self, kind: str, before: dict[str, Any] | None) -> Limit:
-        """The limit of a row's child: twice the last one where it timed out, else ``--timeout-s``."""
+        """The limit of a row's child: twice the last one where it timed out, else ``--timeout-s``. A row that
+        timed out starts only where it can have more than it had (``MORE_THAN_LAST``): with less it would be
+        stopped again, and the time spent on it lost."""
         if timed_out(before):
-            return self.budget.limit(max(self.expected_s(kind), before["timeout_s"]), 2 * before["timeout_s"])
+            needs = max(self.expected_s(kind), MORE_THAN_LAST * before["timeout_s"])
+            return self.budget.limit(needs, 2 * before["timeout_s"])
         return self.budget.limit(self.expected_s(kind))
 
-    def record(self, result: dict[str, Any], stderr: str, kind: str, seconds: float, limit: Limit) -> dict[str, Any]:
-        """Save a measured row with what it cost and which card measured it, and say it."""
+    def record(self, result: dict[str, Any], stderr: str, kind: str, seconds: float, limit: Limit,
+               error: str) -> dict[str, Any]:
+        """Save a measured row with what it cost and which card measured it, and say it; then, if the job's budget
+        stopped it, end the job's run of rows (``OutOfBudget``)."""
         result.update(kind=kind, seconds=round(seconds, 1), machine=self.machine)
         if timed_out(result):
             result["timeout_s"] = limit.seconds
         self.report.add(result, stderr)
         shown = f"{result['tokens_per_s']:,.0f} tok/s" if "failed" not in result else f"failed: {result['failed']}"
         print(f"gpu_check: [{self.budget.spent():.0f} s] {result['name']}: {shown}", file=sys.stderr)
+        limit.check(error)
         return result
 
     def measure(self, name: str, train: dict[str, Any], steps: int | None = None, note: str = "", run: bool = True,
@@ -497,11 +509,10 @@ class Check:
         begun = self.budget.clock()
         metrics, error, stderr = run_child(params, self.token_dir, f"{self.tmp}/{len(self.report.data['rows'])}",
                                            limit.seconds)
-        limit.check(error)
         micro = (metrics or {}).get("runtime", {}).get("micro_batch_size", params["train"]["micro_batch_size"])
         estimate = estimate_gb(self.prof, params, micro) if micro != "auto" else None
         result = {**row(name, metrics, error, estimate, params["train"], note), "model": params["model"]}
-        return self.record(result, stderr, kind, self.budget.clock() - begun, limit)
+        return self.record(result, stderr, kind, self.budget.clock() - begun, limit, error)
 
     def all_switches(self) -> dict[str, Any]:
         """Every ladder switch up to the levers at once, at the largest micro-batch: the headline row."""
@@ -604,7 +615,6 @@ class Check:
         limit = self.limit(kind, self.report.row(name))
         begun = self.budget.clock()
         times, wrapper, error, stderr = nanogpt_peer.run(nanogpt, args, limit.seconds)
-        limit.check(error or "")
         if error:
             result = {"name": name, "failed": error, "train": {"nanogpt": args}}
         else:
@@ -613,7 +623,7 @@ class Check:
                       "micro_batch": micro, "accum": 1, "note": "", "train": {"nanogpt": args}}
             ok = "failed" not in ours and ours.get("mfu") is not None
             result["mfu"] = ours["mfu"] * result["tokens_per_s"] / ours["tokens_per_s"] if ok else None
-        return self.record(result, stderr, kind, self.budget.clock() - begun, limit)
+        return self.record(result, stderr, kind, self.budget.clock() - begun, limit, error or "")
 
     def tests(self, key: str, selection: str) -> None:
         if key not in self.report.data or self.report.data[key].startswith("timed out"):
@@ -668,9 +678,9 @@ class Check:
         limit = self.budget.limit(self.expected_s(self.kind(best)))
         profiled = profile_best(train_params(self.prof, best, self.prof["steps"]), self.token_dir, self.report,
                                 limit.seconds)
-        limit.check(profiled.get("failed", ""))
         self.report.data["profile"] = profiled
         self.report.save()
+        limit.check(profiled.get("failed", ""))
 
     def run(self, parts: tuple[str, ...], nanogpt: Path | None, nanogpt_repeats: int) -> list[str]:
         """Every part asked for, in ``PARTS``' order: the compiled CUDA test first (a CUDA-only compile failure is

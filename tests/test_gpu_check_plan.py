@@ -86,6 +86,34 @@ def test_a_timed_out_row_is_measured_again_with_twice_the_time_in_its_place(tmp_
     assert "failed" not in check.report.row("all switches")
 
 
+def test_a_row_the_budget_stops_is_recorded_with_its_time_and_starts_again_only_with_more(tmp_path, monkeypatch):
+    """What an H100 job did (2026-11-27): max-autotune, timed out at 300 s before, got the 450 s left of the job and
+    was stopped by the budget. The time it had is recorded, so the next job gives it more, not the same again."""
+    clock, calls = Clock(), []
+    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 50.0, "autotune": 900.0}, calls)
+    before = {"name": "all switches + max-autotune", "failed": "timed out after 300 s", "timeout_s": 300.0,
+              "machine": "card-1", "kind": "autotune", "seconds": 300.0}
+    check = new_check(tmp_path, 650.0, clock, rows=[before])
+    left = check.run(("best", "levers"), None, 1)
+    cut = check.report.row("all switches + max-autotune")
+    assert calls[-1][1] == 450.0 and left == ["all switches + max-autotune"]
+    assert cut["failed"] == "timed out after 450 s" and cut["timeout_s"] == 450.0 and cut["seconds"] == 450.0
+    short = new_check(tmp_path, 500.0, clock, rows=check.report.data["rows"])
+    assert short.run(("levers",), None, 1) == ["all switches + max-autotune"]  # 500 s: not more than 450 s
+    assert len(calls) == 5
+    longer = new_check(tmp_path, 1000.0, clock, rows=check.report.data["rows"])
+    assert longer.run(("levers",), None, 1) == []
+    assert calls[-1][1] == 900.0 and "failed" not in longer.report.row("all switches + max-autotune")
+
+
+def test_a_row_gets_at_least_its_expected_cost_whatever_the_timeout(tmp_path, monkeypatch):
+    clock, calls = Clock(), []
+    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 50.0, "autotune": 400.0}, calls)
+    check = new_check(tmp_path, None, clock)  # --timeout-s 300; a cold max-autotune row is expected to cost 450 s
+    check.measure("autotune", {"compile_mode": "max-autotune-no-cudagraphs"})
+    assert calls[-1][1] == gpu_check.COST_S["autotune"] and "failed" not in check.report.row("autotune")
+
+
 def test_a_row_of_the_same_configuration_on_the_same_card_is_reused_not_run_again(tmp_path, monkeypatch):
     clock, calls = Clock(), []
     fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
