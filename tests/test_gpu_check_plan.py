@@ -147,6 +147,26 @@ def test_a_lever_from_an_earlier_card_keeps_its_own_cards_baseline(tmp_path, mon
     assert note == f"{100 * (2000.0 / own - 1):+.1f}% tokens/s vs all switches"  # card 1's, not flagged
 
 
+def test_a_lever_still_to_measure_on_a_new_card_gets_that_cards_baseline_first(tmp_path, monkeypatch):
+    clock, calls = Clock(), []
+    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
+    first = new_check(tmp_path, None, clock)
+    first.run(("best",), None, 1)
+    second = new_check(tmp_path, None, clock, machine="card-2", rows=first.report.data["rows"])
+    second.run(("best", "levers"), None, 1)
+    rows = second.report.data["rows"]
+    assert [r["name"] for r in rows[:3]] == ["all switches", "all switches (card card-2)",
+                                              "all switches + Liger fused loss"]
+    assert rows[1]["machine"] == "card-2" and rows[0]["machine"] == "card-1"
+    baseline = rows[1]["tokens_per_s"]
+    note = second.report.row("all switches + FP8 LM head")["note"]
+    assert note == f"{100 * (second.report.row('all switches + FP8 LM head')['tokens_per_s'] / baseline - 1):+.1f}% " \
+                   "tokens/s vs all switches"  # this card's baseline: not flagged as across cards
+    before = len(calls)
+    second.run(("best", "levers"), None, 1)  # every lever measured: no baseline again
+    assert len(calls) == before
+
+
 def test_nanogpt_pairs_best_first_each_measured_whole_on_one_card(tmp_path, monkeypatch):
     clock, calls = Clock(), []
     fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
