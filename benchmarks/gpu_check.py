@@ -40,8 +40,8 @@ GPU box): every row reaches the JSON the moment it is measured, a second run wit
 skips the rows already there, and a row of the same configuration on the same card is reused. Each
 job probes its card (``machine_probe``) and every row records which card measured it and what it
 cost. A row starts only if what it is expected to cost fits what is left of ``--budget-s``; else it
-is left to the next job, and cheaper rows still run. A child past ``--timeout-s`` (300 s on a GPU,
-or its expected cost where that is more) or past the end of the budget is stopped with a row that
+is left to the next job, and cheaper rows still run. A child past ``--timeout-s`` (by default 300 s on a
+GPU, or its expected cost where that is more) or past the end of the budget is stopped with a row that
 says so and the time it had; the next job measures it again with twice that time, and starts it
 only where it can have more than it had. Each
 child's stderr tail is kept in ``<json>.stderr.log``, pytest's output in ``<json>.tests_first.log``
@@ -264,11 +264,13 @@ class OutOfBudget(Exception):
 
 @dataclasses.dataclass
 class Budget:
-    """This job's time (``--budget-s``; None: no end) and a child's own limit (``--timeout-s``)."""
+    """This job's time (``--budget-s``; None: no end) and a child's own limit (``--timeout-s``). ``stretch``: the
+    limit is the default one, which a row expected to cost more (a cold max-autotune) stretches to that cost."""
 
     seconds: float | None
     timeout_s: float | None
     clock: Any = time.perf_counter
+    stretch: bool = False
     started: float = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -278,11 +280,11 @@ class Budget:
         return self.clock() - self.started
 
     def limit(self, expected_s: float, own_s: float | None = None) -> Limit:
-        """The next child's time: its own limit (``--timeout-s``, or what it is expected to cost where that is
-        more), cut to what is left of the budget. A child starts only if what it is expected to cost fits what is
-        left; else ``OutOfBudget``, and the next job measures it."""
+        """The next child's time: its own limit, cut to what is left of the budget. A child starts only if what
+        it is expected to cost fits what is left; else ``OutOfBudget``, and the next job measures it."""
         own = own_s if own_s is not None else self.timeout_s
-        own = None if own is None else max(own, expected_s)
+        if own is not None and self.stretch:
+            own = max(own, expected_s)
         if self.seconds is None:
             return Limit(own, False)
         left = self.seconds - self.spent()
@@ -779,7 +781,10 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
             raise click.BadParameter(str(exc), param_hint="--nanogpt") from None
     if skip_tests or smoke or not gpu:
         parts = tuple(p for p in parts if p != "tests")
-    budget.timeout_s = timeout_s if timeout_s is not None else (300.0 if gpu and not smoke else None)
+    if timeout_s is not None:
+        budget.timeout_s = timeout_s
+    elif gpu and not smoke:
+        budget.timeout_s, budget.stretch = 300.0, True
     prof = profile(smoke)
     report = Report(Path(json_path) if json_path else None,
                     {"device": torch.cuda.get_device_name() if gpu else platform.machine(),

@@ -45,13 +45,13 @@ def fake_children(monkeypatch, clock: Clock, cost_s: dict[str, float], calls: li
     monkeypatch.setattr(gpu_check, "run_child", run_child)
 
 
-def new_check(tmp_path, budget_s, clock, machine="card-1", rows=()) -> gpu_check.Check:
+def new_check(tmp_path, budget_s, clock, machine="card-1", rows=(), stretch=False) -> gpu_check.Check:
     report = gpu_check.Report(tmp_path / "check.json", {"device": "H100", "torch": "2.11", "smoke": False,
                                                         "date": "d"})
     report.data["rows"] = [dict(r) for r in rows]
     prof = {**gpu_check.profile(False), "memory_gb": 80.0}
-    return gpu_check.Check(report, prof, True, False, "tokens", str(tmp_path), gpu_check.Budget(budget_s, 300.0, clock),
-                           machine)
+    return gpu_check.Check(report, prof, True, False, "tokens", str(tmp_path), gpu_check.Budget(budget_s, 300.0, clock,
+                                                                                             stretch), machine)
 
 
 def test_a_row_that_does_not_fit_is_left_to_the_next_job_and_cheaper_rows_still_run(tmp_path, monkeypatch):
@@ -106,12 +106,15 @@ def test_a_row_the_budget_stops_is_recorded_with_its_time_and_starts_again_only_
     assert calls[-1][1] == 900.0 and "failed" not in longer.report.row("all switches + max-autotune")
 
 
-def test_a_row_gets_at_least_its_expected_cost_whatever_the_timeout(tmp_path, monkeypatch):
+def test_the_default_timeout_stretches_to_a_rows_expected_cost_and_a_chosen_one_does_not(tmp_path, monkeypatch):
     clock, calls = Clock(), []
     fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 50.0, "autotune": 400.0}, calls)
-    check = new_check(tmp_path, None, clock)  # --timeout-s 300; a cold max-autotune row is expected to cost 450 s
+    check = new_check(tmp_path, None, clock, stretch=True)  # 300 s; a cold max-autotune row is expected to cost 450 s
     check.measure("autotune", {"compile_mode": "max-autotune-no-cudagraphs"})
     assert calls[-1][1] == gpu_check.COST_S["autotune"] and "failed" not in check.report.row("autotune")
+    chosen = new_check(tmp_path, None, clock)  # --timeout-s 300 given: the user's limit holds
+    chosen.measure("autotune, 300 s", {"compile_mode": "max-autotune-no-cudagraphs"})
+    assert calls[-1][1] == 300.0 and chosen.report.row("autotune, 300 s")["failed"] == "timed out after 300 s"
 
 
 def test_a_row_of_the_same_configuration_on_the_same_card_is_reused_not_run_again(tmp_path, monkeypatch):
@@ -149,7 +152,7 @@ def test_a_lever_from_an_earlier_card_keeps_its_own_cards_baseline(tmp_path, mon
 
 def test_a_lever_still_to_measure_on_a_new_card_gets_that_cards_baseline_first(tmp_path, monkeypatch):
     clock, calls = Clock(), []
-    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
+    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 250.0}, calls)
     first = new_check(tmp_path, None, clock)
     first.run(("best",), None, 1)
     second = new_check(tmp_path, None, clock, machine="card-2", rows=first.report.data["rows"])
