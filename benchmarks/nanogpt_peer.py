@@ -184,7 +184,9 @@ def main(folder: Path, pairs: int, steps: int, warmup: int, micro_batch: int, to
     each = [o / p for o, p in zip(our_rates, peer_rates)]
     caps = isa_caps()
     cpu = (cpu_info("model name") or platform.machine()) + (f" ({caps})" if caps else "")
-    print(f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}; tiny, "
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = f"{usable} cores" if usable == os.cpu_count() else f"{usable} of {os.cpu_count()} cores (affinity)"
+    print(f"{cpu}, {cores}, torch {torch.__version__}; tiny, "
           f"micro-batch {micro_batch} × {TINY['seq']}, fp32, compile off, {steps} iterations ({warmup} warm-up) per "
           f"run, {pairs} alternating pairs; ours: {' '.join(sets) or 'params defaults'}")
     print(f"nanoGPT train.py: {spread(peer_rates)}")
