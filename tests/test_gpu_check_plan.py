@@ -35,7 +35,7 @@ def fake_children(monkeypatch, clock: Clock, cost_s: dict[str, float], calls: li
         kind = ("autotune" if str(train.get("compile_mode", "")).startswith("max-autotune")
                 else "compiled" if train.get("compile", True) else "plain")
         calls.append((train, timeout_s))
-        cost = cost_s[kind]
+        cost = cost_s.get("long", cost_s[kind]) if train["max_steps"] > 20 else cost_s[kind]
         if timeout_s is not None and cost > timeout_s:
             clock.now += timeout_s
             return None, f"timed out after {timeout_s:g} s", ""
@@ -115,6 +115,17 @@ def test_the_default_timeout_stretches_to_a_rows_expected_cost_and_a_chosen_one_
     chosen = new_check(tmp_path, None, clock)  # --timeout-s 300 given: the user's limit holds
     chosen.measure("autotune, 300 s", {"compile_mode": "max-autotune-no-cudagraphs"})
     assert calls[-1][1] == 300.0 and chosen.report.row("autotune, 300 s")["failed"] == "timed out after 300 s"
+
+
+def test_the_long_row_is_a_kind_of_its_own_and_leaves_the_next_rows_cost_alone(tmp_path, monkeypatch):
+    clock, calls = Clock(), []
+    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 50.0, "autotune": 400.0, "long": 200.0}, calls)
+    check = new_check(tmp_path, 340.0, clock)
+    left = check.run(("best", "long", "peers"), None, 1)
+    rows = {r["name"]: r for r in check.report.data["rows"]}
+    assert rows["100 steps, GPT-2 batch, evals and checkpoints"]["kind"] == "long"
+    assert check.expected_s("compiled") == 50.0 and check.expected_s("long") == 200.0
+    assert "best, DDP in 1 process" in rows and left == ["peers"]  # 90 s left: DDP (50 s) runs, then Muon does not
 
 
 def test_a_row_of_the_same_configuration_on_the_same_card_is_reused_not_run_again(tmp_path, monkeypatch):
