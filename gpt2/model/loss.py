@@ -128,25 +128,12 @@ class LinearCrossEntropy(torch.autograd.Function):
                 g = logp.exp_().to(compute)  # the softmax, cast once to the matmul dtype
                 del logp
             total -= picked.sum()
-            # d(loss sum)/d(logits) = softmax - one-hot, the label column from its fp32 log-probability (FP8's g
-            # has it already: a scatter here would cost its one fused pass)
-            if head8 is None:
-                g[at_labels] = (picked.exp() - 1.0).to(g.dtype)
-            if head8 is not None:
+            if head8 is not None:  # g is softmax - one-hot already: a scatter here would cost its one fused pass
                 grad_hidden[lo:lo + chunk], part = head8.grads(g, rows8)
                 grad_weight = part if grad_weight is None else grad_weight.add_(part)
-            elif gemm == "onednn":  # g's transpose and w's as strided views: oneDNN reads them in place
-                grad_hidden[lo:lo + chunk] = onednn_mm(g, w.t())
-                part = onednn_mm(rows.t().contiguous(), g.t()).t()  # computed as its transpose, (C, V)
-                grad_weight = part if grad_weight is None else grad_weight.add_(part)
-            else:
-                grad_hidden[lo:lo + chunk] = g @ w
-                if grad_weight is None:
-                    grad_weight = (g.t() @ rows).to(acc)
-                elif compute == acc:
-                    grad_weight.addmm_(g.t(), rows)  # the sum inside the matmul: no second pass over the V x C buffer
-                else:
-                    grad_weight += g.t() @ rows
+            else:  # d(loss sum)/d(logits) = softmax - one-hot, the label column from its fp32 log-probability
+                g[at_labels] = (picked.exp() - 1.0).to(g.dtype)
+                grad_hidden[lo:lo + chunk], grad_weight = head_grads(g, rows, w, grad_weight, gemm, acc)
             del g  # under autocast, g is a copy: freed before the next chunk's matmul allocates its logits
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.meta = (hidden.dtype, weight.dtype, n)
@@ -159,6 +146,22 @@ class LinearCrossEntropy(torch.autograd.Function):
         scale = grad_loss / n  # the mean's 1/N in fp32 after the matmuls, so fp16 does not underflow it
         weight_grad = scaled_row_major(grad_weight, scale, weight_dtype)
         return (grad_hidden * scale).to(hidden_dtype), weight_grad, None, None, None, None
+
+
+def head_grads(g: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor, grad_weight: torch.Tensor | None,
+               gemm: str, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chunk's share of the head's gradients from its loss gradient ``g``: ``g @ weight`` (its rows' hidden
+    states) and ``g.T @ rows`` added into ``grad_weight`` (None for the first chunk), summed in ``acc``."""
+    if gemm == "onednn":  # g's transpose and the weight's as strided views: oneDNN reads them in place
+        part = onednn_mm(rows.t().contiguous(), g.t()).t()  # computed as its transpose, (C, V)
+        return onednn_mm(g, weight.t()), part if grad_weight is None else grad_weight.add_(part)
+    if grad_weight is None:
+        grad_weight = (g.t() @ rows).to(acc)
+    elif rows.dtype == acc:
+        grad_weight.addmm_(g.t(), rows)  # the sum inside the matmul: no second pass over the V x C buffer
+    else:
+        grad_weight += g.t() @ rows
+    return g @ weight, grad_weight
 
 
 def scaled_row_major(grad: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
