@@ -37,7 +37,8 @@ run's graph breaks and recompilations (a row with any says so). The parts, in th
 
 Built for jobs with a wall-time limit (a SLURM job, a Colab session, the 10-minute commands of a lent
 GPU box): every row reaches the JSON the moment it is measured, a second run with the same ``--json``
-skips the rows already there, and a row of the same configuration on the same card is reused. Each
+skips the rows already there (but a row that failed for lack of a package runs again where the package
+imports), and a row of the same configuration on the same card is reused. Each
 job probes its card (``machine_probe``) and every row records which card measured it and what it
 cost. A row starts only if what it is expected to cost fits what is left of ``--budget-s``; else it
 is left to the next job, and cheaper rows still run. A child past ``--timeout-s`` (by default 300 s on a
@@ -57,6 +58,7 @@ else synthetic tokens.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import platform
 import statistics
@@ -351,6 +353,21 @@ def timed_out(r: dict[str, Any] | None) -> bool:
     return r is not None and str(r.get("failed", "")).startswith("timed out")
 
 
+def installed_since(r: dict[str, Any] | None) -> bool:
+    """A row that failed for a package the box lacked (``needs liger-kernel, which is not installed here``),
+    which imports now: a job that brought the wheel measures it again."""
+    failed = str((r or {}).get("failed", ""))
+    if ", which is not installed here" not in failed:
+        return False
+    package = failed.split(", which is not installed here")[0].rsplit(" needs ", 1)[-1]
+    return importlib.util.find_spec(package.replace("-", "_")) is not None
+
+
+def measure_again(r: dict[str, Any] | None) -> bool:
+    """A row that is not final: it ran out of time, or the package it lacked is here now."""
+    return timed_out(r) or installed_since(r)
+
+
 def reusable(r: dict[str, Any]) -> bool:
     """Whether a row may stand in for another of its configuration: measured, and not ``superseded`` (a row of code
     that has changed since, kept in the table under a name of its own for the record)."""
@@ -503,7 +520,7 @@ class Check:
         configuration that this card measured already is reused, not run again. ``fresh``: measured now whatever
         the JSON holds (a pair's halves run back to back)."""
         before = self.report.row(name)
-        if not fresh and ((before is not None and not timed_out(before)) or not run):
+        if not fresh and ((before is not None and not measure_again(before)) or not run):
             return before
         params = train_params(self.prof, train, steps or self.prof["steps"])
         twin = None if fresh else self.run_of(params, self.machine)
@@ -555,7 +572,7 @@ class Check:
         instances of one GPU differ by a few percent, as much as a lever's gain."""
         measured = [self.report.row(f"all switches {name}") for name, _ in LEVERS if self.runs_here(name)]
         elsewhere = base_row is not None and "failed" not in base_row and base_row.get("machine") != self.machine
-        if elsewhere and any(r is None or timed_out(r) for r in measured):
+        if elsewhere and any(r is None or measure_again(r) for r in measured):
             base_row = step("all switches on this card", self.measure, f"all switches (card {str(self.machine)[:8]})",
                             base) or base_row
         for name, change in LEVERS:

@@ -128,6 +128,22 @@ def test_the_long_row_is_a_kind_of_its_own_and_leaves_the_next_rows_cost_alone(t
     assert "best, DDP in 1 process" in rows and left == ["peers"]  # 90 s left: DDP (50 s) runs, then Muon does not
 
 
+def test_a_row_that_lacked_a_package_is_measured_again_once_the_package_imports(tmp_path, monkeypatch):
+    clock, calls = Clock(), []
+    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 50.0, "autotune": 400.0}, calls)
+    lacked = {"name": "liger", "machine": "card-1", "kind": "compiled", "seconds": 16.0,
+              "failed": "gpt2.core.errors.UserError: train.loss_kernel liger needs liger-kernel, which is not "
+                        "installed here: pip install liger-kernel (or set train.loss_kernel: torch)"}
+    check = new_check(tmp_path, None, clock, rows=[lacked])
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: None)
+    assert check.measure("liger", {"loss_kernel": "liger"})["failed"].startswith("gpt2.core.errors.UserError")
+    assert calls == []  # still not installed: the failure stands
+    found = []
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: found.append(name) or object())
+    assert "failed" not in check.measure("liger", {"loss_kernel": "liger"}) and found == ["liger_kernel"]
+    assert len(calls) == 1 and [r["name"] for r in check.report.data["rows"]] == ["liger"]  # in its old place
+
+
 def test_a_row_of_the_same_configuration_on_the_same_card_is_reused_not_run_again(tmp_path, monkeypatch):
     clock, calls = Clock(), []
     fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
