@@ -32,8 +32,7 @@ import click
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, run as copied (no install)
 
-from gpt2.model.loss import cpu_info  # noqa: E402
-from gpt2.run.peak import isa_caps  # noqa: E402
+from gpt2.run.peak import cpu_label  # noqa: E402
 from gpt2.train.reports import iqr  # noqa: E402
 
 ITER_LINE = re.compile(r"^iter (\d+): loss [-+\d.naif]+, time ([\d.]+)ms")
@@ -146,7 +145,6 @@ def spread(values: list[float]) -> str:
 def main(folder: Path, pairs: int, steps: int, warmup: int, micro_batch: int, tokens: str | None,
          sets: tuple[str, ...]) -> None:
     """The tiny model on this CPU, fp32, compile off: nanoGPT's own train.py and ours, alternating, as a ratio."""
-    import platform
     import tempfile
 
     import torch
@@ -182,11 +180,7 @@ def main(folder: Path, pairs: int, steps: int, warmup: int, micro_batch: int, to
             print(f"pair {k + 1}: nanoGPT {peer['step_ms']:.1f} ms, ours {summary['perf']['step_ms']:.1f} ms: "
                   f"{our_rates[-1] / peer_rates[-1]:.2f}×", file=sys.stderr, flush=True)
     each = [o / p for o, p in zip(our_rates, peer_rates)]
-    caps = isa_caps()
-    cpu = (cpu_info("model name") or platform.machine()) + (f" ({caps})" if caps else "")
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = f"{usable} cores" if usable == os.cpu_count() else f"{usable} of {os.cpu_count()} cores (affinity)"
-    print(f"{cpu}, {cores}, torch {torch.__version__}; tiny, "
+    print(f"{cpu_label()}, torch {torch.__version__}; tiny, "
           f"micro-batch {micro_batch} × {TINY['seq']}, fp32, compile off, {steps} iterations ({warmup} warm-up) per "
           f"run, {pairs} alternating pairs; ours: {' '.join(sets) or 'params defaults'}")
     print(f"nanoGPT train.py: {spread(peer_rates)}")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -131,7 +130,7 @@ def main(sets: tuple[str, ...], variants: str | None, steps: int, tokens: str | 
         return
     import torch
 
-    from gpt2.run.peak import isa_caps
+    from gpt2.run.peak import cpu_label
 
     gpu = torch.cuda.is_available()
     names = variants.split(";") if variants else (GPU_VARIANTS if gpu else CPU_VARIANTS)
@@ -151,10 +150,8 @@ def main(sets: tuple[str, ...], variants: str | None, steps: int, tokens: str | 
                 continue
             print(f"{name}: {metrics['perf']['step_ms']:.1f} ms/step, {metrics['perf']['tokens_per_s']:.0f} tok/s",
                   file=sys.stderr)
-    device = torch.cuda.get_device_name() if gpu else f"{platform.processor() or platform.machine()} CPU"
-    caps = "" if gpu else isa_caps()
-    device += f" ({caps})" if caps else ""
-    print(f"\nDevice: {device}, {os.cpu_count()} cores, torch {torch.__version__}. "
+    device = f"{torch.cuda.get_device_name()}, {os.cpu_count()} cores" if gpu else cpu_label()
+    print(f"\nDevice: {device}, torch {torch.__version__}. "
           f"Base: {' '.join(sets) or 'params defaults'}; {steps} steps per run.\n")
     print("| variant | ms/step (median) | tokens/s | MFU | peak mem (GB) | vs baseline |")
     print("|---|---|---|---|---|---|")

@@ -45,6 +45,17 @@ def test_a_peak_measured_with_all_instructions_is_not_reused_under_an_isa_cap(ca
     assert peak.machine_key(2) == f"{whole} | ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2"
 
 
+def test_a_benchmark_header_names_the_caps_and_the_cores_the_run_may_use(monkeypatch):
+    for name in peak.ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(peak.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(peak.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert peak.cpu_label().endswith(", 2 cores") and "(" not in peak.cpu_label()
+    monkeypatch.setattr(peak.os, "sched_getaffinity", lambda pid: {0}, raising=False)  # taskset -c 0
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert peak.cpu_label().endswith(" (ATEN_CPU_CAPABILITY=avx2), 1 of 2 cores (affinity)")
+
+
 def test_a_corrupt_or_foreign_cache_is_measured_around(cache):
     cache.parent.mkdir(parents=True)
     cache.write_text("{not json")

@@ -56,12 +56,11 @@ def convert(model: nn.Module) -> list[str]:
     return converted
 
 
-def use(model: nn.Module, setting: str, device_type: str, key: str = "train.cpu_gemm") -> str:
+def use(model: nn.Module, setting: str, device_type: str, key: str = "train.cpu_gemm") -> None:
     """Route the model's fp32 CPU matmuls through ``cpu_gemm``'s choice for this device (``train.cpu_gemm``,
-    ``eval.cpu_gemm``): the LM head's in the chunked loss, and with oneDNN the linear layers ``convert`` takes.
-    Returns the library chosen (``blas`` or ``onednn``)."""
+    ``eval.cpu_gemm``): the LM head's in the chunked loss (``model.logits_gemm``), and with oneDNN the linear
+    layers ``convert`` takes."""
     gemm = cpu_gemm(setting, device_type, key)
     if gemm == "onednn":
         convert(model)
     model.logits_gemm = gemm
-    return gemm

@@ -69,6 +69,17 @@ def isa_caps() -> str:
     return " ".join(f"{name}={os.environ[name]}" for name in ISA_CAPS if os.environ.get(name))
 
 
+def cpu_label() -> str:
+    """This CPU as a benchmark's header names it: its model, the caps on its vector instructions in force, and the
+    cores this process may use (fewer than the machine's where its affinity is limited, e.g. ``taskset``)."""
+    from gpt2.model.loss import cpu_info
+
+    caps = isa_caps()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = f"{usable} cores" if usable == os.cpu_count() else f"{usable} of {os.cpu_count()} cores (affinity)"
+    return f"{cpu_info('model name') or cpu_name()}{f' ({caps})' if caps else ''}, {cores}"
+
+
 def machine_key(threads: int) -> str:
     key = f"{cpu_name()} | {os.cpu_count()} logical cores | {threads} threads | torch {torch.__version__}"
     caps = isa_caps()
