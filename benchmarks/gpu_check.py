@@ -501,8 +501,7 @@ class Check:
             return self.budget.limit(needs, 2 * before["timeout_s"])
         return self.budget.limit(self.expected_s(kind))
 
-    def record(self, result: dict[str, Any], stderr: str, kind: str, seconds: float, limit: Limit,
-               error: str) -> dict[str, Any]:
+    def record(self, result: dict[str, Any], stderr: str, kind: str, seconds: float, limit: Limit) -> dict[str, Any]:
         """Save a measured row with what it cost and which card measured it, and say it; then, if the job's budget
         stopped it, end the job's run of rows (``OutOfBudget``)."""
         result.update(kind=kind, seconds=round(seconds, 1), machine=self.machine)
@@ -511,7 +510,7 @@ class Check:
         self.report.add(result, stderr)
         shown = f"{result['tokens_per_s']:,.0f} tok/s" if "failed" not in result else f"failed: {result['failed']}"
         print(f"gpu_check: [{self.budget.spent():.0f} s] {result['name']}: {shown}", file=sys.stderr)
-        limit.check(error)
+        limit.check(str(result.get("failed", "")))
         return result
 
     def measure(self, name: str, train: dict[str, Any], steps: int | None = None, note: str = "", run: bool = True,
@@ -536,7 +535,7 @@ class Check:
         micro = (metrics or {}).get("runtime", {}).get("micro_batch_size", params["train"]["micro_batch_size"])
         estimate = estimate_gb(self.prof, params, micro) if micro != "auto" else None
         result = {**row(name, metrics, error, estimate, params["train"], note), "model": params["model"]}
-        return self.record(result, stderr, kind, self.budget.clock() - begun, limit, error)
+        return self.record(result, stderr, kind, self.budget.clock() - begun, limit)
 
     def all_switches(self) -> dict[str, Any]:
         """Every ladder switch up to the levers at once, at the largest micro-batch: the headline row."""
@@ -654,7 +653,7 @@ class Check:
                       "micro_batch": micro, "accum": 1, "note": "", "train": {"nanogpt": args}}
             ok = "failed" not in ours and ours.get("mfu") is not None
             result["mfu"] = ours["mfu"] * result["tokens_per_s"] / ours["tokens_per_s"] if ok else None
-        return self.record(result, stderr, kind, self.budget.clock() - begun, limit, error or "")
+        return self.record(result, stderr, kind, self.budget.clock() - begun, limit)
 
     def tests(self, key: str, selection: str) -> None:
         if key not in self.report.data or self.report.data[key].startswith("timed out"):
