@@ -146,7 +146,7 @@ def estimate_gb(prof: dict[str, Any], params: dict[str, Any], micro: int) -> flo
     chunk = train.get("loss_chunk", "auto")
     amp, flash = train.get("dtype") != "fp32", model.get("attention", "flash") == "flash"
     return memory_model.memory(s, micro, prof["seq"], amp, flash, 8192 if chunk == "auto" else chunk,
-                               train.get("optimizer", "adamw")).total / 1e9
+                               train.get("optimizer", "adamw"), fp8_head=train.get("fp8_head", False)).total / 1e9
 
 
 def largest_micro_batch(prof: dict[str, Any]) -> int:

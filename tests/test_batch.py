@@ -3,6 +3,8 @@ of Muon's state and of FSDP's shards."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -67,6 +69,16 @@ def test_auto_takes_the_largest_micro_batch_that_fits_and_keeps_the_batch(monkey
     cautious = resolve_batch(micro_params(batch_tokens=512 * 1024, micro_batch_size="auto", memory_margin=0.6).train,
                              recipe, world=1, device=CUDA)
     assert cautious.micro < got.micro and recipe.bytes(cautious.micro) <= 0.4 * gb * 1e9  # a larger margin, less used
+
+
+def test_auto_counts_the_fp8_heads_gradients(monkeypatch):
+    """On an H200 (about 140 GB free) every switch fits 256 sequences of 1024 (102.9 GB measured); the FP8 head holds
+    two bytes more per token and vocabulary column (26 GB at 256), so auto takes 128."""
+    fake_free_memory(monkeypatch, 140)
+    cfg = micro_params(batch_tokens=512 * 1024, micro_batch_size="auto").train
+    plain = resolve_batch(cfg, gpt2_recipe(), 1, CUDA).micro
+    fp8 = resolve_batch(cfg, dataclasses.replace(gpt2_recipe(), fp8_head=True), 1, CUDA).micro
+    assert (plain, fp8) == (256, 128)
 
 
 def test_auto_counts_muon_state_and_fsdp_shards(monkeypatch):

@@ -10,6 +10,8 @@ backward pass, tensor by tensor, per token and layer (h = n_embd, a = n_head, T 
   are 16-bit copies: 38·h bytes; manual attention 34·h + 6·a·T (an fp32 softmax and its 16-bit copy).
 * The head: ln_f's input and lm_head's input (8·h fp32, 6·h AMP), and the logits: the peak of the
   loss's backward holds about four vocabulary-wide tensors per token (16·V bytes fp32, 14·V AMP).
+  The FP8 head (``train.fp8_head``) adds 2·V bytes per token: compiled on an H100 it held every
+  chunk's e5m2 loss gradient and its transposed copy at once (6.3 GB more at 64 × 1024 tokens).
 * Weights, gradients and AdamW's two moments in fp32 (16 bytes per parameter), plus autocast's
   16-bit weight copies under AMP (2 bytes per parameter). Muon keeps one momentum buffer for the
   hidden matrices (12·L·h² parameters, 4 bytes each) and AdamW's two for the rest.
@@ -79,7 +81,7 @@ def shape(size: str, pad_vocab: bool = True) -> Shape:
 
 
 def activation_bytes(s: Shape, batch: int, seq: int, amp: bool, flash: bool,
-                     loss_chunk: int = 0) -> tuple[float, float]:
+                     loss_chunk: int = 0, fp8_head: bool = False) -> tuple[float, float]:
     """(saved by the layers, the loss's peak) in bytes for one micro-batch.
 
     The plain loss holds about four vocabulary-wide tensors per token at its backward peak. The
@@ -98,7 +100,8 @@ def activation_bytes(s: Shape, batch: int, seq: int, amp: bool, flash: bool,
     if not loss_chunk:
         return saved, float(n * logits)
     rows = min(loss_chunk, n)
-    return saved, float(rows * V * (6 if amp else 4) + n * 4 * h + (12 * V * h if n else 0))
+    fp8_gradients = 2 * V * n if fp8_head else 0
+    return saved, float(rows * V * (6 if amp else 4) + n * 4 * h + (12 * V * h if n else 0) + fp8_gradients)
 
 
 def hidden_matrices(s: Shape) -> int:
@@ -107,9 +110,9 @@ def hidden_matrices(s: Shape) -> int:
 
 
 def memory(s: Shape, batch: int, seq: int, amp: bool, flash: bool, loss_chunk: int = 0, optimizer: str = "adamw",
-           shards: int = 1) -> Memory:
+           shards: int = 1, fp8_head: bool = False) -> Memory:
     """Bytes on one device; ``shards`` > 1 is FSDP over that many ranks (DDP keeps a full replica: 1)."""
-    saved, logits = activation_bytes(s, batch, seq, amp, flash, loss_chunk)
+    saved, logits = activation_bytes(s, batch, seq, amp, flash, loss_chunk, fp8_head)
     muon = hidden_matrices(s) if optimizer == "muon" else 0
     unsharded = 0.0
     if shards > 1:

@@ -44,10 +44,11 @@ class Recipe:
     loss_chunk: int
     optimizer: str
     shards: int  # ranks the weights are split over (fsdp), else 1
+    fp8_head: bool = False  # train.fp8_head: the loss's FP8 gradients add 2 bytes per token and vocabulary column
 
     def bytes(self, micro: int) -> float:
         return memory(self.shape, micro, self.seq, self.amp, self.flash, self.loss_chunk, self.optimizer,
-                      self.shards).total
+                      self.shards, self.fp8_head).total
 
 
 def model_shape(model: GPT) -> Shape:
