@@ -330,3 +330,34 @@ def test_the_memory_model_counts_what_the_fp8_head_held_on_an_h100():
                 and not r["train"].get("fp8_head"))
     planned = [gpu_check.estimate_gb(prof, {"model": r["model"], "train": r["train"]}, 64) for r in (fp8, base)]
     assert planned[0] - planned[1] == pytest.approx(fp8["peak_gb"] - base["peak_gb"], rel=0.1)
+
+
+def test_the_best_pair_runs_ours_with_the_lever_that_beat_every_switch_on_its_own_card(tmp_path, monkeypatch):
+    """The FP8 head beat every switch by 2.5% on one H100, which ran every switch slower than the card that measured
+    'all switches': ours goes into the next best pair with the head, and the pairs from before keep their rows."""
+    clock, calls = Clock(), []
+    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
+    monkeypatch.setattr(gpu_check.nanogpt_peer, "run", lambda folder, args, timeout_s: (
+        clock.__setattr__("now", clock.now + 100.0) or [30.0] * 20, {"peak_gb": 9.0}, "", ""))
+    first = new_check(tmp_path, None, clock)
+    first.run(("best",), None, 1)
+    base = first.all_switches()
+    own = {**first.report.row("all switches"), "name": "all switches (card card-2)", "tokens_per_s": 900.0,
+           "machine": "card-2"}
+    lever = {**own, "name": "all switches + FP8 LM head", "tokens_per_s": 950.0,
+             "train": {**own["train"], "fp8_head": True}}
+    slower = {**own, "name": "all switches + max-autotune", "tokens_per_s": 990.0, "machine": "card-1"}
+    old_pair = [{"name": "every switch on our code (best pair 1)", "tokens_per_s": 5.0, "machine": "card-0"},
+                {"name": "nanoGPT's own train.py, micro-batch 64 (best pair 1)", "tokens_per_s": 4.0,
+                 "machine": "card-0"}]
+    check = new_check(tmp_path, None, clock, machine="card-2",
+                      rows=first.report.data["rows"] + [own, lever, slower] + old_pair)
+    assert check.fastest_switches(base) == {**base, "fp8_head": True}  # +5.6% on its card; max-autotune -1%
+    before = len(calls)
+    check.run(("nanogpt",), tmp_path, 1)
+    rows = {r["name"]: r for r in check.report.data["rows"]}
+    assert calls[before][0]["fp8_head"] is True and "fp8_head" not in calls[-1][0]  # the best pair, then nanoGPT's
+    assert {"every switch + FP8 LM head on our code (best pair 1, ours + FP8 LM head)",
+            "nanoGPT's own train.py, micro-batch 64 (best pair 1, ours + FP8 LM head)"} <= set(rows)
+    assert rows["every switch on our code (best pair 1)"]["tokens_per_s"] == 5.0
+    assert rows["nanoGPT's own train.py, micro-batch 64 (best pair 1)"]["tokens_per_s"] == 4.0
