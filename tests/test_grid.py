@@ -54,6 +54,7 @@ def test_one_run_per_setting_decides_nothing_and_says_so(tmp_path):
     assert rows[1].speedup == 3.0 and rows[1].speed_inside_noise is True
     said = grid.verdict(rows, 1)
     assert said.startswith("**One run per setting: no interval")
+    assert "(-S train.max_steps=...) or more repeats (--repeats)" in said and "--steps" not in said  # grid's options
     assert "No setting differs from the baseline outside noise" in said
 
 

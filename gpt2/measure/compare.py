@@ -23,7 +23,10 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-ADVICE = "run it on an idle machine, with more steps per run (--steps) or more repeats (--repeats)"
+# how to read a noisy comparison, in each tool's own options
+ADVICE = {"rung": "run it on an idle machine, with more steps per run (--steps) or more repeats (--repeats)",
+          "setting": "run it on an idle machine, with more steps per run (-S train.max_steps=...) or more repeats "
+                     "(--repeats)"}
 TOO_NOISY = 0.10  # paired ratios that disagree by more than this: no gain of that size can be read
 
 
@@ -108,12 +111,12 @@ def noise_verdict(spread: float, floor: float, noisy: int, compared: int, repeat
     ``spread``: the typical disagreement of paired ratios; ``floor``: the noise floor (at least the spread);
     ``what`` names the compared things ("rung"), ``against`` what each is paired with ("the rung above's")."""
     if repeats < 2:
-        return f"**One run per {what}: no interval, so no gain can be told from noise.** To read it, {ADVICE}."
+        return f"**One run per {what}: no interval, so no gain can be told from noise.** To read it, {ADVICE[what]}."
     if floor > TOO_NOISY:
         return (f"**Too noisy to read:** a {what}'s paired runs disagree by {100 * spread:.0f}% (median)"
                 + (f" and a {what} that changed nothing here moved tokens/s by {100 * floor:.0f}%" if floor > spread
                    else "")
-                + f"; {noisy} of {compared} {what}s' gains are inside that noise. To read it, {ADVICE}.")
+                + f"; {noisy} of {compared} {what}s' gains are inside that noise. To read it, {ADVICE[what]}.")
     shown = f"; {what}s that changed nothing here moved it by up to {100 * floor:.1f}%" if floor > spread else ""
     return (f"Noise: each {what}'s runs, paired with {against} of the same repeat, agree on its tokens/s ratio within "
             f"{100 * spread:.1f}% (median over the {what}s){shown}. A gain whose paired runs disagree on its "
