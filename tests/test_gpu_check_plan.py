@@ -361,3 +361,20 @@ def test_the_best_pair_runs_ours_with_the_lever_that_beat_every_switch_on_its_ow
             "nanoGPT's own train.py, micro-batch 64 (best pair 1, ours + FP8 LM head)"} <= set(rows)
     assert rows["every switch on our code (best pair 1)"]["tokens_per_s"] == 5.0
     assert rows["nanoGPT's own train.py, micro-batch 64 (best pair 1)"]["tokens_per_s"] == 4.0
+
+
+def test_the_profile_is_taken_again_once_a_lever_makes_another_row_the_fastest(tmp_path, monkeypatch):
+    clock, calls, profiled = Clock(), [], []
+    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
+    monkeypatch.setattr(gpu_check, "profile_best", lambda params, tokens, report, timeout_s: (
+        profiled.append(params["train"]) or {"ms_per_step": 1.0, "by_kind": {"matmul": 1.0}}))
+    check = new_check(tmp_path, None, clock)
+    check.run(("best", "profile"), None, 1)
+    check.run(("profile",), None, 1)
+    assert len(profiled) == 1 and "fp8_head" not in profiled[0]  # the same fastest row: profiled once
+    lever = {**check.report.row("all switches"), "name": "all switches + FP8 LM head", "tokens_per_s": 1e6}
+    check.report.data["rows"].append(lever)
+    check.run(("profile",), None, 1)
+    assert len(profiled) == 2 and profiled[1]["fp8_head"] is True
+    assert check.report.data["profile"]["train"]["fp8_head"] is True
+    assert check.report.data["earlier profiles"][0]["train"] == profiled[0]
