@@ -108,12 +108,14 @@ def grid(params_path: str, sets: tuple[str, ...], name: str | None, target: str,
 @click.option("--batch-tokens", default=524_288, show_default=True, type=click.IntRange(min=1, max=10**12),
               help="tokens per optimizer step (train.batch_tokens; GPT-2's 0.5 M): the micro-batch × accumulation "
                    "that micro_batch_size auto picks for it")
+@click.option("--fp8-head", is_flag=True,
+              help="train.fp8_head: the loss's FP8 gradients hold 2 bytes more per token and vocabulary column")
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
 @user_errors
 def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int, seq_len: int | None, dtype: str | None,
          attention: str, mfu: float | None, price_per_hour: float | None, memory_gb: float | None,
          peak_tflops: float | None, root: str, loss_chunk: int, optimizer: str, distributed: str,
-         batch_tokens: int, as_json: bool) -> None:
+         batch_tokens: int, fp8_head: bool, as_json: bool) -> None:
     """Compute budget: parameters, FLOPs, memory, largest micro-batch, time and cost for TOKENS."""
     import json
     from pathlib import Path
@@ -122,7 +124,7 @@ def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int, se
     from gpt2.measure.plan import render
 
     result = make(model, tokens, device, micro_batch, seq_len, gpus, dtype, attention, mfu, price_per_hour,
-                  memory_gb, peak_tflops, Path(root), loss_chunk, optimizer, distributed, batch_tokens)
+                  memory_gb, peak_tflops, Path(root), loss_chunk, optimizer, distributed, batch_tokens, fp8_head)
     click.echo(json.dumps(result, indent=2) if as_json else render(result), nl=as_json)
 
 

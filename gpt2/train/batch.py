@@ -7,9 +7,9 @@ sum of their gradients differs in the last bits only).
 
 ``train.micro_batch_size: auto`` takes the largest micro-batch that divides the batch and that
 the memory model (gpt2/core/memory_model.py, also ``gpt2 plan``'s) fits in the device's free memory, less
-``train.memory_margin``. The estimate is of eager PyTorch: torch.compile needs less, so the choice
-errs on the side of fitting. Without device memory to size against (CPU, MPS) auto keeps the
-default micro-batch.
+``train.memory_margin``. The estimate is of eager PyTorch. Compiled runs of GPT-2 124M peaked under it at
+micro-batch 64 and 4% over it at 256: the margin covers that. Without device memory to size against
+(CPU, MPS) auto keeps the default micro-batch.
 """
 
 from __future__ import annotations
