@@ -199,7 +199,7 @@ def render(p: dict[str, Any]) -> str:
         "",
         f"memory per {unit} (GB), micro-batch {p['micro_batch']} × {p['seq_len']}, {p['optimizer']}, "
         + (f"fsdp over {p['gpus']}, " if p["distributed"] == "fsdp" else "")
-        + ("FP8 head, " if p.get("fp8_head") else "")
+        + ("FP8 head, " if p["fp8_head"] else "")
         + (f"loss in chunks of {p['loss_chunk']} positions:" if p["loss_chunk"] else "plain loss (whole logits):"),
         "                  " + "".join(f"{name:>14}" for name in p["memory"]),
     ]
