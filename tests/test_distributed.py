@@ -163,6 +163,15 @@ def test_signal_on_one_rank_stops_both_at_the_same_step_and_resume_is_exact(tmp_
     assert train_losses(tmp_path / "cut") == train_losses(tmp_path / "full")
 
 
+def test_no_rank_leaves_before_rank_0_has_written_the_reports(tmp_path, tokens):
+    """A rank that crashes in its teardown after the last step (gloo's can abort at exit) makes torchrun stop the
+    others: rank 0 must have written the checkpoint and the reports by then."""
+    result = torchrun(tmp_path, tokens, "--crash-at-exit", "1", micro_batch_size=2, max_steps=4)
+    assert result.returncode != 0  # rank 1's abort is the job's failure; nothing of rank 0's is lost
+    assert metrics(tmp_path)["steps"] == 4, result.stderr[-3000:]
+    assert checkpoint.load(tmp_path / "ckpt.pt")["step"] == 4
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["hang", "kill"])
 def test_a_rank_that_hangs_or_is_killed_is_an_error_not_a_wait(tmp_path, tokens, fault):

@@ -77,8 +77,13 @@ def set_step_deadline(cfg: TrainConfig, d: Dist) -> None:
         set_timeout(datetime.timedelta(seconds=cfg.dist_timeout_s))
 
 
-def shutdown(d: Dist) -> None:
+def shutdown(d: Dist, finished: bool) -> None:
+    """Leave the process group. After a finished run every rank first waits for rank 0, which writes the
+    checkpoint and the reports after the last step: a rank that left early and then crashed in its own
+    teardown would make torchrun stop rank 0 halfway through writing them."""
     if d.grouped and dist.is_initialized():
+        if finished and d.world > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 

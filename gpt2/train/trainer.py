@@ -105,9 +105,12 @@ def train(params: Params, tokens_dir: str | Path = paths.TOKENS, ckpt_path: str 
         reset_memory_peak()  # this run's peak, from building the model and loading the data on
         s = build(params, tokens_dir)
         log.set_rank(s.dist.rank)
+        finished = False
         try:
             with checkpoint.exclusive(ckpt_path) if s.dist.main else nullcontext():
-                return session(s, ckpt_path, report_dir, started)
+                summary = session(s, ckpt_path, report_dir, started)
+            finished = True
+            return summary
         except torch.OutOfMemoryError as exc:
             raise out_of_memory_error(exc, s, ckpt_path) from None
         except (getattr(torch.distributed, "DistError", RuntimeError), RuntimeError) as exc:
@@ -117,7 +120,7 @@ def train(params: Params, tokens_dir: str | Path = paths.TOKENS, ckpt_path: str 
                 raise distributed.collective_error(exc, s.dist, params.train.dist_timeout_s, ckpt_path) from None
             raise
         finally:
-            distributed.shutdown(s.dist)
+            distributed.shutdown(s.dist, finished)
 
 
 def session(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> dict[str, Any]:
