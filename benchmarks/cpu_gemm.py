@@ -71,9 +71,6 @@ def step_ab(steps: int, variants: list[tuple[str, int]]) -> str:
     import torch
 
     from gpt2.model.gpt import GPT, gpt_config
-    from gpt2.run.device import keep_freed_memory
-
-    keep_freed_memory()  # as a training run does (train.keep_host_memory): big blocks reused, not faulted in
     torch.manual_seed(0)
     model = GPT(gpt_config("tiny", {}, 50257, True, "flash"), loss_chunk=128)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -127,8 +124,12 @@ def main(steps: int, variants: str) -> None:
     import torch
 
     from gpt2.model.loss import chunk_rows, cpu_gemm, cpu_vendor
+    from gpt2.run.device import keep_freed_memory
 
     chosen = parse_variants(variants)
+    # as a training run does (train.keep_host_memory): without it glibc maps every block above 32 MB afresh, and
+    # the 512-row logits (103 MB) would be timed page-faulting their output in
+    keep_freed_memory()
     print(f"{platform.machine()}, {cpu_vendor() or 'vendor unknown'}, {torch.get_num_threads()} threads, torch "
           f"{torch.__version__}; auto here: train.cpu_gemm {cpu_gemm('auto', 'cpu')}, train.loss_chunk "
           f"{chunk_rows('auto', 'cpu', 50304)}\n")
