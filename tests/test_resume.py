@@ -261,3 +261,33 @@ def test_rules_what_a_resume_refuses(on_disk, change, refused):
     state["total_steps"] = 30 if "step" in change else state["total_steps"]
     with pytest.raises(UserError, match=refused):
         resume.load_for_resume(on_disk(state), s)
+
+
+def test_a_signal_while_the_reports_are_written_says_the_finished_checkpoint_is_kept(tmp_path, tokens, capsys,
+                                                                                    monkeypatch):
+    """SIGTERM after the last checkpoint, while the reports are written: the message says the model is saved (not
+    "no output was written"), and the next run writes the reports from it without training."""
+    import os
+    import signal
+
+    from gpt2.core.cli import user_errors
+    from gpt2.train import describe
+
+    record_end = describe.record_end
+
+    def terminated_midway(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        record_end(*args, **kwargs)
+
+    monkeypatch.setattr(describe, "record_end", terminated_midway)
+    params = micro_params(max_steps=4)
+    with pytest.raises(SystemExit) as stopped:
+        user_errors(run)(tmp_path, tokens, params)
+    assert stopped.value.code == 143
+    err = capsys.readouterr().err
+    ckpt = tmp_path / "run/ckpt.pt"
+    assert f"terminated (SIGTERM) while writing the reports; the run had finished and its checkpoint {ckpt}" in err
+    assert "no output was written" not in err and not (tmp_path / "run/reports/summary.json").exists()
+    monkeypatch.setattr(describe, "record_end", record_end)
+    assert run(tmp_path, tokens, params)["steps"] == 4
+    assert "is a finished run of these params and data (4 steps); rebuilt" in capsys.readouterr().err

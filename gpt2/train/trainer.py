@@ -15,8 +15,8 @@ is interrupted (train/interrupted.py), and its summary and reports (train/report
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import torch
 
 from gpt2.core import log, paths
 from gpt2.core.config import Params
+from gpt2.core.errors import Stopped, Terminated
 from gpt2.run import checkpoint
 from gpt2.run.compiled import compile_caches
 from gpt2.run.device import reset_memory_peak
@@ -142,5 +143,23 @@ def session(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) 
     checkpointer = Checkpointer(s, ckpt_path, start.history, tracker, step=start.step, elapsed_s=run_wall_s)
     with kept_if_interrupted(ckpt_path, s, start.kept_from), tracker:  # the MLflow run ends FINISHED, KILLED or FAILED
         summary = fit(s, start.step, start.history, checkpointer, tracker, finish)
-        describe.record_end(s, tracker, summary, start.history, ckpt_path, report_dir, dataset)
+        with finished_model_kept(ckpt_path, s.params.train.save_checkpoint):
+            describe.record_end(s, tracker, summary, start.history, ckpt_path, report_dir, dataset)
     return summary
+
+
+@contextmanager
+def finished_model_kept(ckpt_path: Path, saved: bool) -> Iterator[None]:
+    """Ctrl-C or SIGTERM while the reports are written says what is on disk: the finished run's checkpoint, from
+    which the next run writes the reports without training."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        if not (saved and ckpt_path.is_file()):
+            raise
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        error = Stopped(f"{what} while writing the reports; the run had finished and its checkpoint {ckpt_path} is "
+                        "saved: run the stage again (dvc repro, gpt2 train) to write the reports from it without "
+                        "training")
+        error.exit_code, error.every_rank = (143 if isinstance(exc, Terminated) else 130), False
+        raise error from None
