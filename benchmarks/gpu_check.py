@@ -18,7 +18,7 @@ run's graph breaks and recompilations (a row with any says so). The parts, in th
 - ``nanogpt``: our code at nanoGPT's settings (micro-batch 12, T=1024, bf16, compile); with
   ``--nanogpt DIR`` (a checkout of karpathy/nanoGPT), alternating with nanoGPT's own ``train.py`` on
   the same tokens, card, micro-batch, T and dtype (benchmarks/nanogpt_peer.py), and their ratio;
-- ``levers``: Liger's fused loss, FP8 matmuls in the blocks, the FP8 LM head and max-autotune, each alone
+- ``levers``: Liger's fused loss, FP8 matmuls in the blocks (two recipes), the FP8 LM head and max-autotune, each alone
   on top of ``best``;
 - ``ladder``: GPT-2 124M at T=1024 (smoke: no TF32, compile, cuDNN or lever rows), each rung on top
   of the last: fp32 → tf32 → bf16 → compile → flash attention → padded vocab → fused AdamW → the
@@ -94,14 +94,15 @@ RUNGS: list[tuple[str, dict[str, Any]]] = [
     ("+ bf16 residual stream", {"residual_stream": "bf16"}),
     ("+ Liger fused loss", {"loss_kernel": "liger"}),
     ("+ FP8 matmuls (tensorwise)", {"fp8": "tensorwise"}),
+    ("+ FP8 matmuls (rowwise, forward and input gradient)", {"fp8": "rowwise_fwd_dgrad"}),
     ("+ FP8 LM head", {"fp8_head": True}),
-    ("+ max-autotune", {"compile_mode": "max-autotune-no-cudagraphs"}),
+    ("+ max-autotune", {"compile_mode": "max-autotune-no-cudagraphs"}),  # the dearest last: a cold compile of minutes
 ]
-LEVERS = RUNGS[-4:]  # optional until the GPU table shows they win: also measured alone on top of every other switch
+LEVERS = RUNGS[-5:]  # optional until the GPU table shows they win: also measured alone on top of every other switch
 LARGEST = "+ largest micro-batch"
 # FP8 on a CPU gives its numerics, slower by design (tests/test_levers.py): no row there
 CUDA_ONLY = {"+ tf32", "+ cuDNN attention", "+ bf16 residual stream", "+ Liger fused loss",
-             "+ FP8 matmuls (tensorwise)", "+ FP8 LM head"}
+             "+ FP8 matmuls (tensorwise)", "+ FP8 LM head", "+ FP8 matmuls (rowwise, forward and input gradient)"}
 COMPILE_ONLY = {"+ torch.compile", "+ max-autotune"}
 NANOGPT = {"micro_batch_size": 12, "dtype": "bf16", "compile": True, "attention": "flash", "pad_vocab": True,
            "fused_adamw": True}

@@ -1,21 +1,26 @@
-"""The two optional GPU levers alone, before a training uses them: torchao's FP8 on GPT-2 124M's MLP, and Liger's
-fused linear + cross-entropy on its LM head, each against bf16 (docs/benchmarks.md, "GPT-2 124M on one H100").
+"""The optional GPU levers alone, before a training uses them: FP8 on GPT-2 124M's MLP (torchao's and ours), and
+Liger's fused linear + cross-entropy on its LM head, each against bf16 (docs/benchmarks.md, "GPT-2 124M on one
+H100").
 
-    pip install torchao liger-kernel   # or carried as wheels to a box without network (docs/gpu.md)
+    pip install torchao liger-kernel   # optional, or carried as wheels to a box without network (docs/gpu.md)
     python3 benchmarks/gpu_levers.py
 
 CUDA only. The MLP sees 16 × 1024 tokens of width 768 (3072 inside), forward and backward under bf16 autocast,
-eager and compiled, FP8 with tensorwise and rowwise scaling; the loss sees 16 × 1024 bf16 hidden states against
-the 50,304-row head, Liger's against ``F.cross_entropy`` on the whole logits (time and peak memory). Each figure
-is the mean of 10 calls after one warm-up, timed with CUDA events.
+eager and compiled, FP8 with torchao's tensorwise and rowwise scaling and with ours (``train.fp8:
+rowwise_fwd_dgrad``); the loss sees 16 × 1024 bf16 hidden states against the 50,304-row head, Liger's against
+``F.cross_entropy`` on the whole logits (time and peak memory). Each figure is the mean of 10 calls after one
+warm-up, timed with CUDA events.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, run as copied (no install)
 
 
 def bench(fn, reps: int = 10) -> float:
@@ -36,13 +41,28 @@ def mlp() -> torch.nn.Module:
 
 
 def fp8_mlp() -> None:
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    """Each FP8 recipe against bf16, eager and compiled: torchao's (where it is installed) and ours."""
+    from gpt2.model.fp8 import RowwiseFp8Linear
 
-    for recipe in ("tensorwise", "rowwise"):
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        print("torchao is not installed: its recipes are left out (pip install torchao)")
+        convert_to_float8_training = None
+
+    def ours(module: torch.nn.Module) -> None:
+        for layer in (module[0], module[2]):
+            layer.__class__ = RowwiseFp8Linear
+
+    recipes = {"rowwise_fwd_dgrad (ours)": ours}
+    if convert_to_float8_training is not None:
+        recipes = {name: (lambda m, name=name: convert_to_float8_training(
+            m, config=Float8LinearConfig.from_recipe_name(name))) for name in ("tensorwise", "rowwise")} | recipes
+    for recipe, convert in recipes.items():
         for compiled in (False, True):
             low, ref = mlp(), mlp()
             ref.load_state_dict(low.state_dict())
-            convert_to_float8_training(low, config=Float8LinearConfig.from_recipe_name(recipe))
+            convert(low)
             x = torch.randn(16 * 1024, 768, device="cuda", requires_grad=True)
             low_run, ref_run = (torch.compile(low), torch.compile(ref)) if compiled else (low, ref)
 
@@ -92,7 +112,10 @@ def main() -> None:
     torch.manual_seed(0)
     print("torch", torch.__version__, "compute capability", torch.cuda.get_device_capability())
     fp8_mlp()
-    liger_head()
+    try:
+        liger_head()
+    except ImportError:
+        print("liger-kernel is not installed: its loss is left out (pip install liger-kernel)")
 
 
 if __name__ == "__main__":

@@ -131,13 +131,18 @@ def test_fp8_and_the_liger_loss_train_compiled_close_to_bf16(tmp_path, tokens):
         assert runs[name]["val"]["loss"] == pytest.approx(runs["bf16"]["val"]["loss"], rel=0.02), name
 
 
-def test_fp8_head_trains_compiled_close_to_bf16_in_one_graph(tmp_path, tokens):
-    """The LM head's three matmuls in FP8 (torch._scaled_mm inside the compiled chunked loss): no graph break, and
-    the val loss (computed in bf16) follows the bf16 run's."""
+def test_fp8_head_and_rowwise_fwd_dgrad_train_compiled_close_to_bf16_in_one_graph(tmp_path, tokens):
+    """The FP8 paths of our own (torch._scaled_mm, no torchao), compiled: the LM head's three matmuls inside the
+    chunked loss, and the blocks' layers with rowwise scales (CUDA's rowwise kernel); no graph break, and the val
+    loss (computed in bf16 for the head) follows the bf16 run's."""
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 needs compute capability 8.9+")
     base = dict(device="cuda", dtype="bf16", compile=True, max_steps=6, model={"n_embd": 64})
+    changes = {"bf16": {}, "fp8_head": {"fp8_head": True}, "rowwise": {"fp8": "rowwise_fwd_dgrad"}}
     runs = {name: trainer.train(micro_params(**base, **change), tokens, tmp_path / name / "c.pt", tmp_path / name)
-            for name, change in {"bf16": {}, "fp8_head": {"fp8_head": True}}.items()}
-    assert runs["fp8_head"]["runtime"]["fp8_head"] is True and runs["fp8_head"]["runtime"]["graph_breaks"] == 0
-    assert runs["fp8_head"]["val"]["loss"] == pytest.approx(runs["bf16"]["val"]["loss"], rel=0.02)
+            for name, change in changes.items()}
+    assert runs["fp8_head"]["runtime"]["fp8_head"] is True
+    assert runs["rowwise"]["runtime"]["fp8"] == "rowwise_fwd_dgrad (8 layers)"
+    for name in ("fp8_head", "rowwise"):
+        assert runs[name]["runtime"]["graph_breaks"] == 0, name
+        assert runs[name]["val"]["loss"] == pytest.approx(runs["bf16"]["val"]["loss"], rel=0.02), name

@@ -57,18 +57,19 @@ def new_check(tmp_path, budget_s, clock, machine="card-1", rows=(), stretch=Fals
 def test_a_row_that_does_not_fit_is_left_to_the_next_job_and_cheaper_rows_still_run(tmp_path, monkeypatch):
     clock, calls = Clock(), []
     fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
-    check = new_check(tmp_path, 550.0, clock)
+    check = new_check(tmp_path, 610.0, clock)
     left = check.run(("best", "levers", "ladder"), None, 1)
     names = [r["name"] for r in check.report.data["rows"]]
-    assert names[:4] == ["all switches", "all switches + Liger fused loss", "all switches + FP8 matmuls (tensorwise)",
+    assert names[:5] == ["all switches", "all switches + Liger fused loss", "all switches + FP8 matmuls (tensorwise)",
+                         "all switches + FP8 matmuls (rowwise, forward and input gradient)",
                          "all switches + FP8 LM head"]
-    # max-autotune (300 s until measured) does not fit the 150 s left: left, and the ladder's first rungs run instead
+    # max-autotune (450 s until measured) does not fit the 110 s left: left, and the ladder's first rungs run instead
     assert "all switches + max-autotune" in left and "all switches + max-autotune" not in names
-    assert names[4:] == ["fp32", "+ tf32", "+ bf16 autocast"]  # 60 s left: no compiled rung (100 s here)
+    assert names[5:] == ["fp32", "+ tf32", "+ bf16 autocast"]  # 20 s left: no compiled rung (100 s here)
     assert left[-1] == "the ladder from '+ torch.compile'"  # a rung left leaves the rungs below it
     rows = check.report.data["rows"]
     assert all(r["machine"] == "card-1" and r["seconds"] > 0 for r in rows)
-    assert rows[0]["kind"] == "compiled" and rows[4]["kind"] == "plain"
+    assert rows[0]["kind"] == "compiled" and rows[5]["kind"] == "plain"
     assert check.expected_s("compiled") == 100.0  # what this card measured, not the cold default (150)
 
 
@@ -93,14 +94,14 @@ def test_a_row_the_budget_stops_is_recorded_with_its_time_and_starts_again_only_
     fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 50.0, "autotune": 900.0}, calls)
     before = {"name": "all switches + max-autotune", "failed": "timed out after 300 s", "timeout_s": 300.0,
               "machine": "card-1", "kind": "autotune", "seconds": 300.0}
-    check = new_check(tmp_path, 650.0, clock, rows=[before])
+    check = new_check(tmp_path, 700.0, clock, rows=[before])
     left = check.run(("best", "levers"), None, 1)
     cut = check.report.row("all switches + max-autotune")
     assert calls[-1][1] == 450.0 and left == ["all switches + max-autotune"]
     assert cut["failed"] == "timed out after 450 s" and cut["timeout_s"] == 450.0 and cut["seconds"] == 450.0
     short = new_check(tmp_path, 500.0, clock, rows=check.report.data["rows"])
     assert short.run(("levers",), None, 1) == ["all switches + max-autotune"]  # 500 s: not more than 450 s
-    assert len(calls) == 5
+    assert len(calls) == 6
     longer = new_check(tmp_path, 1000.0, clock, rows=check.report.data["rows"])
     assert longer.run(("levers",), None, 1) == []
     assert calls[-1][1] == 900.0 and "failed" not in longer.report.row("all switches + max-autotune")

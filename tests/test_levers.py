@@ -66,6 +66,54 @@ def test_fp8_on_a_cpu_warns_that_it_is_emulated(tokens):
     assert any("emulated on cpu" in w for w in describe.inert_switch_warnings(s))
 
 
+def test_rowwise_fwd_dgrad_rounds_two_matmuls_to_fp8_and_leaves_the_weight_gradient_bf16s():
+    """Our own FP8 layer against the bf16 layer it replaces: the output and the input's gradient within FP8's
+    rounding of each operand (and not equal: FP8 ran), the weight's and the bias's gradients bit for bit bf16's."""
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(128, 256)
+    low = torch.nn.Linear(128, 256)
+    low.load_state_dict(plain.state_dict())
+    low.__class__ = fp8.RowwiseFp8Linear
+    x = torch.randn(2, 32, 128) * torch.logspace(-2, 2, 32)[:, None]  # rows of every magnitude: one scale each
+    upstream = torch.randn(2, 32, 256, dtype=torch.bfloat16)
+    outputs = {}
+    for name, layer in (("plain", plain), ("low", low)):
+        xin = x.clone().requires_grad_()
+        with torch.autocast("cpu", torch.bfloat16):
+            y = layer(xin)
+        y.backward(upstream)
+        outputs[name] = y.float(), xin.grad, layer.weight.grad, layer.bias.grad
+    (y_ref, dx_ref, dw_ref, db_ref), (y, dx, dw, db) = outputs["plain"], outputs["low"]
+    for got, want in ((y, y_ref), (dx, dx_ref)):
+        error = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max()  # the worst row
+        assert 0 < error < 0.08  # e4m3 rounds each operand by up to 6%
+    assert torch.equal(dw, dw_ref) and torch.equal(db, db_ref) and dw.dtype == torch.float32
+
+
+def test_rowwise_fwd_dgrad_trains_close_to_bf16_without_torchao(tokens, tmp_path, monkeypatch):
+    """The recipe needs no torchao; it converts the same layers as torchao's, keeps the checkpoint's layout, and
+    is refused where its matmuls cannot write their bf16 results."""
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)
+    runs = {}
+    for setting in ("off", "rowwise_fwd_dgrad"):
+        runs[setting] = trainer.train(micro_params(dtype="bf16", fp8=setting, max_steps=8), tokens,
+                                      tmp_path / setting / "c.pt", tmp_path / setting)
+    bf16, low = runs["off"], runs["rowwise_fwd_dgrad"]
+    assert low["runtime"]["fp8"] == "rowwise_fwd_dgrad (8 layers)"
+    assert low["val"]["loss"] == pytest.approx(bf16["val"]["loss"], rel=0.02) and low["val"]["loss"] != \
+        bf16["val"]["loss"]
+    state = torch.load(tmp_path / "rowwise_fwd_dgrad" / "c.pt", weights_only=False)["model"]
+    plain = GPT(gpt_config("tiny", {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}, 50257, True, "flash"))
+    plain.load_state_dict(state)
+    model = GPT(gpt_config("tiny", {}, 50257, True, "flash"))
+    assert fp8.convert(model, "rowwise_fwd_dgrad", torch.device("cpu")) == [
+        f"transformer.h.{i}.{m}" for i in range(model.cfg.n_layer)
+        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+    with pytest.raises(UserError, match=r"rowwise_fwd_dgrad writes its matmuls' results in bf16 and this run "
+                                         r"computes in fp32; set train.dtype: bf16"):
+        trainer.build(micro_params(fp8="rowwise_fwd_dgrad"), tokens)
+
+
 def test_fp8_head_trains_close_to_fp32_and_evaluates_in_full_precision(tokens, tmp_path):
     """The LM head's matmuls in FP8: the training losses follow fp32's to FP8's precision, the val loss is
     computed without FP8 (the same weights give the same val loss either way), and the run says what ran."""

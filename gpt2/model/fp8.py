@@ -1,5 +1,6 @@
-"""FP8 matmuls: the blocks' linear layers through torchao's float8 training (``train.fp8``), and the LM
-head's three matmuls in the chunked loss through torch's own FP8 matmul (``train.fp8_head``).
+"""FP8 matmuls: the blocks' linear layers through torchao's float8 training or through ``RowwiseFp8Linear``
+(``train.fp8``), and the LM head's three matmuls in the chunked loss through torch's own FP8 matmul
+(``train.fp8_head``).
 
 Each converted ``nn.Linear`` keeps its bf16 or fp32 weight (the optimizer, the checkpoint and every
 reader of it see the same tensors as before) and casts weight, input and output gradient to FP8 with a
@@ -11,6 +12,12 @@ torchao leaves the LM head out: its weight is the token embedding's (tied), and 
 it inside the chunked loss, not as a module. ``HeadFp8`` gives that loss FP8 operands instead. The
 head is GPT-2's widest matmul (50,304 columns), where FP8's matmuls gain the most over their casts.
 Layers whose sizes are not multiples of 16 (FP8's tensor cores need them) stay as they are.
+
+``rowwise_fwd_dgrad`` is this project's own recipe, without torchao: FP8 only where GPT-2's widths let
+it pay. Its casts are plain tensor code, so torch.compile fuses each row's scale and cast into the
+kernel that produces the operand (the layer norm, GELU, the gradient's producer) instead of passing
+over the tensor again; the weight's gradient, which would need every operand cast a second time in
+the transposed layout, stays a bf16 matmul.
 
 On a CPU torchao emulates the FP8 matmuls, and torch runs ``_scaled_mm`` with oneDNN: the numerics of
 FP8, at a loss of speed. That is what the tests train with.
@@ -28,12 +35,30 @@ from gpt2.core.errors import UserError
 FP8_CAPABILITY = (8, 9)  # Ada and Hopper: the first CUDA GPUs with FP8 tensor cores
 
 
-def convert(model: nn.Module, scaling: str, device: torch.device) -> list[str]:
-    """Turn the blocks' linear layers into torchao's Float8Linear with ``scaling`` (``off``: nothing), on
-    ``device`` (emulated off CUDA); the names of the layers converted."""
+OWN_RECIPE = "rowwise_fwd_dgrad"
+
+
+def fp8_sized(module: nn.Module, name: str) -> bool:
+    """A blocks' linear layer whose sizes FP8's tensor cores take (multiples of 16)."""
+    return (isinstance(module, nn.Linear) and name.startswith("transformer.h.")
+            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+
+def convert(model: nn.Module, scaling: str, device: torch.device, dtype: str = "bf16") -> list[str]:
+    """Turn the blocks' linear layers into FP8 layers with ``scaling`` (``off``: nothing), on ``device``
+    (emulated off CUDA) for a run that computes in ``dtype``; the names of the layers converted."""
     if scaling == "off":
         return []
     require_fp8_device(device, f"train.fp8 {scaling}", "train.fp8: off")
+    if scaling == OWN_RECIPE:
+        if dtype != "bf16":
+            raise UserError(f"train.fp8 {scaling} writes its matmuls' results in bf16 and this run computes in "
+                            f"{dtype}; set train.dtype: bf16 (or auto on a GPU), or set train.fp8: off")
+        converted = [name for name, module in model.named_modules() if type(module) is nn.Linear
+                     and fp8_sized(module, name)]
+        for name in converted:
+            model.get_submodule(name).__class__ = RowwiseFp8Linear
+        return converted
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
@@ -45,8 +70,7 @@ def convert(model: nn.Module, scaling: str, device: torch.device) -> list[str]:
     converted: list[str] = []
 
     def wanted(module: nn.Module, name: str) -> bool:
-        ok = (isinstance(module, nn.Linear) and name.startswith("transformer.h.")
-              and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+        ok = fp8_sized(module, name)
         if ok:
             converted.append(name)
         return ok
@@ -123,3 +147,48 @@ class HeadFp8:
         grad_weight = torch._scaled_mm(g8.t().contiguous(), x.t().contiguous().t(), scale_a=self.grad_scale,
                                        scale_b=x_scale, out_dtype=torch.float32)
         return grad_hidden, grad_weight
+
+
+def rowwise(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``t`` (2-D) in e4m3, each row scaled so that its largest magnitude is e4m3's largest, row-major; and the
+    (rows, 1) fp32 scales that undo it. Under compile this fuses into the kernel that computes ``t``."""
+    largest = torch.finfo(E4M3).max
+    amax = t.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12)
+    scale = largest / amax
+    return (t.float() * scale).clamp(-largest, largest).to(E4M3).contiguous(), scale.reciprocal()
+
+
+class RowwiseFp8Matmul(torch.autograd.Function):
+    """``x @ weight.T`` with the forward's and the input gradient's matmuls in FP8 (e4m3, one scale per row of
+    each operand), the weight's gradient a matmul in ``x``'s dtype. ``torch._scaled_mm`` takes its first
+    operand row-major and its second column-major, with the scales of the first's rows and the second's
+    columns: the weight is cast once as it is stored for the forward, and once transposed (a copy of a few MB)
+    for the input gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        x8, x_scale = rowwise(x)
+        w8, w_scale = rowwise(weight)
+        return torch._scaled_mm(x8, w8.t(), scale_a=x_scale, scale_b=w_scale.t(), out_dtype=x.dtype,
+                                use_fast_accum=True)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, weight = ctx.saved_tensors
+        g8, g_scale = rowwise(grad)
+        wt8, wt_scale = rowwise(weight.t())
+        grad_x = torch._scaled_mm(g8, wt8.t(), scale_a=g_scale, scale_b=wt_scale.t(), out_dtype=grad.dtype)
+        return grad_x, (grad.t() @ x).to(weight.dtype)
+
+
+class RowwiseFp8Linear(nn.Linear):
+    """An ``nn.Linear`` (the same parameters under the same names) whose matmuls run as ``RowwiseFp8Matmul`` in
+    bf16, as ``train.fp8: rowwise_fwd_dgrad`` asks; the bias is added in bf16, where compile fuses it into the
+    next kernel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+            y = RowwiseFp8Matmul.apply(rows, self.weight).view(*x.shape[:-1], self.out_features)
+            return y if self.bias is None else y + self.bias.to(torch.bfloat16)

@@ -101,7 +101,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     recipe = Recipe(model_shape(model), seq_len, amp, model_cfg.attention == "flash", loss_chunk, cfg.optimizer,
                     dist_info.world if dist_info.sharded else 1, cfg.fp8_head)
     batch = resolve_batch(cfg, recipe, dist_info.world, runtime.device)  # before the model takes device memory
-    fp8_layers = fp8.convert(model, cfg.fp8, runtime.device)  # before FSDP shards the layers it swaps
+    fp8_layers = fp8.convert(model, cfg.fp8, runtime.device, runtime.dtype)  # before FSDP shards the layers it swaps
     onednn.use(model, cfg.cpu_gemm, runtime.device.type)  # before FSDP shards the layers it swaps
     if dist_info.sharded:
         sharded.shard(model, runtime.device, torch.bfloat16 if runtime.dtype == "bf16" else None)

@@ -197,7 +197,7 @@ def cannot_show(rung: Rung, before: dict[str, Any], after: dict[str, Any], devic
             reasons.append("the residual stream is bf16 only under bf16 autocast, and this run computes in fp32")
         elif key == "fp8" and device != "cuda":
             reasons.append("FP8 tensor cores are CUDA's (a CPU emulates FP8: its numerics, slower)")
-        elif key == "fp8" and not _installed("torchao"):
+        elif key == "fp8" and after[key] in ("tensorwise", "rowwise") and not _installed("torchao"):
             reasons.append("torchao is not installed (pip install torchao)")
         elif key == "fp8_head" and device != "cuda":
             reasons.append("FP8 tensor cores are CUDA's (a CPU runs FP8 matmuls through oneDNN: their numerics, "
