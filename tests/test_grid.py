@@ -27,6 +27,10 @@ def test_settings_in_dvcs_order_and_runs_in_alternating_order():
     assert combos[0] == {"train.lr": 0.001, "model.attention": "flash"} and combos[1]["model.attention"] == "manual"
     assert len(combos) == 4
     assert grid.schedule(3, 2) == [(0, 0), (1, 0), (2, 0), (2, 1), (1, 1), (0, 1)]
+    # YAML 1.2's booleans, as DVC reads -S: "off" is the word params.yaml documents, not PyYAML's False
+    words = grid.parse_sets(("train.fp8=off,rowwise", "train.compile=true,False"))
+    assert words == {"train.fp8": ["off", "rowwise"], "train.compile": [True, False]}
+    assert grid.describe(grid.settings(words)[0]) == "train.fp8=off · train.compile=true"
 
 
 def test_each_setting_is_judged_against_the_baseline_run_by_run():

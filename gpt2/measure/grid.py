@@ -41,15 +41,24 @@ logger = log.get("grid")
 
 def parse_sets(sets: tuple[str, ...]) -> dict[str, list[Any]]:
     """``-S train.lr=1.0e-3,2.0e-3`` → ``{"train.lr": [0.001, 0.002]}``, checked as DVC would expand them."""
-    import yaml
-
     grid: dict[str, list[Any]] = {}
     for item in sets:
         key, sep, values = item.partition("=")
         if not sep or "." not in key or not values:
             raise UserError(f"-S {item!r}: write section.key=value[,value...], e.g. -S train.lr=1.0e-3,2.0e-3")
-        grid[key.strip()] = [yaml.safe_load(v) for v in values.split(",")]
+        grid[key.strip()] = [dvc_value(v) for v in values.split(",")]
     return grid
+
+
+def dvc_value(text: str) -> Any:
+    """A ``-S`` value as DVC reads it (YAML 1.2): only true and false are booleans, so ``train.fp8=off`` stays
+    the word it is in params.yaml's docs, in the grid's labels and in the experiment's params."""
+    import yaml
+
+    value = yaml.safe_load(text)
+    if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):
+        return text.strip()
+    return value
 
 
 def settings(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
