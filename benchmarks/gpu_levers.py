@@ -1,15 +1,17 @@
-"""The optional GPU levers alone, before a training uses them: FP8 on GPT-2 124M's MLP (torchao's and ours), and
-Liger's fused linear + cross-entropy on its LM head, each against bf16 (docs/benchmarks.md, "GPT-2 124M on one
-H100").
+"""The optional GPU levers alone, before a training uses them: FP8's matmuls on GPT-2 124M's shapes, FP8 on its MLP
+(torchao's recipes and ours), and Liger's fused linear + cross-entropy on its LM head, each against bf16
+(docs/benchmarks.md, "GPT-2 124M on one H100").
 
     pip install torchao liger-kernel   # optional, or carried as wheels to a box without network (docs/gpu.md)
-    python3 benchmarks/gpu_levers.py
+    python3 benchmarks/gpu_levers.py                 # every part
+    python3 benchmarks/gpu_levers.py gemms fp8-mlp   # some: gemms, fp8-mlp, liger
 
-CUDA only. The MLP sees 16 × 1024 tokens of width 768 (3072 inside), forward and backward under bf16 autocast,
-eager and compiled, FP8 with torchao's tensorwise and rowwise scaling and with ours (``train.fp8:
-rowwise_fwd_dgrad``); the loss sees 16 × 1024 bf16 hidden states against the 50,304-row head, Liger's against
-``F.cross_entropy`` on the whole logits (time and peak memory). Each figure is the mean of 10 calls after one
-warm-up, timed with CUDA events.
+CUDA only. ``gemms`` times each of GPT-2 124M's matmul shapes (64 × 1024 positions) in bf16 and in FP8 with
+one scale per tensor and one per row: what FP8 can buy before its casts. ``fp8-mlp``: the MLP sees 16 × 1024
+tokens of width 768 (3072 inside), forward and backward under bf16 autocast, eager and compiled, FP8 with
+torchao's tensorwise and rowwise scaling and with ours (``train.fp8: rowwise_fwd_dgrad``). ``liger``: the loss
+sees 16 × 1024 bf16 hidden states against the 50,304-row head, Liger's against ``F.cross_entropy`` on the whole
+logits (time and peak memory). Each figure is the mean of 10 calls after one warm-up, timed with CUDA events.
 """
 
 from __future__ import annotations
@@ -106,16 +108,63 @@ def liger_head() -> None:
           f"vs plain {t_plain:.3f} ms ({gb_plain:.2f} GB)")
 
 
+# GPT-2 124M's matmul shapes at 64 × 1024 positions (M × K × N, the output M × N): what FP8's kernels buy on each
+GEMMS = {
+    "MLP c_fc forward, c_proj input gradient": (65536, 768, 3072),
+    "MLP c_proj forward, c_fc input gradient": (65536, 3072, 768),
+    "attention qkv forward": (65536, 768, 2304),
+    "attention qkv input gradient": (65536, 2304, 768),
+    "attention c_proj, forward and input gradient": (65536, 768, 768),
+    "LM head logits, one 8,192-row chunk": (8192, 768, 50304),
+    "LM head hidden-state gradient, one chunk": (8192, 50304, 768),
+}
+
+
+def fp8_gemms() -> None:
+    """Each shape's matmul in bf16 (cuBLAS) and from e4m3 operands with one scale per tensor (cuBLAS) and one per
+    row (CUTLASS's rowwise kernel), fast accumulation on, bf16 out: the ceiling of what each FP8 recipe can buy
+    before its casts."""
+    e4m3 = torch.float8_e4m3fn
+    print("| shape (M × K × N) | bf16 ms (TFLOP/s) | FP8 tensorwise | FP8 rowwise |")
+    print("|---|---|---|---|")
+    for name, (m, k, n) in GEMMS.items():
+        a, b = torch.randn(m, k, device="cuda").to(torch.bfloat16), torch.randn(n, k, device="cuda").to(torch.bfloat16)
+        a8, b8 = a.to(e4m3), b.to(e4m3)
+        one = torch.ones((), device="cuda")
+        rows, cols = torch.ones(m, 1, device="cuda"), torch.ones(1, n, device="cuda")
+        flop = 2 * m * k * n
+        cells = []
+        for call in (lambda: a @ b.t(),
+                     lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                              use_fast_accum=True),
+                     lambda: torch._scaled_mm(a8, b8.t(), scale_a=rows, scale_b=cols, out_dtype=torch.bfloat16,
+                                              use_fast_accum=True)):
+            try:
+                ms = bench(call)
+                cells.append(f"{ms:.3f} ({flop / ms / 1e9:.0f})")
+            except RuntimeError as exc:
+                cells.append(f"failed: {str(exc).splitlines()[0][:80]}")
+        print(f"| {name}: {m:,} × {k:,} × {n:,} | " + " | ".join(cells) + " |", flush=True)
+
+
+PARTS = {"gemms": fp8_gemms, "fp8-mlp": fp8_mlp, "liger": liger_head}
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("error: gpu_levers.py measures CUDA kernels and this machine has no CUDA device")
+    parts = sys.argv[1:] or list(PARTS)
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        sys.exit(f"error: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
     torch.manual_seed(0)
-    print("torch", torch.__version__, "compute capability", torch.cuda.get_device_capability())
-    fp8_mlp()
-    try:
-        liger_head()
-    except ImportError:
-        print("liger-kernel is not installed: its loss is left out (pip install liger-kernel)")
+    print("torch", torch.__version__, "compute capability", torch.cuda.get_device_capability(),
+          torch.cuda.get_device_name())
+    for part in parts:
+        try:
+            PARTS[part]()
+        except ImportError as exc:
+            print(f"{part}: {exc.name} is not installed: left out (pip install {exc.name})")
 
 
 if __name__ == "__main__":
