@@ -379,3 +379,39 @@ def test_the_profile_is_taken_again_once_a_lever_makes_another_row_the_fastest(t
     assert len(profiled) == 2 and profiled[1]["fp8_head"] is True
     assert check.report.data["profile"]["train"]["fp8_head"] is True
     assert check.report.data["earlier profiles"][0]["train"] == profiled[0]
+
+
+def test_levers_that_each_won_are_measured_together_and_the_best_pair_runs_them(tmp_path, monkeypatch):
+    """Two FP8 recipes and the FP8 head on top of every switch: the faster FP8 recipe and the head each won alone,
+    so one more row runs them together; it is our side's best, and the best pair is named after both."""
+    clock, calls = Clock(), []
+    gains = {"fp8_head": 1.03, "fp8": {"rowwise_fwd_dgrad": 1.02, "tensorwise": 1.01}, "loss_kernel": 0.5,
+             "compile_mode": 0.97}
+
+    def run_child(params, tokens, out, timeout_s):
+        train = params["train"]
+        calls.append(train)
+        clock.now += 50.0
+        speed = 1000.0
+        for key, gain in gains.items():
+            if train.get(key) not in (None, False, "off", "torch", "default"):
+                speed *= gain[train[key]] if isinstance(gain, dict) else gain
+        return metrics(speed), "", ""
+
+    monkeypatch.setattr(gpu_check, "run_child", run_child)
+    monkeypatch.setattr(gpu_check.nanogpt_peer, "run", lambda folder, args, timeout_s: (
+        clock.__setattr__("now", clock.now + 50.0) or [30.0] * 20, {"peak_gb": 9.0}, "", ""))
+    check = new_check(tmp_path, None, clock)
+    check.run(("best", "levers"), None, 1)
+    base = check.all_switches()
+    both = "all switches + FP8 matmuls (rowwise, forward and input gradient) + FP8 LM head"
+    assert calls[-1]["fp8"] == "rowwise_fwd_dgrad" and calls[-1]["fp8_head"] is True  # the winners, together
+    assert check.report.row(both)["tokens_per_s"] == pytest.approx(1000 * 1.02 * 1.03)
+    assert check.fastest_switches(base) == {**base, "fp8": "rowwise_fwd_dgrad", "fp8_head": True}
+    check.run(("nanogpt",), tmp_path, 1)
+    names = {r["name"] for r in check.report.data["rows"]}
+    assert ("every switch + FP8 matmuls (rowwise, forward and input gradient) + FP8 LM head on our code (best pair 1, "
+            "ours + FP8 matmuls (rowwise, forward and input gradient) + FP8 LM head)") in names
+    runs = len(calls)
+    check.run(("levers",), None, 1)  # every lever and the winners together measured: nothing runs again
+    assert len(calls) == runs
