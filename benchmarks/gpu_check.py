@@ -658,9 +658,8 @@ class Check:
         """Ours and nanoGPT's own train.py, alternating, both halves of a pair in one job on one card (a pair split
         by a job's end, or measured on two cards, is measured again whole). First each side at its best (every
         switch of ours, with the lever, or the levers together, that beat it; nanoGPT's defaults at the same
-        micro-batch),
-        then both at nanoGPT's settings. The best pair's name says which lever ours ran with, so a pair from
-        before a lever won stays in the table as it was."""
+        micro-batch), then both at nanoGPT's settings. The best pair's name says which levers ours ran with, so a
+        pair from before a lever won stays in the table as it was."""
         settings = {**NANOGPT, **({} if self.gpu else {"dtype": "fp32"})}  # nanoGPT on a CPU runs fp32 whatever asked
         best = self.fastest_switches(base)
         largest = best.get("micro_batch_size", settings["micro_batch_size"])
