@@ -592,18 +592,18 @@ class Check:
             name, config = self.combined(base, winners)
             step(name, self.measure, name, config)
 
+    def gain(self, r: dict[str, Any]) -> float | None:
+        """Row ``r``'s tokens/s over every switch's on the card that measured ``r`` (None without that row)."""
+        baseline = self.report.row("all switches")
+        if baseline is None or "failed" in baseline or "failed" in r:
+            return None
+        return r["tokens_per_s"] / self.same_card(baseline, r.get("machine"))["tokens_per_s"]
+
     def winning_levers(self, base: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         """The levers whose row beat every switch on its own card by ``LEVER_WINS`` or more, fastest first; of two
         that set the same key (two FP8 recipes), the faster one."""
-        baseline = self.report.row("all switches")
-        if baseline is None or "failed" in baseline:
-            return []
-        gains = []
-        for name, change in LEVERS:
-            r = self.report.row(f"all switches {name}")
-            if r is not None and "failed" not in r:
-                gains.append((r["tokens_per_s"] / self.same_card(baseline, r.get("machine"))["tokens_per_s"], name,
-                              change))
+        gains = [(gain, name, change) for name, change in LEVERS for r in [self.report.row(f"all switches {name}")]
+                 if r is not None for gain in [self.gain(r)] if gain is not None]
         winners: list[tuple[str, dict[str, Any]]] = []
         for gain, name, change in sorted(gains, key=lambda g: -g[0]):
             if gain >= LEVER_WINS and not any(change.keys() & taken.keys() for _, taken in winners):
@@ -634,15 +634,10 @@ class Check:
     def fastest_switches(self, base: dict[str, Any]) -> dict[str, Any]:
         """Every switch, with the lever (or the levers together) that beat it by the most where one did, each
         against its own card's run of every switch: our side's best."""
-        baseline = self.report.row("all switches")
-        if baseline is None or "failed" in baseline:
+        measured = self.headline_and_levers(base)
+        if not measured or self.gain(measured[0][0]) is None:
             return base
-
-        def gain(measured: tuple[dict[str, Any], dict[str, Any]]) -> float:
-            r = measured[0]
-            return r["tokens_per_s"] / self.same_card(baseline, r.get("machine"))["tokens_per_s"]
-
-        return max(self.headline_and_levers(base), key=gain)[1]
+        return max(measured, key=lambda m: self.gain(m[0]) or 0.0)[1]
 
     def headline_and_levers(self, base: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """The measured rows of every switch, of each lever on top of it and of the levers that won together, each
