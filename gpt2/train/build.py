@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import random
 import time
@@ -137,9 +138,12 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         # splits the graph at the gradient buckets (DDPOptimizer), so each bucket's all-reduce starts while the
         # backward goes on (tests/test_distributed.py); compiling around DDP would split the same way but also
         # break the graph at DDP's own Python code
+        # the only buffer, the logit mask, is constant: no sync before each forward (torch 2.13 renamed the switch)
+        constant_buffers = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+                            inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
         step_model = DistributedDataParallel(eval_model, device_ids=[device.index] if device.type == "cuda" else None,
                                              gradient_as_bucket_view=True,  # grads live in the buckets: no copy
-                                             broadcast_buffers=False)  # the only buffer, the logit mask, is constant
+                                             **constant_buffers)
     return Setup(
         params=params, runtime=runtime, model_cfg=model_cfg, model=model, step_model=step_model,
         eval_model=eval_model, dist=dist_info,
