@@ -88,6 +88,8 @@ def test_rowwise_fwd_dgrad_rounds_two_matmuls_to_fp8_and_leaves_the_weight_gradi
         error = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max()  # the worst row
         assert 0 < error < 0.08  # e4m3 rounds each operand by up to 6%
     assert torch.equal(dw, dw_ref) and torch.equal(db, db_ref) and dw.dtype == torch.float32
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):  # evaluation: the plain layer, bit for bit
+        assert torch.equal(low(x), plain(x))
 
 
 def test_rowwise_fwd_dgrad_trains_close_to_bf16_without_torchao(tokens, tmp_path, monkeypatch):

@@ -13,11 +13,12 @@ it inside the chunked loss, not as a module. ``HeadFp8`` gives that loss FP8 ope
 head is GPT-2's widest matmul (50,304 columns), where FP8's matmuls gain the most over their casts.
 Layers whose sizes are not multiples of 16 (FP8's tensor cores need them) stay as they are.
 
-``rowwise_fwd_dgrad`` is this project's own recipe, without torchao: FP8 only where GPT-2's widths let
-it pay. Its casts are plain tensor code, so torch.compile fuses each row's scale and cast into the
-kernel that produces the operand (the layer norm, GELU, the gradient's producer) instead of passing
-over the tensor again; the weight's gradient, which would need every operand cast a second time in
-the transposed layout, stays a bf16 matmul.
+``rowwise_fwd_dgrad`` is this project's own recipe, without torchao, built so that its casts cost next
+to nothing. Every operand is e4m3 with one scale per row (per-row scales keep the range that e5m2 is
+for elsewhere). The casts are plain tensor code, so torch.compile fuses each row's scale and cast
+into the kernel that produces the operand (the layer norm, GELU, the gradient's producer) instead
+of passing over the tensor again; the weight's gradient, which would need every operand cast a
+second time in the transposed layout, stays a bf16 matmul. Evaluation runs the plain bf16 layer.
 
 On a CPU torchao emulates the FP8 matmuls, and torch runs ``_scaled_mm`` with oneDNN: the numerics of
 FP8, at a loss of speed. That is what the tests train with.
@@ -183,11 +184,14 @@ class RowwiseFp8Matmul(torch.autograd.Function):
 
 
 class RowwiseFp8Linear(nn.Linear):
-    """An ``nn.Linear`` (the same parameters under the same names) whose matmuls run as ``RowwiseFp8Matmul`` in
-    bf16, as ``train.fp8: rowwise_fwd_dgrad`` asks; the bias is added in bf16, where compile fuses it into the
-    next kernel."""
+    """An ``nn.Linear`` (the same parameters under the same names) whose training matmuls run as
+    ``RowwiseFp8Matmul`` in bf16, as ``train.fp8: rowwise_fwd_dgrad`` asks; the bias is added in bf16, where
+    compile fuses it into the next kernel. Evaluation (no gradient) is the plain layer's: the val loss measures
+    the model the run trained, as the evaluate stage's does, not FP8's rounding of it."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and torch.is_grad_enabled()):
+            return super().forward(x)
         with torch.autocast(x.device.type, enabled=False):
             rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
             y = RowwiseFp8Matmul.apply(rows, self.weight).view(*x.shape[:-1], self.out_features)
