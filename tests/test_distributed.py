@@ -177,6 +177,25 @@ def test_no_rank_leaves_before_rank_0_has_written_the_reports(tmp_path, tokens):
     assert checkpoint.load(tmp_path / "ckpt.pt")["step"] == 4
 
 
+def test_a_peer_gone_at_the_last_barrier_is_a_warning_and_the_group_is_still_left(monkeypatch, caplog):
+    from gpt2.train import distributed
+
+    calls = []
+
+    def barrier():
+        calls.append("barrier")
+        raise RuntimeError("[gloo] Connection closed by peer")
+
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "barrier", barrier)
+    monkeypatch.setattr(distributed.dist, "destroy_process_group", lambda: calls.append("destroy"))
+    distributed.shutdown(distributed.Dist(rank=0, world=2, grouped=True), finished=True)
+    assert calls == ["barrier", "destroy"] and "a peer left before the run's last barrier" in caplog.text
+    calls.clear()
+    distributed.shutdown(distributed.Dist(rank=0, world=2, grouped=True), finished=False)  # after an error: no wait
+    assert calls == ["destroy"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["hang", "kill"])
 def test_a_rank_that_hangs_or_is_killed_is_an_error_not_a_wait(tmp_path, tokens, fault):

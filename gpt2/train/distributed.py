@@ -80,10 +80,15 @@ def set_step_deadline(cfg: TrainConfig, d: Dist) -> None:
 def shutdown(d: Dist, finished: bool) -> None:
     """Leave the process group. After a finished run every rank first waits for rank 0, which writes the
     checkpoint and the reports after the last step: a rank that left early and then crashed in its own
-    teardown would make torchrun stop rank 0 halfway through writing them."""
+    teardown would make torchrun stop rank 0 halfway through writing them. A peer gone by then is no
+    error here: this rank's share of the run is done and written."""
     if d.grouped and dist.is_initialized():
         if finished and d.world > 1:
-            dist.barrier()
+            try:
+                dist.barrier()
+            except Exception as exc:  # noqa: BLE001 - any collective failure: the run itself is complete
+                logger.warning(f"rank {d.rank}/{d.world}: a peer left before the run's last barrier "
+                               f"({exc.__class__.__name__}); this rank's work is complete", extra=log.EVERY_RANK)
         dist.destroy_process_group()
 
 
