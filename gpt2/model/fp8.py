@@ -4,9 +4,9 @@
 
 Each converted ``nn.Linear`` keeps its bf16 or fp32 weight (the optimizer, the checkpoint and every
 reader of it see the same tensors as before) and casts weight, input and output gradient to FP8 with a
-scale inside its forward and backward: e4m3 for the forward's operands, e5m2 for the gradients.
-``tensorwise`` takes one scale per tensor (the fastest); ``rowwise`` one per row (closer to bf16, a
-little slower). The matmuls accumulate in fp32 and return the autocast dtype.
+scale inside its forward and backward. torchao's recipes take e4m3 for the forward's operands, e5m2 for
+the gradients: ``tensorwise`` one scale per tensor (the fastest of the two); ``rowwise`` one per row
+(closer to bf16, a little slower). The matmuls accumulate in fp32 and return the autocast dtype.
 
 torchao leaves the LM head out: its weight is the token embedding's (tied), and the training loss uses
 it inside the chunked loss, not as a module. ``HeadFp8`` gives that loss FP8 operands instead. The
