@@ -18,8 +18,8 @@ run's graph breaks and recompilations (a row with any says so). The parts, in th
 - ``nanogpt``: our code at nanoGPT's settings (micro-batch 12, T=1024, bf16, compile); with
   ``--nanogpt DIR`` (a checkout of karpathy/nanoGPT), alternating with nanoGPT's own ``train.py`` on
   the same tokens, card, micro-batch, T and dtype (benchmarks/nanogpt_peer.py), and their ratio;
-- ``levers``: Liger's fused loss, FP8 matmuls in the blocks (two recipes), the FP8 LM head and max-autotune, each alone
-  on top of ``best``;
+- ``levers``: Liger's fused loss, FP8 matmuls in the blocks (two recipes), the FP8 LM head, Inductor's
+  coordinate-descent tuning and max-autotune, each alone on top of ``best``;
 - ``ladder``: GPT-2 124M at T=1024 (smoke: no TF32, compile, cuDNN or lever rows), each rung on top
   of the last: fp32 → tf32 → bf16 → compile → flash attention → padded vocab → fused AdamW → the
   largest micro-batch ``gpt2 plan`` says fits, up to 64 → cuDNN attention → bf16 residual stream →
@@ -96,17 +96,19 @@ RUNGS: list[tuple[str, dict[str, Any]]] = [
     ("+ FP8 matmuls (tensorwise)", {"fp8": "tensorwise"}),
     ("+ FP8 matmuls (rowwise, forward and input gradient)", {"fp8": "rowwise_fwd_dgrad"}),
     ("+ FP8 LM head", {"fp8_head": True}),
+    ("+ coordinate-descent tuning", {"compile_tuning": True}),  # Inductor's kernels tuned, cuBLAS's matmuls kept
     ("+ max-autotune", {"compile_mode": "max-autotune-no-cudagraphs"}),  # the dearest last: a cold compile of minutes
 ]
-LEVERS = RUNGS[-5:]  # optional until the GPU table shows they win: also measured alone on top of every other switch
+LEVERS = RUNGS[-6:]  # optional until the GPU table shows they win: also measured alone on top of every other switch
 LARGEST = "+ largest micro-batch"
 # A lever that beats every switch by this much won: twice what three runs of one configuration spread on one
 # H100 (nanoGPT's settings on our code, card B: 435,257-437,365 tokens/s, 0.5%)
 LEVER_WINS = 1.01
 # FP8 on a CPU gives its numerics, slower by design (tests/test_levers.py): no row there
 CUDA_ONLY = {"+ tf32", "+ cuDNN attention", "+ bf16 residual stream", "+ Liger fused loss",
-             "+ FP8 matmuls (tensorwise)", "+ FP8 LM head", "+ FP8 matmuls (rowwise, forward and input gradient)"}
-COMPILE_ONLY = {"+ torch.compile", "+ max-autotune"}
+             "+ FP8 matmuls (tensorwise)", "+ FP8 LM head", "+ FP8 matmuls (rowwise, forward and input gradient)",
+             "+ coordinate-descent tuning"}
+COMPILE_ONLY = {"+ torch.compile", "+ max-autotune", "+ coordinate-descent tuning"}
 NANOGPT = {"micro_batch_size": 12, "dtype": "bf16", "compile": True, "attention": "flash", "pad_vocab": True,
            "fused_adamw": True}
 GPT2_BATCH_TOKENS = 524_288  # GPT-2's 0.5M-token batch
@@ -245,8 +247,10 @@ FIRST_TESTS = "compiled_bf16"  # pytest -k: the compiled CUDA test, run first; t
 # dearest of each kind on an H100 (2026-11-26: compiled rows 19-58 s, the tests 30 and 60 s). The long row took 125 s
 # on the H200 with a warm compile cache; cold, 200-290 s is the estimate. max-autotune's is the least it takes: cold,
 # it compiled past 443 s on an H100 (2026-11-27), so it gets the rest of a job that has 450 s left, and a job stopped
-# by its budget leaves the row to the next (docs/benchmarks.md, "GPU check").
-COST_S = {"plain": 30.0, "compiled": 60.0, "autotune": 450.0, "long": 250.0, "tests first": 40.0, "tests": 90.0}
+# by its budget leaves the row to the next (docs/benchmarks.md, "GPU check"). Coordinate-descent tuning alone
+# (Inductor's own kernels, not the matmuls) is unmeasured: three times a compiled row is the estimate.
+COST_S = {"plain": 30.0, "compiled": 60.0, "tuned": 180.0, "autotune": 450.0, "long": 250.0, "tests first": 40.0,
+          "tests": 90.0}
 MORE_THAN_LAST = 1.25  # a row that timed out starts again only with a quarter more time than it had at least
 SMOKE_COST_S = 20.0
 
@@ -494,7 +498,9 @@ class Check:
             return "long"
         if not (train.get("compile", True) and self.prof["compile"]):
             return "plain"
-        return "autotune" if str(train.get("compile_mode", "")).startswith("max-autotune") else "compiled"
+        if str(train.get("compile_mode", "")).startswith("max-autotune"):
+            return "autotune"
+        return "tuned" if train.get("compile_tuning") else "compiled"
 
     def limit(self, kind: str, before: dict[str, Any] | None) -> Limit:
         """The limit of a row's child: twice the last one where it timed out, else ``--timeout-s``. A row that

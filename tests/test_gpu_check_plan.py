@@ -94,14 +94,14 @@ def test_a_row_the_budget_stops_is_recorded_with_its_time_and_starts_again_only_
     fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 50.0, "autotune": 900.0}, calls)
     before = {"name": "all switches + max-autotune", "failed": "timed out after 300 s", "timeout_s": 300.0,
               "machine": "card-1", "kind": "autotune", "seconds": 300.0}
-    check = new_check(tmp_path, 700.0, clock, rows=[before])
+    check = new_check(tmp_path, 750.0, clock, rows=[before])
     left = check.run(("best", "levers"), None, 1)
     cut = check.report.row("all switches + max-autotune")
     assert calls[-1][1] == 450.0 and left == ["all switches + max-autotune"]
     assert cut["failed"] == "timed out after 450 s" and cut["timeout_s"] == 450.0 and cut["seconds"] == 450.0
     short = new_check(tmp_path, 500.0, clock, rows=check.report.data["rows"])
     assert short.run(("levers",), None, 1) == ["all switches + max-autotune"]  # 500 s: not more than 450 s
-    assert len(calls) == 6
+    assert len(calls) == 7
     longer = new_check(tmp_path, 1000.0, clock, rows=check.report.data["rows"])
     assert longer.run(("levers",), None, 1) == []
     assert calls[-1][1] == 900.0 and "failed" not in longer.report.row("all switches + max-autotune")

@@ -28,8 +28,8 @@ def test_the_projects_ladder_is_the_documented_one():
     names = [r.name for r in spec.rungs]
     assert names == ["baseline", "ram preload", "vectorized batching", "keep host memory", "tf32", "amp",
                      "onednn head", "compile", "flash attention", "padded vocab", "fused adamw", "cudnn attention",
-                     "bf16 residual", "liger loss", "fp8", "fp8 rowwise", "fp8 head", "max-autotune", "cuda graphs",
-                     "grad accumulation", "muon"]
+                     "bf16 residual", "liger loss", "fp8", "fp8 rowwise", "fp8 head", "kernel tuning", "max-autotune",
+                     "cuda graphs", "grad accumulation", "muon"]
     assert all(len(r.changes) == 1 for r in spec.rungs[1:])  # one switch per rung
     assert set(spec.profiles) == {"cpu", "cuda"} and spec.profiles["cuda"].model == {"size": "gpt2"}
 
@@ -192,8 +192,10 @@ def test_rungs_a_device_cannot_show_are_known_before_running_and_not_run(tmp_pat
     assert cpu["fp8"].startswith("FP8 tensor cores are CUDA's") and cpu["liger loss"].endswith("CUDA only")
     assert cpu["fp8 head"].startswith("FP8 tensor cores are CUDA's (a CPU runs FP8 matmuls through oneDNN")
     assert cpu["fp8 rowwise"] == cpu["fp8"]
+    assert cpu["kernel tuning"] in ("coordinate-descent tuning tunes Inductor's Triton kernels, CUDA's",
+                                    "train.compile is off")
     unshown = {"tf32", "amp", "cudnn attention", "bf16 residual", "liger loss", "fp8", "fp8 rowwise", "fp8 head",
-               "cuda graphs"}
+               "kernel tuning", "cuda graphs"}
     assert {n for n, why in cpu.items() if why} == unshown or not ladder.spec._cxx_compiler()
     cuda = dict(zip(names, ladder.resolve(spec, PARAMS, "cuda").cannot_show))
     missing = {name for name in ("torchao", "liger_kernel") if not ladder.spec._installed(name)}
@@ -230,7 +232,7 @@ def test_only_ladder_experiments_with_the_same_params_are_reused(tmp_path):
     other_name = fake_run(p, 3, 10.0, cpu, "my-experiment")
     other_steps = fake_run(ladder.resolve(spec, PARAMS, "cpu", steps=5), 3, 10.0, cpu, "ladder-03-keep-host-memory-2")
     found = ladder.measured(p, [same, other_name, other_steps])
-    assert [[e.name for e in runs] for runs in found] == [[], [], [], ["ladder-03-keep-host-memory-1"]] + [[]] * 17
+    assert [[e.name for e in runs] for runs in found] == [[], [], [], ["ladder-03-keep-host-memory-1"]] + [[]] * 18
 
 
 # --------------------------------------------------------------------------- end to end

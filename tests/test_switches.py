@@ -138,14 +138,21 @@ def test_batching_loop_makes_python_calls_per_sample_vectorized_one(tokens, monk
 def test_compile_switch_wraps_the_model(tokens, monkeypatch):
     compiled = []
 
-    def fake_compile(model, mode=None):
-        compiled.append(mode)
+    def fake_compile(model, mode=None, options=None):
+        compiled.append(options if options is not None else mode)
         return model
 
     monkeypatch.setattr(trainer.torch, "compile", fake_compile)
     setup(tokens, compile=True, compile_mode="max-autotune")
     setup(tokens, compile=False)
-    assert compiled == ["max-autotune"]
+    setup(tokens, compile=True, compile_tuning=True)  # torch.compile takes a mode or options: the tuning as options
+    setup(tokens, compile=True, compile_mode="reduce-overhead", compile_tuning=True)
+    assert compiled == ["max-autotune", {"coordinate_descent_tuning": True},
+                        {"triton.cudagraphs": True, "coordinate_descent_tuning": True}]
+    monkeypatch.undo()  # Inductor takes the options by name, and refuses a name it does not know at compile time
+    from gpt2.run.compiled import compile_options
+
+    assert torch.compile(lambda x: (2 * x).sum(), **compile_options("default", True))(torch.ones(4)) == 8
 
 
 @pytest.mark.slow
@@ -249,9 +256,11 @@ def test_grad_clip_switch_clips_the_update(tokens, monkeypatch):
 def test_requested_inert_switches_are_warned(tokens):
     if torch.cuda.is_available():
         pytest.skip("CPU-only check")
-    warnings = describe.inert_switch_warnings(setup(tokens, compile_mode="max-autotune"))
+    warnings = describe.inert_switch_warnings(setup(tokens, compile_mode="max-autotune", compile_tuning=True))
     text = " ".join(warnings)
     assert "tf32 is inert" in text and "compile_mode max-autotune is inert" in text
+    assert "compile_tuning is inert: it tunes the compiled Triton kernels of a CUDA run, and train.compile is false" \
+        in text
     assert "MFU is not reported" not in text  # a CPU's peak is measured (gpt2/run/peak.py)
 
 

@@ -104,6 +104,10 @@ class TrainConfig:
     compile: bool = param(False, "torch.compile the model")
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = param(
         "default", "torch.compile's mode")
+    compile_tuning: bool = param(
+        False, "Inductor's coordinate-descent tuning: at compile time each of its own (Triton) kernels tries "
+               "neighbouring block sizes and warp counts and keeps the fastest; minutes more compile. The max-autotune "
+               "modes include it; inert off CUDA")
     compile_cache: bool = param(True, "reuse compiled graphs across runs (Inductor's on-disk caches): later runs "
                                       "skip most of compile's warm-up", note="false: a cold compile every run")
     sdpa_backend: Literal["auto", "flash", "cudnn", "efficient", "math"] = param(

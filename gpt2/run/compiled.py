@@ -15,6 +15,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from typing import Any
+
+
+def compile_options(mode: str, tuning: bool) -> dict[str, Any]:
+    """torch.compile's keyword arguments for ``train.compile_mode`` and ``train.compile_tuning``: the mode, or with
+    the tuning the mode's Inductor options plus coordinate-descent tuning (torch.compile takes a mode or options,
+    not both)."""
+    named = None if mode == "default" else mode
+    if not tuning:
+        return {"mode": named}
+    import torch._inductor
+
+    options = dict(torch._inductor.list_mode_options(named)) if named else {}
+    return {"options": {**options, "coordinate_descent_tuning": True}}
 
 
 @contextmanager

@@ -23,7 +23,7 @@ from gpt2.core.tokens import read_meta
 from gpt2.model.gpt import GPT, GPTConfig, gpt_config
 from gpt2.model import fp8, onednn
 from gpt2.model.loss import chunk_rows, liger_loss
-from gpt2.run.compiled import CompileWatch
+from gpt2.run.compiled import CompileWatch, compile_options
 from gpt2.run.device import Runtime, resolve
 from gpt2.run.flops import Throughput, dtype_peak_flops, flops_per_token, yardstick_flops
 from gpt2.run.peak import cache_path, cpu_peaks
@@ -129,7 +129,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     total = cfg.max_steps or (math.ceil(cfg.max_tokens / tokens_per_step) if cfg.max_tokens else None)
     eval_model = model
     if cfg.compile:
-        eval_model = torch.compile(model, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)
+        eval_model = torch.compile(model, **compile_options(cfg.compile_mode, cfg.compile_tuning))
     step_model = eval_model
     if dist_info.grouped and not dist_info.sharded:
         from torch.nn.parallel import DistributedDataParallel

@@ -145,6 +145,11 @@ def inert_switch_warnings(s: Setup) -> list[str]:
                         "speed (FP8 tensor cores are CUDA's)")
     if not cfg.compile and cfg.compile_mode != "default":
         warnings.append(f"train.compile_mode {cfg.compile_mode} is inert: train.compile is false")
+    if cfg.compile_tuning and not (cfg.compile and device == "cuda"):
+        warnings.append("train.compile_tuning is inert: it tunes the compiled Triton kernels of a CUDA run"
+                        + ("" if cfg.compile else ", and train.compile is false"))
+    elif cfg.compile_tuning and cfg.compile_mode.startswith("max-autotune"):
+        warnings.append(f"train.compile_tuning is inert: train.compile_mode {cfg.compile_mode} tunes already")
     if cfg.compile and device != "cuda" and cfg.compile_mode in ("reduce-overhead",):
         warnings.append("train.compile_mode reduce-overhead uses CUDA graphs: inert on this device")
     if device != "cuda" and cfg.batching == "vectorized":

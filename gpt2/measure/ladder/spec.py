@@ -208,8 +208,10 @@ def cannot_show(rung: Rung, before: dict[str, Any], after: dict[str, Any], devic
             reasons.append("Liger's fused loss is Triton kernels, CUDA only")
         elif key == "loss_kernel" and not _installed("liger_kernel"):
             reasons.append("liger-kernel is not installed (pip install liger-kernel)")
-        elif key == "compile_mode" and not after["compile"]:
+        elif key in ("compile_mode", "compile_tuning") and not after["compile"]:
             reasons.append("train.compile is off")
+        elif key == "compile_tuning" and device != "cuda":
+            reasons.append("coordinate-descent tuning tunes Inductor's Triton kernels, CUDA's")
         elif (key == "compile_mode" and device != "cuda"
               and {before[key], after[key]} == {"max-autotune-no-cudagraphs", "max-autotune"}):
             reasons.append("CUDA graphs exist on CUDA only")
