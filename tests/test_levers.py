@@ -47,6 +47,12 @@ def test_fp8_converts_the_blocks_linear_layers_only():
                      for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
     assert type(model.lm_head) is torch.nn.Linear and model.lm_head.weight is model.transformer.wte.weight
     assert fp8.convert(GPT(gpt_config("tiny", {}, 50257, True, "flash")), "off", torch.device("cpu")) == []
+    layer, x = model.get_submodule(names[0]), torch.randn(4, model.cfg.n_embd)
+    with torch.autocast("cpu", torch.bfloat16):
+        trained = layer(x)
+        with torch.no_grad():  # evaluation: the plain layer, not FP8's rounding of it
+            assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+            assert not torch.equal(trained, layer(x))
 
 
 def test_fp8_refused_without_fp8_tensor_cores_or_without_torchao(monkeypatch):

@@ -120,9 +120,9 @@ class TrainConfig:
         "off", "FP8 matmuls in the blocks' linear layers: off | tensorwise | rowwise (torchao's float8 training: "
                "inputs and weights round to e4m3, gradients to e5m2, one scale per tensor or per row) | "
                "rowwise_fwd_dgrad (this project's, no torchao: the forward's and the input gradient's matmuls in "
-               "e4m3 with one scale per row, the weight's gradient in bf16, evaluation in bf16; needs train.dtype "
-               "bf16). Sums in fp32; weights and optimizer unchanged. CUDA compute capability 8.9+; a CPU emulates "
-               "it",
+               "e4m3 with one scale per row, the weight's gradient in bf16; needs train.dtype bf16). Sums in fp32; "
+               "evaluation (the val loss) runs the plain layers; weights and optimizer unchanged. CUDA compute "
+               "capability 8.9+; a CPU emulates it",
         note="tensorwise and rowwise need torchao (pip install torchao)")
     fp8_head: bool = param(
         False, "FP8 matmuls for the LM head inside the chunked loss (torch._scaled_mm): the logits and the loss's "

@@ -11,14 +11,16 @@ the gradients: ``tensorwise`` one scale per tensor (the fastest of the two); ``r
 torchao leaves the LM head out: its weight is the token embedding's (tied), and the training loss uses
 it inside the chunked loss, not as a module. ``HeadFp8`` gives that loss FP8 operands instead. The
 head is GPT-2's widest matmul (50,304 columns), where FP8's matmuls gain the most over their casts.
-Layers whose sizes are not multiples of 16 (FP8's tensor cores need them) stay as they are.
+Layers whose sizes are not multiples of 16 (FP8's tensor cores need them) stay as they are. Every
+FP8 layer evaluates (no gradient) as the plain layer it replaced: the training's val loss is the
+model's, not FP8's rounding of it.
 
 ``rowwise_fwd_dgrad`` is this project's own recipe, without torchao, built so that its casts cost next
 to nothing. Every operand is e4m3 with one scale per row (per-row scales keep the range that e5m2 is
 for elsewhere). The casts are plain tensor code, so torch.compile fuses each row's scale and cast
 into the kernel that produces the operand (the layer norm, GELU, the gradient's producer) instead
 of passing over the tensor again; the weight's gradient, which would need every operand cast a
-second time in the transposed layout, stays a bf16 matmul. Evaluation runs the plain bf16 layer.
+second time in the transposed layout, stays a bf16 matmul.
 
 On a CPU torchao emulates the FP8 matmuls, and torch runs ``_scaled_mm`` with oneDNN: the numerics of
 FP8, at a loss of speed. That is what the tests train with.
@@ -30,6 +32,7 @@ import dataclasses
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from gpt2.core.errors import UserError
 
@@ -77,7 +80,23 @@ def convert(model: nn.Module, scaling: str, device: torch.device, dtype: str = "
         return ok
 
     convert_to_float8_training(model, config=config, module_filter_fn=wanted)
+    for name in converted:
+        layer = model.get_submodule(name)
+        layer.__class__ = type(f"{type(layer).__name__}TrainingOnly", (PlainEvaluation, type(layer)), {})
     return converted
+
+
+class PlainEvaluation(nn.Module):
+    """Put before an FP8 linear layer's class: evaluation (no gradient) runs the plain layer, so that the val
+    loss measures the model the run trained, as the evaluate stage's does, not FP8's rounding of it."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            return super().forward(x)
+        return F.linear(x, self.weight, self.bias)
 
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -183,16 +202,17 @@ class RowwiseFp8Matmul(torch.autograd.Function):
         return grad_x, (grad.t() @ x).to(weight.dtype)
 
 
-class RowwiseFp8Linear(nn.Linear):
-    """An ``nn.Linear`` (the same parameters under the same names) whose training matmuls run as
-    ``RowwiseFp8Matmul`` in bf16, as ``train.fp8: rowwise_fwd_dgrad`` asks; the bias is added in bf16, where
-    compile fuses it into the next kernel. Evaluation (no gradient) is the plain layer's: the val loss measures
-    the model the run trained, as the evaluate stage's does, not FP8's rounding of it."""
+class RowwiseFp8Training(nn.Linear):
+    """An ``nn.Linear`` (the same parameters under the same names) whose matmuls run as ``RowwiseFp8Matmul`` in
+    bf16, as ``train.fp8: rowwise_fwd_dgrad`` asks; the bias is added in bf16, where compile fuses it into the
+    next kernel."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.training and torch.is_grad_enabled()):
-            return super().forward(x)
         with torch.autocast(x.device.type, enabled=False):
             rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
             y = RowwiseFp8Matmul.apply(rows, self.weight).view(*x.shape[:-1], self.out_features)
             return y if self.bias is None else y + self.bias.to(torch.bfloat16)
+
+
+class RowwiseFp8Linear(PlainEvaluation, RowwiseFp8Training):
+    """``RowwiseFp8Training`` for training, the plain layer for evaluation."""
