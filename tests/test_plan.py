@@ -182,6 +182,22 @@ def test_plan_uses_the_mfu_measured_by_the_ladder(runner, tmp_path):
     assert plan.plan("gpt2", 10e9, "h100-pcie", root=tmp_path)["mfu_source"].startswith("assumed")
 
 
+def test_plan_falls_back_to_the_gpu_checks_committed_run_for_gpt2_on_its_card(tmp_path):
+    """No ladder report or MLflow run of its own: the H100's 100 steps at GPT-2's batch (benchmarks/results), not
+    an assumed 40%; another size or card stays assumed."""
+    import shutil
+
+    from conftest import ROOT
+
+    shutil.copytree(ROOT / "benchmarks/results", tmp_path / "benchmarks/results")
+    p = plan.plan("gpt2", 10e9, "h100", root=tmp_path)
+    assert p["mfu"] == pytest.approx(0.465, abs=0.001)
+    assert p["mfu_source"].startswith("measured by the GPU check on an NVIDIA H100")
+    assert "GPT-2 batch, evals and checkpoints (benchmarks/results/gpu_check.json)" in p["mfu_source"]
+    assert plan.plan("gpt2", 10e9, "a100", root=tmp_path)["mfu_source"].startswith("assumed")
+    assert plan.plan("gpt2-medium", 10e9, "h100", root=tmp_path)["mfu_source"].startswith("assumed")
+
+
 def test_plan_uses_the_mfu_of_a_finished_mlflow_run_and_skips_a_store_without_one(tmp_path):
     mlflow = pytest.importorskip("mlflow")
     assert plan._has_metric(tmp_path / "none.db", "x") is True  # unreadable: let MLflow decide

@@ -49,7 +49,8 @@ DEVICES: dict[str, Device] = {
 
 
 def measured_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
-    """MFU this project measured on ``device``: the ladder's report first, then MLflow's training runs."""
+    """MFU measured on ``device``: this project's ladder report first, then MLflow's training runs, then the GPU
+    check's figures committed with the code."""
     ladder = root / paths.LADDER_REPORTS / "ladder.json"
     if ladder.is_file():
         rows = [r for r in json.loads(ladder.read_text()).get("rows", []) if r.get("mfu")]
@@ -57,7 +58,30 @@ def measured_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | N
         if rows:
             last = rows[-1]
             return last["mfu"], f"measured: {ladder} (rung {last['rung']!r}, {last['runtime']['device_name']})"
-    return _mlflow_mfu(device, size, root)
+    return _mlflow_mfu(device, size, root) or _gpu_check_mfu(device, size, root)
+
+
+# The GPU check's row nearest to a real GPT-2 run: GPT-2's batch, docs/gpu.md's switches, evals and checkpoints
+GPU_CHECK_RESULTS, GPU_CHECK_RUN = "benchmarks/results", ", GPT-2 batch, evals and checkpoints"
+
+
+def _gpu_check_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
+    """The committed GPU check's MFU for GPT-2 124M on this card (benchmarks/results): its row of 100 steps at
+    GPT-2's batch, the nearest it has to the run being planned. Other sizes and cards: None."""
+    if size != "gpt2":
+        return None
+    for path in sorted((root / GPU_CHECK_RESULTS).glob("gpu_check*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not _same_device(str(data.get("device", "")), device):
+            continue
+        for row in data.get("rows", []):
+            if str(row.get("name", "")).endswith(GPU_CHECK_RUN) and row.get("mfu") and "failed" not in row:
+                return row["mfu"], (f"measured by the GPU check on an {data['device']}, {data.get('date', '')}: "
+                                    f"{row['name']} ({GPU_CHECK_RESULTS}/{path.name})")
+    return None
 
 
 def _same_device(name: str, device: Device) -> bool:
