@@ -21,11 +21,17 @@ from gpt2.train import describe, trainer
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao")
 
 
-@needs_torchao
-@pytest.mark.parametrize("scaling", ["tensorwise", "rowwise"])
-def test_fp8_trains_close_to_bf16_and_keeps_the_checkpoint_layout(tokens, tmp_path, scaling):
+BLOCK_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+@pytest.mark.parametrize("scaling", [pytest.param("tensorwise", marks=needs_torchao),
+                                     pytest.param("rowwise", marks=needs_torchao), "rowwise_fwd_dgrad"])
+def test_fp8_trains_close_to_bf16_and_keeps_the_checkpoint_layout(tokens, tmp_path, scaling, monkeypatch):
     """Emulated FP8 in the blocks' linear layers: the losses follow bf16's to FP8's precision, and the
-    checkpoint loads into the plain model (the weights stay bf16/fp32 tensors of the same names)."""
+    checkpoint loads into the plain model (the weights stay bf16/fp32 tensors of the same names). Our own
+    recipe runs without torchao."""
+    if scaling == fp8.OWN_RECIPE:
+        monkeypatch.setitem(sys.modules, "torchao.float8", None)
     runs = {}
     for setting in ("off", scaling):
         runs[setting] = trainer.train(micro_params(dtype="bf16", fp8=setting, max_steps=8), tokens,
@@ -43,8 +49,7 @@ def test_fp8_trains_close_to_bf16_and_keeps_the_checkpoint_layout(tokens, tmp_pa
 def test_fp8_converts_the_blocks_linear_layers_only():
     model = GPT(gpt_config("tiny", {}, 50257, True, "flash"))
     names = fp8.convert(model, "tensorwise", torch.device("cpu"))
-    assert names == [f"transformer.h.{i}.{m}" for i in range(model.cfg.n_layer)
-                     for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+    assert names == [f"transformer.h.{i}.{m}" for i in range(model.cfg.n_layer) for m in BLOCK_LINEARS]
     assert type(model.lm_head) is torch.nn.Linear and model.lm_head.weight is model.transformer.wte.weight
     assert fp8.convert(GPT(gpt_config("tiny", {}, 50257, True, "flash")), "off", torch.device("cpu")) == []
     layer, x = model.get_submodule(names[0]), torch.randn(4, model.cfg.n_embd)
@@ -98,25 +103,12 @@ def test_rowwise_fwd_dgrad_rounds_two_matmuls_to_fp8_and_leaves_the_weight_gradi
         assert torch.equal(low(x), plain(x))
 
 
-def test_rowwise_fwd_dgrad_trains_close_to_bf16_without_torchao(tokens, tmp_path, monkeypatch):
-    """The recipe needs no torchao; it converts the same layers as torchao's, keeps the checkpoint's layout, and
-    is refused where its matmuls cannot write their bf16 results."""
-    monkeypatch.setitem(sys.modules, "torchao.float8", None)
-    runs = {}
-    for setting in ("off", "rowwise_fwd_dgrad"):
-        runs[setting] = trainer.train(micro_params(dtype="bf16", fp8=setting, max_steps=8), tokens,
-                                      tmp_path / setting / "c.pt", tmp_path / setting)
-    bf16, low = runs["off"], runs["rowwise_fwd_dgrad"]
-    assert low["runtime"]["fp8"] == "rowwise_fwd_dgrad (8 layers)"
-    assert low["val"]["loss"] == pytest.approx(bf16["val"]["loss"], rel=0.02) and low["val"]["loss"] != \
-        bf16["val"]["loss"]
-    state = torch.load(tmp_path / "rowwise_fwd_dgrad" / "c.pt", weights_only=False)["model"]
-    plain = GPT(gpt_config("tiny", {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}, 50257, True, "flash"))
-    plain.load_state_dict(state)
+def test_rowwise_fwd_dgrad_converts_torchaos_layers_and_is_refused_where_it_cannot_write_bf16(tokens):
+    """The recipe converts the same layers as torchao's, and is refused where its matmuls cannot write their bf16
+    results."""
     model = GPT(gpt_config("tiny", {}, 50257, True, "flash"))
     assert fp8.convert(model, "rowwise_fwd_dgrad", torch.device("cpu")) == [
-        f"transformer.h.{i}.{m}" for i in range(model.cfg.n_layer)
-        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+        f"transformer.h.{i}.{m}" for i in range(model.cfg.n_layer) for m in BLOCK_LINEARS]
     with pytest.raises(UserError, match=r"rowwise_fwd_dgrad writes its matmuls' results in bf16 and this run "
                                          r"computes in fp32; set train.dtype: bf16"):
         trainer.build(micro_params(fp8="rowwise_fwd_dgrad"), tokens)
