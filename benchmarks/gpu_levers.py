@@ -44,22 +44,24 @@ def mlp() -> torch.nn.Module:
 
 def fp8_mlp() -> None:
     """Each FP8 recipe against bf16, eager and compiled: torchao's (where it is installed) and ours."""
-    from gpt2.model.fp8 import RowwiseFp8Linear
+    import functools
 
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError:
-        print("torchao is not installed: its recipes are left out (pip install torchao)")
-        convert_to_float8_training = None
+    from gpt2.model.fp8 import RowwiseFp8Linear
 
     def ours(module: torch.nn.Module) -> None:
         for layer in (module[0], module[2]):
             layer.__class__ = RowwiseFp8Linear
 
-    recipes = {"rowwise_fwd_dgrad (ours)": ours}
-    if convert_to_float8_training is not None:
-        recipes = {name: (lambda m, name=name: convert_to_float8_training(
-            m, config=Float8LinearConfig.from_recipe_name(name))) for name in ("tensorwise", "rowwise")} | recipes
+    recipes = {}
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        for name in ("tensorwise", "rowwise"):
+            recipes[name] = functools.partial(convert_to_float8_training,
+                                              config=Float8LinearConfig.from_recipe_name(name))
+    except ImportError:
+        print("torchao is not installed: its recipes are left out (pip install torchao)")
+    recipes["rowwise_fwd_dgrad (ours)"] = ours
     for recipe, convert in recipes.items():
         for compiled in (False, True):
             low, ref = mlp(), mlp()
