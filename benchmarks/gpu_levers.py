@@ -1,22 +1,28 @@
-"""The optional GPU levers alone, before a training uses them: FP8's matmuls on GPT-2 124M's shapes, FP8 on its MLP
-(torchao's recipes and ours), and Liger's fused linear + cross-entropy on its LM head, each against bf16
+"""The optional GPU levers alone, before a training uses them: FP8's matmuls on GPT-2 124M's shapes, the attention
+kernels, FP8 on its MLP (torchao's recipes and ours), and Liger's fused linear + cross-entropy on its LM head
 (docs/benchmarks.md, "GPT-2 124M on one H100").
 
     pip install torchao liger-kernel   # optional, or carried as wheels to a box without network (docs/gpu.md)
     python3 benchmarks/gpu_levers.py                 # every part
-    python3 benchmarks/gpu_levers.py gemms fp8-mlp   # some: gemms, fp8-mlp, liger
+    python3 benchmarks/gpu_levers.py gemms fp8-mlp   # some: gemms, attention, fp8-mlp, liger
 
 CUDA only. ``gemms`` times each of GPT-2 124M's matmul shapes (64 × 1024 positions) in bf16 and in FP8 with
-one scale per tensor and one per row: what FP8 can buy before its casts. ``fp8-mlp``: the MLP sees 16 × 1024
-tokens of width 768 (3072 inside), forward and backward under bf16 autocast, eager and compiled, FP8 with
-torchao's tensorwise and rowwise scaling and with ours (``train.fp8: rowwise_fwd_dgrad``). ``liger``: the loss
-sees 16 × 1024 bf16 hidden states against the 50,304-row head, Liger's against ``F.cross_entropy`` on the whole
-logits (time and peak memory). Each figure is the mean of 10 calls after one warm-up, timed with CUDA events.
+one scale per tensor and one per row: what FP8 can buy before its casts. ``attention``: every attention kernel
+this box has (SDPA's flash, cuDNN and memory-efficient backends, FlashAttention-3 and -4 where a package
+provides them, FlexAttention compiled) on GPT-2 124M's causal attention at 64 × 1024 positions, forward and
+backward, each checked against the math backend. ``fp8-mlp``: the MLP sees 16 × 1024 tokens of width 768
+(3072 inside), forward and backward under bf16 autocast, eager and compiled, FP8 with torchao's tensorwise and
+rowwise scaling and with ours (``train.fp8: rowwise_fwd_dgrad``). ``liger``: the loss sees 16 × 1024 bf16
+hidden states against the 50,304-row head, Liger's against ``F.cross_entropy`` on the whole logits (time and
+peak memory). Each figure is the mean of 10 calls after one warm-up, timed with CUDA events.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -25,8 +31,14 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project, run as copied (no install)
 
 
-def bench(fn, reps: int = 10) -> float:
+def bench(fn, reps: int = 10, device: str = "cuda") -> float:
+    """Milliseconds per call: CUDA events on a GPU, the host's clock elsewhere (the CPU smoke test)."""
     fn()
+    if device != "cuda":
+        started = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - started) * 1000 / reps
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -37,6 +49,90 @@ def bench(fn, reps: int = 10) -> float:
     return start.elapsed_time(end) / reps
 
 
+def attention(device: str = "cuda", batch: int = 64, heads: int = 12, seq: int = 1024, head_dim: int = 64) -> None:
+    """The attention's share of the step is the kernel's rate at this shape: causal, d = 64, T = 1024, q, k and v
+    views of the packed qkv projection as the model makes them. One row per kernel: forward alone, the backward
+    (forward and backward, less the forward), and how far its output and input gradient are from the math
+    backend's. FLOPs as the profile counts them: 2·B·H·T²·d forward (the causal half of four matmul-passes' worth),
+    2.5 times that backward."""
+    from torch.nn.attention import SDPBackend
+
+    qkv = torch.randn(batch, seq, 3, heads, head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
+    grad_out = torch.randn(batch, heads, seq, head_dim, device=device, dtype=torch.bfloat16)
+    forward_flop = 2 * batch * heads * seq * seq * head_dim
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    kernels = {"math (reference)": (sdpa, SDPBackend.MATH), "flash (SDPA)": (sdpa, SDPBackend.FLASH_ATTENTION),
+               "cuDNN (SDPA)": (sdpa, SDPBackend.CUDNN_ATTENTION),
+               "memory-efficient (SDPA)": (sdpa, SDPBackend.EFFICIENT_ATTENTION),
+               "FA3 (SDPA's flash backend)": (sdpa, "FA3"), "FA4 (SDPA's flash backend)": (sdpa, "FA4"),
+               "FlexAttention (compiled)": (flex(q, k, v), None)}
+
+    def gradient(run):
+        qkv.grad = None
+        run().backward(grad_out)
+        return qkv.grad
+
+    with kernel(SDPBackend.MATH):
+        with torch.no_grad():
+            reference = sdpa()
+        reference_grad = gradient(sdpa).clone()
+    print(f"| kernel (B {batch}, H {heads}, T {seq}, d {head_dim}, causal, bf16) | forward ms (TFLOP/s) | "
+          "backward ms (TFLOP/s) | max abs diff: output, input gradient |")
+    print("|---|---|---|---|")
+    for name, (run, backend) in kernels.items():
+        try:
+            with kernel(backend):
+                with torch.no_grad():
+                    diff = (run() - reference).abs().max().item()
+                    fwd = bench(run, device=device)
+                grad_diff = (gradient(run) - reference_grad).abs().max().item()
+                bwd = bench(lambda: gradient(run), device=device) - fwd
+        except Exception as exc:  # a kernel this box or this shape lacks: say which and why
+            print(f"| {name} | unavailable: {str(exc).strip().splitlines()[0][:100]} | | |", flush=True)
+            continue
+        rates = forward_flop / fwd / 1e9, 2.5 * forward_flop / bwd / 1e9
+        print(f"| {name} | {fwd:.3f} ({rates[0]:.0f}) | {bwd:.3f} ({rates[1]:.0f}) | {diff:.4f}, {grad_diff:.4f} |",
+              flush=True)
+
+
+@contextlib.contextmanager
+def kernel(backend):
+    """SDPA restricted to one backend; "FA3" or "FA4": FlashAttention's Hopper or Blackwell kernels put behind the
+    flash backend by torch's registry (torch 2.13 has it; the package that brings the kernels is separate)."""
+    from torch.nn import attention
+
+    if backend is None:
+        yield
+    elif isinstance(backend, str):
+        if not hasattr(attention, "activate_flash_attention_impl"):
+            raise RuntimeError(f"torch {torch.__version__} has no registry of FlashAttention implementations")
+        attention.activate_flash_attention_impl(backend)
+        try:
+            with attention.sdpa_kernel([attention.SDPBackend.FLASH_ATTENTION]):
+                yield
+        finally:
+            attention.restore_flash_attention_impl()
+    else:
+        with attention.sdpa_kernel([backend]):
+            yield
+
+
+def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """FlexAttention's Triton kernels, generated by compile for a causal block mask."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def causal(batch, head, query, key):
+        return query >= key
+
+    mask = create_block_mask(causal, None, None, q.size(2), k.size(2), device=q.device.type)
+    compiled = torch.compile(flex_attention)
+    return lambda: compiled(q, k, v, block_mask=mask)
+
+
 def mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(768, 3072), torch.nn.GELU(approximate="tanh"),
                                torch.nn.Linear(3072, 768)).cuda()
@@ -44,8 +140,6 @@ def mlp() -> torch.nn.Module:
 
 def fp8_mlp() -> None:
     """Each FP8 recipe against bf16, eager and compiled: torchao's (where it is installed) and ours."""
-    import functools
-
     from gpt2.model.fp8 import RowwiseFp8Linear
 
     def ours(module: torch.nn.Module) -> None:
@@ -149,7 +243,7 @@ def fp8_gemms() -> None:
         print(f"| {name}: {m:,} × {k:,} × {n:,} | " + " | ".join(cells) + " |", flush=True)
 
 
-PARTS = {"gemms": fp8_gemms, "fp8-mlp": fp8_mlp, "liger": liger_head}
+PARTS = {"gemms": fp8_gemms, "attention": attention, "fp8-mlp": fp8_mlp, "liger": liger_head}
 
 
 def main() -> None:

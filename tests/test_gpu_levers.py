@@ -1,0 +1,20 @@
+"""benchmarks/gpu_levers.py's attention table, run on a CPU at a small shape: a GPU session spends no device time
+finding out that the script breaks."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import gpu_levers  # noqa: E402
+
+
+def test_the_attention_table_checks_every_kernel_against_math_and_names_what_is_missing(capsys):
+    gpu_levers.attention("cpu", batch=1, heads=2, seq=64, head_dim=16)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert list(rows) == ["math (reference)", "flash (SDPA)", "cuDNN (SDPA)", "memory-efficient (SDPA)",
+                          "FA3 (SDPA's flash backend)", "FA4 (SDPA's flash backend)", "FlexAttention (compiled)"]
+    output_diff, gradient_diff = (float(x) for x in rows["flash (SDPA)"].split(" | ")[-1].rstrip(" |").split(", "))
+    assert 0 < output_diff < 0.05 and 0 < gradient_diff < 0.1  # another kernel than math's, and a right one
+    assert "unavailable: " in rows["cuDNN (SDPA)"]  # a CPU has no cuDNN: the row says so and the table goes on
+    assert "unavailable: FlexAttention does not support backward on CPU" in rows["FlexAttention (compiled)"]
