@@ -84,7 +84,7 @@ def test_rowwise_fwd_dgrad_rounds_two_matmuls_to_fp8_and_leaves_the_weight_gradi
     plain = torch.nn.Linear(128, 256)
     low = torch.nn.Linear(128, 256)
     low.load_state_dict(plain.state_dict())
-    low.__class__ = fp8.RowwiseFp8Linear
+    fp8.to_own_recipe(low, torch.device("cpu"))
     x = torch.randn(2, 32, 128) * torch.logspace(-2, 2, 32)[:, None]  # rows of every magnitude: one scale each
     upstream = torch.randn(2, 32, 256, dtype=torch.bfloat16)
     outputs = {}
@@ -101,6 +101,35 @@ def test_rowwise_fwd_dgrad_rounds_two_matmuls_to_fp8_and_leaves_the_weight_gradi
     assert torch.equal(dw, dw_ref) and torch.equal(db, db_ref) and dw.dtype == torch.float32
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):  # evaluation: the plain layer, bit for bit
         assert torch.equal(low(x), plain(x))
+
+
+def test_rowwise_fwd_dgrad_emulated_where_the_cpus_fp8_matmul_has_no_row_scales(monkeypatch):
+    """torch 2.11's CPU ``_scaled_mm`` takes one scale per tensor only: there the layer multiplies the same e4m3
+    values in fp32, and matches the FP8 kernel (2.13's oneDNN) to bf16's rounding of the output."""
+    has_row_scales = fp8.cpu_has_rowwise_matmul()
+    monkeypatch.setattr(fp8, "cpu_has_rowwise_matmul", lambda: False)
+    torch.manual_seed(0)
+    layers = {}
+    for emulated in (False, True):
+        layers[emulated] = layer = torch.nn.Linear(64, 128)
+        if emulated:
+            layer.load_state_dict(layers[False].state_dict())
+        fp8.to_own_recipe(layer, torch.device("cpu"))
+        layer.emulated = emulated
+    fp8.to_own_recipe(model := torch.nn.Linear(64, 128), torch.device("cpu"))
+    assert model.emulated  # what a CPU without row scales converts to
+    if not has_row_scales:
+        pytest.skip("this torch's CPU FP8 matmul has no row scales to compare the emulation with")
+    x, upstream = torch.randn(32, 64), torch.randn(32, 128, dtype=torch.bfloat16)
+    results = []
+    for layer in layers.values():
+        xin = x.clone().requires_grad_()
+        with torch.autocast("cpu", torch.bfloat16):
+            y = layer(xin)
+        y.backward(upstream)
+        results.append((y.float(), xin.grad))
+    for got, want in zip(results[1], results[0]):
+        assert (got - want).norm() < 0.01 * want.norm()
 
 
 def test_rowwise_fwd_dgrad_converts_torchaos_layers_and_is_refused_where_it_cannot_write_bf16(tokens):
@@ -196,7 +225,7 @@ def test_rowwise_fwd_dgrad_compiles_in_one_graph_to_eagers_numbers():
     width = 64
     ln, up, down = torch.nn.LayerNorm(width), torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
     for layer in (up, down):
-        layer.__class__ = fp8.RowwiseFp8Linear
+        fp8.to_own_recipe(layer, torch.device("cpu"))
     h = torch.randn(2, 32, width)
 
     def step(fn):

@@ -29,6 +29,7 @@ FP8, at a loss of speed. That is what the tests train with.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import torch.nn as nn
@@ -61,7 +62,7 @@ def convert(model: nn.Module, scaling: str, device: torch.device, dtype: str = "
         converted = [name for name, module in model.named_modules() if type(module) is nn.Linear
                      and fp8_sized(module, name)]
         for name in converted:
-            model.get_submodule(name).__class__ = RowwiseFp8Linear
+            to_own_recipe(model.get_submodule(name), device)
         return converted
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -178,6 +179,34 @@ def rowwise(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (t.float() * scale).clamp(-largest, largest).to(E4M3).contiguous(), scale.reciprocal()
 
 
+def to_own_recipe(layer: nn.Linear, device: torch.device) -> None:
+    """Make ``layer`` (in place, parameters untouched) a ``RowwiseFp8Linear`` running on ``device``."""
+    layer.__class__ = RowwiseFp8Linear
+    layer.emulated = device.type == "cpu" and not cpu_has_rowwise_matmul()
+
+
+@functools.cache
+def cpu_has_rowwise_matmul() -> bool:
+    """Whether this torch's ``_scaled_mm`` on a CPU takes one scale per row (2.13's does, through oneDNN; 2.11's
+    takes one per tensor only)."""
+    a = torch.ones(16, 16).to(E4M3)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except RuntimeError:
+        return False
+    return True
+
+
+def rowwise_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+               out_dtype: torch.dtype, emulated: bool, fast_accum: bool = False) -> torch.Tensor:
+    """``(a · scale_a) @ (b · scale_b)`` for e4m3 ``a`` (M, K) row-major and ``b`` (K, N) column-major, ``scale_a``
+    (M, 1), ``scale_b`` (1, N). ``emulated``: the same products of e4m3 values in fp32 (exact) and fp32 sums, where
+    the CPU's ``_scaled_mm`` has no per-row scales."""
+    if emulated:
+        return ((a.float() * scale_a) @ (b.float() * scale_b)).to(out_dtype)
+    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype, use_fast_accum=fast_accum)
+
+
 class RowwiseFp8Matmul(torch.autograd.Function):
     """``x @ weight.T`` with the forward's and the input gradient's matmuls in FP8 (e4m3, one scale per row of
     each operand), the weight's gradient a matmul in ``x``'s dtype. ``torch._scaled_mm`` takes its first
@@ -186,31 +215,33 @@ class RowwiseFp8Matmul(torch.autograd.Function):
     for the input gradient."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, emulated: bool) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
+        ctx.emulated = emulated
         x8, x_scale = rowwise(x)
         w8, w_scale = rowwise(weight)
-        return torch._scaled_mm(x8, w8.t(), scale_a=x_scale, scale_b=w_scale.t(), out_dtype=x.dtype,
-                                use_fast_accum=True)
+        return rowwise_mm(x8, w8.t(), x_scale, w_scale.t(), x.dtype, emulated, fast_accum=True)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
         x, weight = ctx.saved_tensors
         g8, g_scale = rowwise(grad)
         wt8, wt_scale = rowwise(weight.t())
-        grad_x = torch._scaled_mm(g8, wt8.t(), scale_a=g_scale, scale_b=wt_scale.t(), out_dtype=grad.dtype)
-        return grad_x, (grad.t() @ x).to(weight.dtype)
+        grad_x = rowwise_mm(g8, wt8.t(), g_scale, wt_scale.t(), grad.dtype, ctx.emulated)
+        return grad_x, (grad.t() @ x).to(weight.dtype), None
 
 
 class RowwiseFp8Training(nn.Linear):
     """An ``nn.Linear`` (the same parameters under the same names) whose matmuls run as ``RowwiseFp8Matmul`` in
     bf16, as ``train.fp8: rowwise_fwd_dgrad`` asks; the bias is added in bf16, where compile fuses it into the
-    next kernel."""
+    next kernel. ``emulated``: FP8's products in fp32 matmuls (a CPU whose ``_scaled_mm`` lacks per-row scales)."""
+
+    emulated = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):
             rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-            y = RowwiseFp8Matmul.apply(rows, self.weight).view(*x.shape[:-1], self.out_features)
+            y = RowwiseFp8Matmul.apply(rows, self.weight, self.emulated).view(*x.shape[:-1], self.out_features)
             return y if self.bias is None else y + self.bias.to(torch.bfloat16)
 
 
