@@ -191,8 +191,10 @@ def saved(s, step, metrics=None, model_config=None, weights=None, **train):
 
     from gpt2.core.config import to_dict
 
+    from gpt2.core.provenance import training_code_digest
+
     return {"step": step, "total_steps": s.total_steps, "metrics": metrics,
-            "model": weights or {"w": torch.zeros(2)}, "data": s.data_identity,
+            "model": weights or {"w": torch.zeros(2)}, "data": s.data_identity, "code": training_code_digest(),
             "model_config": model_config or dataclasses.asdict(s.model_cfg),
             "params": {"model": to_dict(s.params.model), "train": {**to_dict(s.params.train), **train}}}
 
@@ -243,6 +245,31 @@ def test_rules_a_finished_run_is_reused_only_with_the_same_params(tmp_path, on_d
     assert resume.load_for_resume(on_disk(older), s)["metrics"]  # trained as their defaults do: reused
     older["params"]["train"]["lr"] = 0.5
     assert resume.load_for_resume(on_disk(older), s) is None
+
+
+def test_rules_a_finished_run_is_reused_only_by_the_code_that_trained_it(tmp_path, on_disk, monkeypatch, capsys):
+    """DVC reruns the train stage when the training code changed: the finished model of the old code is kept, and
+    a new run trains (it was reused, and dvc.lock then named new code for the old model). An unfinished run
+    resumes across a change (a fix to a long run), and says that it does."""
+    from gpt2.train import resume
+
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    s = fake_run()
+    other = saved(s, 12, metrics={"steps": 12})
+    other["code"] = "0" * 32
+    assert resume.load_for_resume(on_disk(other), s) is None
+    err = capsys.readouterr().err
+    assert ("was a finished run (12 steps) trained by other code (the training code in gpt2/ changed since); "
+            "starting a new run; a change that trains the same (a refactor, a comment) keeps the model if "
+            "`dvc commit train -f` runs before `dvc repro`") in err
+    assert len(list(tmp_path.glob("ckpt.*.pt"))) == 1  # kept beside, not overwritten
+    del other["code"]  # written before checkpoints recorded their code
+    assert resume.load_for_resume(on_disk(other), s) is None
+    unfinished = saved(s, 3)
+    unfinished["code"] = "0" * 32
+    assert resume.load_for_resume(on_disk(unfinished), s)["step"] == 3
+    assert "resuming a run begun by other code (the training code in gpt2/ changed since): the steps from 3 on run " \
+           "this code" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("change, refused", [

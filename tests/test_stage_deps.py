@@ -167,3 +167,12 @@ def test_the_stages_write_where_the_commands_read_by_default():
     assert all(p.startswith(paths.EVAL_REPORTS + "/") for p in written("evaluate"))
     assert {paths.TRAIN_METRICS, paths.TRAIN_SUMMARY} <= written("train") and paths.EVAL_METRICS in written("evaluate")
     assert paths.VAL_CURVE.rsplit("/", 1)[0] in written("train")  # the plots folder the grid reads val.tsv from
+
+
+def test_a_checkpoint_records_the_digest_of_the_code_the_train_stage_depends_on():
+    """A finished checkpoint is reused only by the code that trained it (gpt2/core/provenance.py): that code is
+    what DVC reruns the train stage for, no more and no less."""
+    from gpt2.core.provenance import TRAINING_CODE
+
+    assert sorted(f"{PACKAGE}/{part}" for part in TRAINING_CODE) == sorted(
+        dep for dep in code_deps(STAGES["train"]) if dep.startswith(f"{PACKAGE}/"))

@@ -10,6 +10,7 @@ behind any run.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -18,6 +19,22 @@ from typing import Any
 import yaml
 
 PYPI_PROJECT = "https://pypi.org/project/{name}/{version}/"
+
+# The package's parts whose code trains a model: the train stage's code deps in dvc.yaml (tests/test_stage_deps.py
+# checks that the two agree)
+TRAINING_CODE = ("__init__.py", "core", "model", "run", "train")
+
+
+@functools.cache
+def training_code_digest() -> str:
+    """The MD5 of the training code's Python files (paths and contents). A checkpoint records it: a finished run is
+    reused only by the code that trained it, as DVC reruns the train stage when that code changes."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.md5()
+    for part in TRAINING_CODE:
+        for path in [package / part] if part.endswith(".py") else sorted((package / part).rglob("*.py")):
+            digest.update(f"{path.relative_to(package).as_posix()}\0".encode() + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def file_md5(path: str | Path) -> str:

@@ -1,14 +1,16 @@
 """Which checkpoint a run continues from (``start``), and the rules that keep a resumed run the same run.
 
 - No checkpoint, or ``train.resume: never``: a fresh start.
-- A finished run of exactly these params and data: nothing trains; its reports are rebuilt from it.
-- A finished run of other params or data, or no checkpoint: the interrupted run of these params kept
+- A finished run of exactly these params and data, trained by this code: nothing trains; its reports are
+  rebuilt from it.
+- A finished run of other params, data or code, or no checkpoint: the interrupted run of these params kept
   in ``.dvc/tmp/gpt2-interrupted/`` continues if there is one (``dvc exp run`` puts its baseline's
   checkpoint back before it runs), else a fresh start (said so). A checkpoint a new run would
   overwrite is kept first (``keep_replaced``), unless DVC's cache holds it.
 - An unfinished run: it continues, unless the model, the data or the optimizer changed, which is
   refused (the weights would not fit, would go on learning other text, or the optimizer's state
-  would belong to another algorithm). Other changed train settings are allowed, listed, and apply
+  would belong to another algorithm). Changed code is allowed and said (a fix resumes a long run).
+  Other changed train settings are allowed, listed, and apply
   from the resumed step: the optimizer keeps its state (moments, step counts) and takes the
   configured hyperparameters (learning rates, weight decay, betas, Muon's momentum, fused or not).
 """
@@ -28,6 +30,7 @@ import torch
 from gpt2.core import log
 from gpt2.core.config import REUSABLE_TRAIN_FIELDS, ModelParams, TrainConfig, to_dict
 from gpt2.core.errors import UserError
+from gpt2.core.provenance import training_code_digest
 from gpt2.run import checkpoint
 from gpt2.train import sharded
 from gpt2.train.build import Setup
@@ -36,6 +39,8 @@ from gpt2.train.interrupted import interrupted_dir, kept_interrupted, tidy_inter
 from gpt2.train.reports import write_reports
 
 logger = log.get("train")
+
+CODE_CHANGED = "trained by other code (the training code in gpt2/ changed since)"
 
 # Model fields that do not change the weights' shapes or meaning: a checkpoint may resume across them.
 RESUMABLE_MODEL_FIELDS = {"attention", "dropout"}
@@ -89,11 +94,11 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
         return None
     state = checkpoint.load(path) if path.exists() else None
     if state is None or state.get("metrics") is not None or state["step"] >= (state["total_steps"] or math.inf):
-        if state is not None and same_run(state, s) and state.get("metrics") is not None:
-            return state  # finished with these params and data: its reports are rebuilt, nothing retrains
+        why = None if state is None else other_run(state, s)
+        if state is not None and why is None and state.get("metrics") is not None:
+            return state  # finished with these params and data by this code: its reports are rebuilt, nothing retrains
         kept = kept_interrupted(s)
-        why = None if state is None else ("of other params or data" if not same_run(state, s)
-                                          else "written before checkpoints kept their summary")
+        why = why or "written before checkpoints kept their summary"
         finished = None if state is None else f"a finished run ({state['step']} steps) {why}"
         if finished is not None and s.dist.main:  # this run's first save would overwrite it
             keep_replaced(path, finished)
@@ -105,7 +110,9 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
         elif state is None:
             return None
         else:
-            logger.info(f"train: {path} was {finished}; starting a new run")
+            hint = ("; a change that trains the same (a refactor, a comment) keeps the model if "
+                    "`dvc commit train -f` runs before `dvc repro`" if why == CODE_CHANGED else "")
+            logger.info(f"train: {path} was {finished}; starting a new run{hint}")
             return None
     bad = checkpoint.non_finite(checkpoint.clean_state_dict(state["model"]))
     if bad:  # its first step would diverge at once, whatever the learning rate
@@ -131,6 +138,9 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
                         f"finish it, or train.resume: never to start over (the file is then kept, not overwritten)")
     for key, (old, new) in changed_settings(state, s).items():
         logger.info(f"train: resuming with train.{key} changed: {old} → {new} (applies from step {state['step']})")
+    if state.get("code") != training_code_digest():
+        logger.info(f"train: resuming a run begun by other code (the training code in gpt2/ changed since): the "
+                    f"steps from {state['step']} on run this code")
     return state
 
 
@@ -164,15 +174,19 @@ def changed_settings(state: dict[str, Any], s: Setup) -> dict[str, tuple[Any, An
             if key in now and _normal(was) != _normal(now[key])}
 
 
-def same_run(state: dict[str, Any], s: Setup) -> bool:
-    """Whether a checkpoint was trained with exactly these model and train params, on this data. A key that a
-    checkpoint from an older version lacks is a switch added since, and it trained as that switch's default does:
-    a new switch left at its default still reuses the finished run."""
+def other_run(state: dict[str, Any], s: Setup) -> str | None:
+    """How a checkpoint's run differs from this one (None: the same run): other model or train params, other data,
+    or other training code (a checkpoint from before checkpoints recorded their code counts as other code). A key
+    that a checkpoint's params lack is a switch added since, and it trained as that switch's default does."""
     model = {**to_dict(ModelParams()), **state["params"]["model"]}
     train = {k: _normal(v) for k, v in to_dict(s.params.train).items() if k not in REUSABLE_TRAIN_FIELDS}
     saved = {k: _normal(v) for k, v in {**to_dict(TrainConfig()), **state["params"]["train"]}.items()
              if k not in REUSABLE_TRAIN_FIELDS}
-    return model == to_dict(s.params.model) and saved == train and state["data"] == s.data_identity
+    if model != to_dict(s.params.model) or saved != train or state["data"] != s.data_identity:
+        return "of other params or data"
+    if state.get("code") != training_code_digest():
+        return CODE_CHANGED
+    return None
 
 
 def _normal(value: Any) -> Any:

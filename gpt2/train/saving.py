@@ -18,6 +18,7 @@ from typing import Any
 
 from gpt2.core.config import to_dict
 from gpt2.core.errors import Diverged, UserError
+from gpt2.core.provenance import training_code_digest
 from gpt2.run import checkpoint
 from gpt2.run.tracking import Tracker
 from gpt2.train import distributed, sharded
@@ -134,6 +135,7 @@ def state(s: Setup, step: int, history: History, run_id: str | None, rngs: list[
         "model_config": dataclasses.asdict(s.model_cfg),
         "params": {"model": to_dict(s.params.model), "train": to_dict(s.params.train)},
         "data": s.data_identity,
+        "code": training_code_digest(),  # a finished run is reused only by the code that trained it
         "history": dataclasses.asdict(history),
         "mlflow_run_id": run_id,
     }
