@@ -10,7 +10,7 @@ import signal
 import pytest
 from conftest import micro_params
 
-from gpt2.run import tracking
+from gpt2.run import checkpoint, tracking
 from gpt2.train import trainer
 from gpt2.train.trainer import TrainingInterrupted, train
 
@@ -133,6 +133,9 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     assert model.tags["checkpoint_md5"] == md5 and model.tags["data_dvc_hash"] == "test"
     assert model.tags["dvc_cache_file"] == f".dvc/cache/files/md5/{md5[:2]}/{md5[2:]}"
     assert model.tags["get_weights"] == "dvc exp apply my-exp" and "git_commit" in model.tags
+    # the code that trained it, as the checkpoint records it: a commit does not name uncommitted changes
+    assert model.tags["training_code_md5"] == run.data.tags["training_code_md5"] == checkpoint.load(
+        tmp_path / "ckpt.pt")["code"]
     assert model.tags["mlflow.note.content"].startswith("The weights are not in MLflow: `dvc exp apply my-exp` brings")
     assert model.tags["mlflow.user"] == "Ada L"  # the page's "Created by", as the run's
     assert model.params["train.lr"] == "0.005" and model.params["train.max_steps"] == "6"  # what made the weights

@@ -70,6 +70,7 @@ def model_tags(ckpt_path: str | Path, hashes: dict[str, str], dataset: dict[str,
     md5 = hashes["checkpoint_md5"]
     return {**hashes, "data_dvc_hash": dataset.get("digest"), "data_name": dataset.get("name"),
             "data_digest_from": (dataset.get("profile") or {}).get("digest_from"), "git_commit": commit,
+            "training_code_md5": training_code_digest(),  # the code itself, whatever the working tree held
             "dvc_exp_name": exp_name, "checkpoint_path": Path(ckpt_path).as_posix(),
             "weights": "in DVC's cache, not in MLflow",
             "get_weights": f"dvc exp apply {exp_name}" if exp_name else None,

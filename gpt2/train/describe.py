@@ -17,7 +17,7 @@ import torch
 
 from gpt2.core import log
 from gpt2.core.config import Params, TrainConfig, to_dict
-from gpt2.core.provenance import checkpoint_hashes, describe_tokens, model_tags
+from gpt2.core.provenance import checkpoint_hashes, describe_tokens, model_tags, training_code_digest
 from gpt2.run.device import sdpa_backend
 from gpt2.run.tracking import MlflowTracker, Tracker, experiment_run_name, flatten, git_commit
 from gpt2.train.build import Setup
@@ -54,7 +54,8 @@ def open_tracker(s: Setup, start: Start, ckpt_path: Path, report_dir: Path | Non
     if start.run_id is not None and isinstance(tracker, MlflowTracker):  # figures an earlier session could not send
         catch_up(tracker, dataclasses.asdict(start.history))
     tracker.log_params(tracked_params(params))
-    tracker.set_tags({"git_commit": git_commit(), "dvc_exp_name": os.environ.get("DVC_EXP_NAME"),
+    tracker.set_tags({"git_commit": git_commit(), "training_code_md5": training_code_digest(),
+                      "dvc_exp_name": os.environ.get("DVC_EXP_NAME"),
                       "device": s.runtime.device_name, "torch_version": torch.__version__, **info})
     if start.changes is not None:  # MLflow keeps a run's first params: each resume records what it changed
         tracker.set_tags({f"resume.step_{start.step}": "; ".join(f"train.{k}: {old} → {new}" for k, (old, new)
