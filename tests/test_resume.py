@@ -47,6 +47,15 @@ def test_a_new_run_never_overwrites_a_finished_model(tmp_path, tokens, capsys, m
     cached.parent.mkdir(parents=True)
     cached.write_bytes(moved.read_bytes())
     assert resume.keep_replaced(moved, "a run") is None and moved.is_file()  # DVC has it: nothing copied
+    # a cache that `dvc cache dir` put outside the project (a team's shared cache) holds it too
+    shared = tmp_path / "shared-cache"
+    (project / ".dvc/config").write_text(f"[cache]\n    dir = {shared}\n")
+    kept_again = resume.keep_replaced(moved, "a run")
+    assert kept_again is not None and kept_again.is_file()  # not in the shared cache yet: kept
+    in_shared = shared / "files/md5" / md5[:2] / md5[2:]
+    in_shared.parent.mkdir(parents=True)
+    in_shared.write_bytes(kept_again.read_bytes())
+    assert resume.keep_replaced(kept_again, "a run") is None and kept_again.is_file()
 
 
 def test_finished_checkpoint_of_the_same_params_rebuilds_the_reports_without_training(tmp_path, tokens, capsys,

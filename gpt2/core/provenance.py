@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from gpt2.core import paths
+
 PYPI_PROJECT = "https://pypi.org/project/{name}/{version}/"
 
 # The package's parts whose code trains a model: the train stage's code deps in dvc.yaml (tests/test_stage_deps.py
@@ -74,12 +76,35 @@ def model_tags(ckpt_path: str | Path, hashes: dict[str, str], dataset: dict[str,
             "dvc_exp_name": exp_name, "checkpoint_path": Path(ckpt_path).as_posix(),
             "weights": "in DVC's cache, not in MLflow",
             "get_weights": f"dvc exp apply {exp_name}" if exp_name else None,
-            "dvc_cache_file": dvc_cache_file(md5)}
+            "dvc_cache_file": shown(dvc_cache_file(md5))}
 
 
-def dvc_cache_file(md5: str) -> str:
-    """Where DVC 3 keeps a file of this MD5, relative to the project root."""
-    return f".dvc/cache/files/md5/{md5[:2]}/{md5[2:]}"
+def dvc_cache_file(md5: str, root: str | Path | None = None) -> Path:
+    """Where DVC 3 keeps a file of this MD5 for the project at ``root`` (the tracking root: ``DVC_ROOT`` under
+    DVC): in its cache, which ``dvc cache dir`` may have put outside the project (a cache shared by a team)."""
+    project = Path(root or paths.tracking_root()).resolve()
+    return dvc_cache_md5_dir(project) / md5[:2] / md5[2:]
+
+
+def dvc_cache_md5_dir(project: Path) -> Path:
+    """The folder of DVC 3's file cache, as DVC reads it from the project's, the user's and the system's config;
+    the default one where DVC is not installed (the GPU box)."""
+    default = project / ".dvc/cache"
+    try:
+        from dvc.config import Config, ConfigError
+    except ImportError:
+        return default / "files/md5"
+    try:
+        cache = Path(Config(dvc_dir=str(project / ".dvc"))["cache"].get("dir") or default)
+    except ConfigError:
+        cache = default
+    return cache / "files/md5"
+
+
+def shown(path: Path, root: str | Path | None = None) -> str:
+    """``path`` relative to the project when it lies inside it, else absolute."""
+    project = Path(root or paths.tracking_root()).resolve()
+    return path.relative_to(project).as_posix() if path.is_relative_to(project) else path.as_posix()
 
 
 def dvc_hash(path: str | Path, root: str | Path) -> str | None:

@@ -153,7 +153,7 @@ def keep_replaced(path: Path, what: str) -> Path | None:
     md5 = file_md5(path)
     folder = interrupted_dir()
     if folder is not None:
-        cached = Path(os.environ["DVC_ROOT"]) / dvc_cache_file(md5)
+        cached = dvc_cache_file(md5, os.environ["DVC_ROOT"])
         if cached.is_file():
             logger.info(f"train: {path} holds {what}; DVC's cache keeps it ({cached}), this run replaces it here")
             return None
