@@ -30,7 +30,7 @@ import torch
 from gpt2.core import log
 from gpt2.core.config import REUSABLE_TRAIN_FIELDS, ModelParams, TrainConfig, to_dict
 from gpt2.core.errors import UserError
-from gpt2.core.provenance import training_code_digest
+from gpt2.core.provenance import dvc_cache_file, file_md5, training_code_digest
 from gpt2.run import checkpoint
 from gpt2.train import sharded
 from gpt2.train.build import Setup
@@ -148,8 +148,6 @@ def keep_replaced(path: Path, what: str) -> Path | None:
     """A new run is about to overwrite the checkpoint at ``path``: keep it, unless DVC's cache holds it already
     (``dvc exp apply`` or ``dvc checkout`` brings it back). Under DVC it moves to ``.dvc/tmp/gpt2-kept/``
     (beside the stage's output folder, whose hash it would change); outside, beside itself, named by its MD5."""
-    from gpt2.core.provenance import dvc_cache_file, file_md5
-
     md5 = file_md5(path)
     folder = interrupted_dir()
     if folder is not None:
