@@ -270,7 +270,8 @@ def test_rules_a_finished_run_is_reused_only_by_the_code_that_trained_it(tmp_pat
     err = capsys.readouterr().err
     assert ("was a finished run (12 steps) trained by other code (the training code in gpt2/ changed since); "
             "starting a new run; a change that trains the same (a refactor, a comment) keeps the model if "
-            "`dvc commit train -f` runs before `dvc repro`") in err
+            "`dvc commit train -f` runs before `dvc repro` (to get it back now, stop this run: docs/training.md, "
+            "\"Checkpoints and resume\", says how)") in err
     assert len(list(tmp_path.glob("ckpt.*.pt"))) == 1  # kept beside, not overwritten
     del other["code"]  # written before checkpoints recorded their code
     assert resume.load_for_resume(on_disk(other), s) is None

@@ -111,7 +111,8 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
             return None
         else:
             hint = ("; a change that trains the same (a refactor, a comment) keeps the model if "
-                    "`dvc commit train -f` runs before `dvc repro`" if why == CODE_CHANGED else "")
+                    "`dvc commit train -f` runs before `dvc repro` (to get it back now, stop this run: "
+                    "docs/training.md, \"Checkpoints and resume\", says how)" if why == CODE_CHANGED else "")
             logger.info(f"train: {path} was {finished}; starting a new run{hint}")
             return None
     bad = checkpoint.non_finite(checkpoint.clean_state_dict(state["model"]))
