@@ -216,18 +216,18 @@ GEMMS = {
 }
 
 
-def fp8_gemms() -> None:
+def fp8_gemms(device: str = "cuda", shapes: dict[str, tuple[int, int, int]] = GEMMS) -> None:
     """Each shape's matmul in bf16 (cuBLAS) and from e4m3 operands with one scale per tensor (cuBLAS) and one per
     row (CUTLASS's rowwise kernel), fast accumulation on, bf16 out: the ceiling of what each FP8 recipe can buy
     before its casts."""
     e4m3 = torch.float8_e4m3fn
     print("| shape (M × K × N) | bf16 ms (TFLOP/s) | FP8 tensorwise | FP8 rowwise |")
     print("|---|---|---|---|")
-    for name, (m, k, n) in GEMMS.items():
-        a, b = torch.randn(m, k, device="cuda").to(torch.bfloat16), torch.randn(n, k, device="cuda").to(torch.bfloat16)
+    for name, (m, k, n) in shapes.items():
+        a, b = (torch.randn(rows, k, device=device).to(torch.bfloat16) for rows in (m, n))
         a8, b8 = a.to(e4m3), b.to(e4m3)
-        one = torch.ones((), device="cuda")
-        rows, cols = torch.ones(m, 1, device="cuda"), torch.ones(1, n, device="cuda")
+        one = torch.ones((), device=device)
+        rows, cols = torch.ones(m, 1, device=device), torch.ones(1, n, device=device)
         flop = 2 * m * k * n
         cells = []
         for call in (lambda: a @ b.t(),
@@ -236,7 +236,7 @@ def fp8_gemms() -> None:
                      lambda: torch._scaled_mm(a8, b8.t(), scale_a=rows, scale_b=cols, out_dtype=torch.bfloat16,
                                               use_fast_accum=True)):
             try:
-                ms = bench(call)
+                ms = bench(call, device=device)
                 cells.append(f"{ms:.3f} ({flop / ms / 1e9:.0f})")
             except RuntimeError as exc:
                 cells.append(f"failed: {str(exc).splitlines()[0][:80]}")
