@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +19,8 @@ from gpt2.run.device import resolve
 from gpt2.train import describe, loader, trainer
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.optim import build_optimizers
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def setup(tokens, **train):
@@ -197,6 +204,33 @@ def test_compile_caches_are_set_for_a_compiled_run_and_restored():
     assert settings() == before
 
 
+CAPPED_COMPILE = """
+import torch
+from gpt2.model.fp8 import rowwise
+from gpt2.run.compiled import compile_caches
+x = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+with compile_caches(compile=True, cache=True):
+    compiled = torch.compile(rowwise)(x)
+print(all(torch.equal(c.view(torch.uint8) if c.dtype == torch.float8_e4m3fn else c, e.view(torch.uint8)
+                      if e.dtype == torch.float8_e4m3fn else e) for c, e in zip(compiled, rowwise(x))))
+"""
+
+
+@pytest.mark.slow
+def test_a_run_capped_to_avx2_and_one_without_never_share_compiled_cpu_code(tmp_path):
+    """Inductor's cache key leaves ATEN_CPU_CAPABILITY out: a graph cached under the AVX2 cap (docs/benchmarks.md's
+    emulation) and reused without it was compiled for wider vectors and wrote past its buffers (a crash), and the
+    other way round gave wrong values. Three runs on one cache, capped, uncapped, capped: each computes eager's
+    numbers."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    for capped in (True, False, True):
+        run_env = {**env, "ATEN_CPU_CAPABILITY": "avx2"} if capped else env
+        done = subprocess.run([sys.executable, "-c", CAPPED_COMPILE], env=run_env, capture_output=True, text=True,
+                              cwd=ROOT, timeout=120)  # a corrupted heap can hang the process
+        assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr[-2000:]
+
+
 def test_graph_breaks_and_recompilations_are_counted():
     from gpt2.run.compiled import CompileWatch, flag
 
@@ -276,8 +310,6 @@ def test_keep_host_memory_switch_sets_the_allocator_only_when_on(monkeypatch):
 
 
 def test_keep_host_memory_really_reaches_glibc():
-    import sys
-
     from gpt2.run.device import keep_freed_memory
 
     assert keep_freed_memory() is sys.platform.startswith("linux")

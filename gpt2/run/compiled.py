@@ -13,6 +13,7 @@ compilation count); ``TORCH_LOGS=graph_breaks,recompiles`` prints where and why.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -41,6 +42,12 @@ def compile_caches(compile: bool, cache: bool) -> Iterator[None]:
     the graph that the cache key hashes, so it is allowed here.
     Off, every run pays a cold compile: the figure to compare when compile's own cost matters
     (time to a target counts the warm-up). Nothing happens without ``compile``.
+
+    A run whose vector instructions are capped (``ATEN_CPU_CAPABILITY``, as docs/benchmarks.md does to
+    emulate an AVX2 CPU) keeps its caches in a folder of its own. Inductor's cache key leaves the cap
+    out, and its CPU code is written for one vector width: a graph cached under ``avx2`` and reused
+    without the cap is compiled for AVX-512's wider vectors and writes past its buffers (torch 2.13
+    and 2.14: heap corruption, or wrong values the other way round).
     """
     with ExitStack() as stack:
         if compile:
@@ -50,6 +57,10 @@ def compile_caches(compile: bool, cache: bool) -> Iterator[None]:
             stack.enter_context(inductor_config.patch(fx_graph_cache=cache))
             stack.enter_context(functorch_config.patch(enable_autograd_cache=cache,
                                                        autograd_cache_allow_custom_autograd_functions=cache))
+            if cache and (capability := os.environ.get("ATEN_CPU_CAPABILITY")):
+                from torch._inductor.runtime.cache_dir_utils import cache_dir, temporary_cache_dir
+
+                stack.enter_context(temporary_cache_dir(os.path.join(cache_dir(), f"capped_{capability}")))
         yield
 
 
