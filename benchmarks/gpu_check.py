@@ -593,10 +593,8 @@ class Check:
                 gain = 100 * (result["tokens_per_s"] / baseline["tokens_per_s"] - 1)
                 result["note"] = f"{gain:+.1f}% tokens/s vs all switches" + apart(result, baseline)
         self.report.save()
-        winners = self.winning_levers(base)
-        if len(winners) > 1:  # each won alone: together they are our side's best, measured as one row
-            name, config = self.combined(base, winners)
-            step(name, self.measure, name, config)
+        if together := self.winners_together(base):  # each won alone: together they are our side's best
+            step(together[0], self.measure, *together)
 
     def gain(self, r: dict[str, Any]) -> float | None:
         """Row ``r``'s tokens/s over every switch's on the card that measured ``r`` (None without that row)."""
@@ -616,11 +614,13 @@ class Check:
                 winners.append((name, change))
         return winners
 
-    @staticmethod
-    def combined(base: dict[str, Any], levers: list[tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
-        """The row of every switch with ``levers`` on together: its name (the levers in LEVERS' order) and its
-        configuration."""
-        ordered = [(name, change) for name, change in LEVERS if (name, change) in levers]
+    def winners_together(self, base: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+        """The row of every switch with the winning levers on together, where more than one won: its name (the levers
+        in LEVERS' order) and its configuration."""
+        winners = self.winning_levers(base)
+        if len(winners) < 2:
+            return None
+        ordered = [(name, change) for name, change in LEVERS if (name, change) in winners]
         config = dict(base)
         for _, change in ordered:
             config.update(change)
@@ -649,9 +649,8 @@ class Check:
         """The measured rows of every switch, of each lever on top of it and of the levers that won together, each
         with its configuration."""
         named = [("all switches", base)] + [(f"all switches {name}", {**base, **change}) for name, change in LEVERS]
-        winners = self.winning_levers(base)
-        if len(winners) > 1:
-            named.append(self.combined(base, winners))
+        if together := self.winners_together(base):
+            named.append(together)
         return [(r, config) for name, config in named
                 for r in [self.report.row(name)] if r is not None and "failed" not in r]
 

@@ -98,8 +98,8 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
         if state is not None and why is None and state.get("metrics") is not None:
             return state  # finished with these params and data by this code: its reports are rebuilt, nothing retrains
         kept = kept_interrupted(s)
-        why = why or "written before checkpoints kept their summary"
-        finished = None if state is None else f"a finished run ({state['step']} steps) {why}"
+        finished = None if state is None else (f"a finished run ({state['step']} steps) "
+                                               f"{why or 'written before checkpoints kept their summary'}")
         if finished is not None and s.dist.main:  # this run's first save would overwrite it
             keep_replaced(path, finished)
         if kept is not None:  # `dvc exp run` put its baseline's checkpoint back in place of the interrupted one
