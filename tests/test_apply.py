@@ -37,11 +37,20 @@ def test_each_line_keeps_its_comment_and_the_file_reads_as_the_changes(committed
     assert "-  compile: false          # torch.compile the model" in done
     assert "+  compile: true           # torch.compile the model" in done  # the comment stays in its column
     assert "train.compile=true: 1.30× the baseline's tokens/s, outside noise (reports/grid/c.md)" in done
-    assert "  min_lr: 2.0e-05" in after  # a dot before the exponent: YAML reads 2e-05 as text
+    assert "  min_lr: 2.0e-5 " in after  # as the line wrote it (1.0e-4), with the dot YAML needs (2e-5 is text)
     data, old = yaml.safe_load(after), yaml.safe_load(before)
     old["train"].update(compile=True, min_lr=2.0e-5)
     old["model"]["attention"] = "manual"
     assert data == old and len(after.splitlines()) == len(before.splitlines())
+
+
+def test_a_float_is_written_as_the_value_it_replaces_was():
+    text = "train:\n  lr: 1.0e-3   # peak\n  seed: 0.5\n  grad_clip: 1e+2\n"
+    assert "  lr: 3.0e-3   # peak\n" in set_line(text, "train.lr", 0.003)  # the diff shows one figure changed
+    assert "  lr: 6.0e-4   # peak\n" in set_line(text, "train.lr", 6.0e-4)
+    assert "  seed: 0.25\n" in set_line(text, "train.seed", 0.25)
+    assert "  grad_clip: 2.5e+2\n" in set_line(text, "train.grad_clip", 250.0)  # YAML reads 2.5e2 as text
+    assert yaml.safe_load(set_line(text, "train.grad_clip", 250.0))["train"]["grad_clip"] == 250.0
 
 
 def test_nothing_to_apply_changes_nothing_and_says_why(committed):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 import subprocess
 from dataclasses import dataclass
@@ -82,7 +83,7 @@ def set_line(text: str, key: str, value: Any) -> str:
         match = pattern.match(lines[i])
         if match:
             indent, gap, old, comment, newline = match.groups()
-            shown = _scalar(value)
+            shown = _scalar(value, like=old)
             if comment:  # keep the comments' column where the new value leaves room
                 comment = " " * max(1, len(old) + len(comment) - len(comment.lstrip()) - len(shown)) + comment.lstrip()
             lines[i] = f"{indent}{name}:{gap or ' '}{shown}{comment or ''}{newline or chr(10)}"
@@ -100,8 +101,13 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip()) if line.strip() else 10**6
 
 
-def _scalar(value: Any) -> str:
-    """A value as params.yaml writes it: floats with a dot before the exponent (YAML reads 1e-05 as text)."""
+def _scalar(value: Any, like: str = "") -> str:
+    """A value as params.yaml writes it: floats with a dot before the exponent (YAML reads 1e-05 as text), and in
+    the exponent form where the value it replaces (``like``) was written so (``3.0e-3`` for ``1.0e-3``)."""
+    if isinstance(value, float) and math.isfinite(value) and value and re.fullmatch(r"[-+]?\d+\.?\d*e[-+]?\d+", like):
+        text = next(s for digits in range(1, 18) if float(s := f"{value:.{digits}e}") == value)
+        mantissa, _, exponent = text.partition("e")
+        return f"{mantissa.rstrip('0')}{'0' * mantissa.endswith('.0')}e{int(exponent):+d}"
     if isinstance(value, float):
         text = repr(value)
         mantissa, e, exponent = text.partition("e")
