@@ -157,6 +157,16 @@ def test_the_plot_marks_a_rung_slower_than_the_one_above_though_its_cumulative_b
     assert bar_style(ladder.Row(1, "r", {}, 0, [])) == ("tab:gray", "")  # not run: the plot says why instead
 
 
+def test_a_cpu_gemm_rung_after_compile_is_read_as_no_effect(tmp_path):
+    """A compiled step runs Inductor's matmuls whatever train.cpu_gemm says: the rung must not pass for a gain."""
+    spec = load(tmp_path, "baseline: {compile: true, cpu_gemm: blas}\nrungs:\n"
+                          "  - {name: onednn, set: {cpu_gemm: onednn}}\nprofiles: {cpu: {repeats: 1}}\n")
+    p = ladder.resolve(spec, PARAMS, "cpu")
+    cpu = {"device": "cpu", "dtype": "fp32", "tf32": False, "cpu_gemm": "inductor", "device_name": "x"}
+    rows = ladder.analyse(spec, p, [[fake_run(p, 0, 100.0, cpu)], [fake_run(p, 1, 95.0, cpu)]])
+    assert rows[1].effect == "no effect on this device" and rows[1].ran == "cpu_gemm=onednn → inductor"
+
+
 def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
     spec = load(tmp_path, "baseline: {tf32: false, model.pad_vocab: false, grad_accum_steps: 1}\nrungs:\n"
                           "  - {name: tf32, set: {tf32: true}}\n  - {name: pad, set: {model.pad_vocab: true}}\n"

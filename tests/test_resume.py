@@ -29,8 +29,9 @@ def test_a_new_run_never_overwrites_a_finished_model(tmp_path, tokens, capsys, m
     run(tmp_path, tokens, micro_params(max_steps=4, lr=1.0e-3))
     err = capsys.readouterr().err
     kept = ckpt.parent / f"ckpt.{first[:12]}.pt"
-    assert "was a finished run (4 steps) of other params or data; starting a new run" in err
-    assert f"held a finished run (4 steps) of other params or data; kept as {kept}" in err
+    said = [line for line in err.splitlines() if "was a finished run" in line]  # what, where and why: one line
+    assert len(said) == 1 and (f"was a finished run (4 steps) of other params or data; kept as {kept} (" in said[0]
+                               and said[0].endswith("delete it once you no longer need it; starting a new run"))
     assert file_md5(kept) == first and checkpoint.load(kept)["params"]["train"]["lr"] == 1.0e-2
     assert checkpoint.load(ckpt)["params"]["train"]["lr"] == 1.0e-3
     second = file_md5(ckpt)
@@ -40,22 +41,23 @@ def test_a_new_run_never_overwrites_a_finished_model(tmp_path, tokens, capsys, m
     project = tmp_path / "project"
     (project / ".dvc").mkdir(parents=True)
     monkeypatch.setenv("DVC_ROOT", str(project))
-    moved = resume.keep_replaced(ckpt, "a run")
+    moved, where = resume.keep_replaced(ckpt)
     assert moved is not None and moved.parent == project / ".dvc/tmp/gpt2-kept" and not ckpt.exists()
+    assert where.startswith(f"kept as {moved} (") and where.endswith("delete it once you no longer need it")
     md5 = file_md5(moved)
     cached = project / ".dvc/cache/files/md5" / md5[:2] / md5[2:]
     cached.parent.mkdir(parents=True)
     cached.write_bytes(moved.read_bytes())
-    assert resume.keep_replaced(moved, "a run") is None and moved.is_file()  # DVC has it: nothing copied
+    assert resume.keep_replaced(moved) == (None, f"DVC's cache keeps it ({cached})") and moved.is_file()
     # a cache that `dvc cache dir` put outside the project (a team's shared cache) holds it too
     shared = tmp_path / "shared-cache"
     (project / ".dvc/config").write_text(f"[cache]\n    dir = {shared}\n")
-    kept_again = resume.keep_replaced(moved, "a run")
+    kept_again, _ = resume.keep_replaced(moved)
     assert kept_again is not None and kept_again.is_file()  # not in the shared cache yet: kept
     in_shared = shared / "files/md5" / md5[:2] / md5[2:]
     in_shared.parent.mkdir(parents=True)
     in_shared.write_bytes(kept_again.read_bytes())
-    assert resume.keep_replaced(kept_again, "a run") is None and kept_again.is_file()
+    assert resume.keep_replaced(kept_again)[0] is None and kept_again.is_file()
 
 
 def test_finished_checkpoint_of_the_same_params_rebuilds_the_reports_without_training(tmp_path, tokens, capsys,
@@ -268,10 +270,11 @@ def test_rules_a_finished_run_is_reused_only_by_the_code_that_trained_it(tmp_pat
     other["code"] = "0" * 32
     assert resume.load_for_resume(on_disk(other), s) is None
     err = capsys.readouterr().err
-    assert ("was a finished run (12 steps) trained by other code (the training code in gpt2/ changed since); "
-            "starting a new run; a change that trains the same (a refactor, a comment) keeps the model if "
-            "`dvc commit train -f` runs before `dvc repro` (to get it back now, stop this run: docs/training.md, "
-            "\"Checkpoints and resume\", says how)") in err
+    assert "was a finished run (12 steps) trained by other code (the training code in gpt2/ changed since); kept as" \
+        in err
+    assert ("delete it once you no longer need it; starting a new run; a change that trains the same (a refactor, "
+            "a comment) keeps the model if `dvc commit train -f` runs before `dvc repro` (to get it back now, stop "
+            "this run: docs/training.md, \"Checkpoints and resume\", says how)") in err
     assert len(list(tmp_path.glob("ckpt.*.pt"))) == 1  # kept beside, not overwritten
     del other["code"]  # written before checkpoints recorded their code
     assert resume.load_for_resume(on_disk(other), s) is None

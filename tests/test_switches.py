@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -94,7 +95,16 @@ def test_tf32_switch_sets_matmul_precision_and_is_declared_inert_on_cpu():
         assert not torch.backends.cuda.matmul.allow_tf32
     else:
         assert not runtime.tf32 and torch.get_float32_matmul_precision() == "highest"
-        assert any("tf32 is inert" in w for w in runtime.warnings)
+
+
+def test_a_cpu_run_names_its_cpu_model_not_its_architecture(monkeypatch):
+    """The name a run records (MLflow's device tag, the ladder's header) tells two CPUs apart."""
+    from gpt2.core import cpu
+
+    monkeypatch.setattr(cpu, "cpu_info", lambda field: {"model name": "AMD EPYC 7B13"}.get(field, ""))
+    assert resolve(TrainConfig(device="cpu")).device_name == "AMD EPYC 7B13"
+    monkeypatch.setattr(cpu, "cpu_info", lambda field: "")  # no /proc/cpuinfo (macOS): the architecture
+    assert resolve(TrainConfig(device="cpu")).device_name in (platform.processor(), platform.machine())
 
 
 def test_fused_adamw_switch_selects_the_fused_kernel(tokens):
@@ -288,9 +298,14 @@ def test_grad_clip_switch_clips_the_update(tokens, monkeypatch):
 def test_requested_inert_switches_are_warned(tokens):
     if torch.cuda.is_available():
         pytest.skip("CPU-only check")
-    warnings = describe.inert_switch_warnings(setup(tokens, compile_mode="max-autotune", compile_tuning=True))
-    text = " ".join(warnings)
-    assert "tf32 is inert" in text and "compile_mode max-autotune is inert" in text
+    s = setup(tokens, compile_mode="max-autotune", compile_tuning=True)
+    text = " ".join(describe.inert_switch_warnings(s))
+    assert "compile_mode max-autotune is inert" in text
+    # the defaults meant for a GPU are said once, in one line, not warned in every default run
+    assert "tf32" not in text and "pinned" not in text
+    assert describe.inert_defaults(s) == ["train.tf32 (TF32 is a CUDA matmul mode)", "the pinned memory and "
+                                          "non_blocking copies of train.batching vectorized (CUDA's)"]
+    assert describe.inert_defaults(setup(tokens, tf32=False, batching="loop")) == []
     assert "compile_tuning is inert: it tunes the compiled Triton kernels of a CUDA run, and train.compile is false" \
         in text
     assert "MFU is not reported" not in text  # a CPU's peak is measured (gpt2/run/peak.py)
@@ -383,3 +398,17 @@ def test_cpu_gemm_switch_changes_the_head_s_and_the_blocks_kernels(tokens):
     # the head's three, and each block's four linear layers (the blocks' gradients come in backward)
     assert onednn_calls == {"blas": 0, "onednn": 3 + 4 * layers}
     assert keys["onednn"] == keys["blas"]  # the same checkpoint either way
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
+def test_a_run_says_cpu_gemm_onednn_is_inert_where_the_step_is_compiled(tokens):
+    """oneDNN's path runs eager fp32 code only: a compiled step runs Inductor's matmuls, so the run must not
+    report oneDNN (the ladder would credit a rung that changed nothing) and a set onednn is warned inert."""
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only check")
+    compiled = setup(tokens, cpu_gemm="onednn", compile=True)
+    assert describe.what_runs(compiled)["cpu_gemm"] == "inductor"
+    assert any("train.cpu_gemm onednn is inert: the compiled step runs Inductor's matmuls" in w
+               for w in describe.inert_switch_warnings(compiled))
+    eager = setup(tokens, cpu_gemm="onednn")
+    assert not any("cpu_gemm" in w for w in describe.inert_switch_warnings(eager))

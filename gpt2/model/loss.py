@@ -31,6 +31,7 @@ import math
 
 import torch
 
+from gpt2.core.cpu import cpu_vendor
 from gpt2.core.errors import UserError
 from gpt2.model.fp8 import HeadFp8
 
@@ -289,20 +290,6 @@ def cpu_gemm(setting: str, device_type: str, key: str = "train.cpu_gemm") -> str
 def onednn_available() -> bool:
     """Whether this PyTorch build has oneDNN's fp32 linear kernel (``onednn_mm``)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-def cpu_vendor() -> str:
-    """The x86 vendor string (``GenuineIntel``, ``AuthenticAMD``) where /proc/cpuinfo says it, else ''."""
-    return cpu_info("vendor_id")
-
-
-def cpu_info(field: str) -> str:
-    """A field of /proc/cpuinfo's first CPU (``vendor_id``, ``model name``), '' where there is none (not Linux)."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            return next((line.split(":", 1)[1].strip() for line in info if line.split(":")[0].strip() == field), "")
-    except OSError:
-        return ""
 
 
 def liger_loss(device: torch.device):

@@ -64,3 +64,12 @@ def use(model: nn.Module, setting: str, device_type: str, key: str = "train.cpu_
     if gemm == "onednn":
         convert(model)
     model.logits_gemm = gemm
+
+
+def what_ran(gemm: str, device_type: str, compiled: bool, dtype: str) -> str:
+    """What ran a CPU's matmuls in training, where ``gemm`` is ``cpu_gemm``'s choice: oneDNN and BLAS are
+    chosen only for eager fp32 code, so a compiled step runs Inductor's choice (``inductor``) and a step under
+    autocast PyTorch's own kernels for its dtype (``aten``), whatever the setting."""
+    if device_type != "cpu":
+        return gemm
+    return "inductor" if compiled else gemm if dtype == "fp32" else "aten"

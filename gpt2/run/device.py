@@ -14,13 +14,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import platform
 import sys
 from dataclasses import dataclass, field
 
 import torch
 
 from gpt2.core.config import TrainConfig
+from gpt2.core.cpu import cpu_name
 from gpt2.core.errors import UserError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -70,8 +70,6 @@ def resolve(cfg: TrainConfig) -> Runtime:
     """The training runtime, with a warning for each train switch that is inert here."""
     runtime = runtime_for(cfg.device, cfg.dtype, tf32=cfg.tf32, keep_host_memory=cfg.keep_host_memory,
                           sdpa=cfg.sdpa_backend)
-    if cfg.tf32 and runtime.device.type != "cuda":
-        runtime.warnings.append("train.tf32 is inert on this device: TF32 is a CUDA (Ampere+) matmul mode")
     if cfg.fused_adamw and runtime.device.type == "mps":
         runtime.warnings.append("train.fused_adamw may be unsupported on mps; PyTorch falls back or errors")
     return runtime
@@ -91,7 +89,7 @@ def runtime_for(device: str, dtype: str, *, tf32: bool = True, keep_host_memory:
         torch.backends.cudnn.allow_tf32 = tf32
         name = torch.cuda.get_device_name(where)
     else:
-        name = platform.processor() or platform.machine() or where.type
+        name = cpu_name()
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
     kept = keep_host_memory and where.type == "cpu" and keep_freed_memory()
     if keep_host_memory and not kept:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from pathlib import Path
 import torch
 
 from gpt2.core.atomic import atomic_file, json_text
+from gpt2.core.cpu import cpu_name
 from gpt2.core.errors import UserError
 from gpt2.run.device import bf16_is_native
 
@@ -48,17 +48,6 @@ def cache_path() -> Path:
     return base / "gpt2-pipeline" / "matmul_peaks.json"
 
 
-def cpu_name() -> str:
-    """The CPU's model name as the kernel reports it (platform.processor() is often just the architecture)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 # Variables that cap the vector instructions PyTorch's, oneDNN's and MKL's kernels use (an AVX2 machine emulated on
 # an AVX-512 one): a peak measured without them is not the peak with them.
 ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
@@ -72,12 +61,10 @@ def isa_caps() -> str:
 def cpu_label() -> str:
     """This CPU as a benchmark's header names it: its model, the caps on its vector instructions in force, and the
     cores this process may use (fewer than the machine's where its affinity is limited, e.g. ``taskset``)."""
-    from gpt2.model.loss import cpu_info
-
     caps = isa_caps()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = f"{usable} cores" if usable == os.cpu_count() else f"{usable} of {os.cpu_count()} cores (affinity)"
-    return f"{cpu_info('model name') or cpu_name()}{f' ({caps})' if caps else ''}, {cores}"
+    return f"{cpu_name()}{f' ({caps})' if caps else ''}, {cores}"
 
 
 def machine_key(threads: int) -> str:

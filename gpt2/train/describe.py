@@ -18,6 +18,7 @@ import torch
 from gpt2.core import log
 from gpt2.core.config import Params, TrainConfig, to_dict
 from gpt2.core.provenance import checkpoint_hashes, describe_tokens, model_tags, training_code_digest
+from gpt2.model import onednn
 from gpt2.run.device import sdpa_backend
 from gpt2.run.tracking import MlflowTracker, Tracker, experiment_run_name, flatten, git_commit
 from gpt2.train.build import Setup
@@ -37,6 +38,8 @@ def announce(s: Setup) -> dict[str, Any]:
     if s.params.train.batch_tokens is not None:
         logger.info(f"train: batch of {s.tokens_per_step:,} tokens = micro-batch {s.batch.micro} × {s.seq_len} tokens "
                     f"× accumulation {s.batch.accum} × {s.dist.world} rank(s); micro-batch {s.batch.why}")
+    if inert_defaults(s):
+        logger.info(f"train: inert on {s.runtime.device.type}, at their defaults: " + "; ".join(inert_defaults(s)))
     for warning in inert_switch_warnings(s):
         logger.warning(warning)
     return info
@@ -105,7 +108,7 @@ def what_runs(s: Setup) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "deterministic": cfg.deterministic, "world_size": s.dist.world,
         "micro_batch_size": s.batch.micro, "grad_accum_steps": s.batch.accum, "loss_chunk": s.model.loss_chunk,
-        "loss_kernel": cfg.loss_kernel, "cpu_gemm": s.model.logits_gemm,
+        "loss_kernel": cfg.loss_kernel, "cpu_gemm": cpu_gemm_ran(s),
         "fp8": f"{cfg.fp8} ({len(s.fp8_layers)} layers)" if s.fp8_layers else "off", "fp8_head": s.model.fp8_head,
         **({"distributed": s.params.train.distributed} if s.dist.grouped else {}),
         "params": s.model.num_params(), "torch": str(torch.__version__), **s.init,
@@ -126,10 +129,25 @@ def run_name(s: Setup) -> str:
     return f"{s.params.model.size} {length} {' '.join(switches)} {time.strftime('%m-%d %H:%M')}"
 
 
+def cpu_gemm_ran(s: Setup) -> str:
+    return onednn.what_ran(s.model.logits_gemm, s.runtime.device.type, s.params.train.compile, s.runtime.dtype)
+
+
 CPU_MICRO_BATCHES_WARNING = 64  # micro-batches per step that make a CPU step last minutes
 
 
+def inert_defaults(s: Setup) -> list[str]:
+    """The defaults chosen for a GPU that do nothing on this device. They are said once, not warned: a warning
+    in every default run teaches a user to skip warnings."""
+    cfg, device = s.params.train, s.runtime.device.type
+    notes = ["train.tf32 (TF32 is a CUDA matmul mode)"] * (cfg.tf32 and device != "cuda")
+    notes += ["the pinned memory and non_blocking copies of train.batching vectorized (CUDA's)"] * (
+        cfg.batching == "vectorized" and device != "cuda")
+    return notes
+
+
 def inert_switch_warnings(s: Setup) -> list[str]:
+    """A warning for each switch set that does nothing here, and for settings that make a run other than it looks."""
     cfg, device = s.params.train, s.runtime.device.type
     warnings = list(s.runtime.warnings)
     if s.model_cfg.attention == "manual" and cfg.sdpa_backend != "auto":
@@ -153,8 +171,10 @@ def inert_switch_warnings(s: Setup) -> list[str]:
         warnings.append(f"train.compile_tuning is inert: train.compile_mode {cfg.compile_mode} tunes already")
     if cfg.compile and device != "cuda" and cfg.compile_mode in ("reduce-overhead",):
         warnings.append("train.compile_mode reduce-overhead uses CUDA graphs: inert on this device")
-    if device != "cuda" and cfg.batching == "vectorized":
-        warnings.append("pinned memory and non_blocking copies (part of batching: vectorized) are inert off CUDA")
+    if cfg.cpu_gemm == "onednn" and cpu_gemm_ran(s) != "onednn":
+        why = ("the compiled step runs Inductor's matmuls" if cfg.compile
+               else f"under {s.runtime.dtype} autocast PyTorch picks the matmul kernels")
+        warnings.append(f"train.cpu_gemm onednn is inert: {why} (oneDNN's path is for eager fp32 code)")
     micro_batches = s.batch.accum * s.dist.world
     if device != "cuda" and micro_batches >= CPU_MICRO_BATCHES_WARNING:
         warnings.append(f"one step is {micro_batches} micro-batches of {s.batch.micro} × {s.seq_len} tokens "

@@ -90,31 +90,28 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
     """The checkpoint to continue from, None for a fresh start, or a refusal (UserError)."""
     if s.params.train.resume == "never":
         if path.exists() and s.dist.main:
-            keep_replaced(path, "a run (train.resume: never starts afresh)")
+            say_replaced(path, "held a run", "train.resume: never starts afresh")
         return None
     state = checkpoint.load(path) if path.exists() else None
     if state is None or state.get("metrics") is not None or state["step"] >= (state["total_steps"] or math.inf):
         why = None if state is None else other_run(state, s)
         if state is not None and why is None and state.get("metrics") is not None:
             return state  # finished with these params and data by this code: its reports are rebuilt, nothing retrains
-        kept = kept_interrupted(s)
-        finished = None if state is None else (f"a finished run ({state['step']} steps) "
-                                               f"{why or 'written before checkpoints kept their summary'}")
-        if finished is not None and s.dist.main:  # this run's first save would overwrite it
-            keep_replaced(path, finished)
-        if kept is not None:  # `dvc exp run` put its baseline's checkpoint back in place of the interrupted one
-            logger.info(f"train: resuming the interrupted run of these params and data kept in {kept} "
-                        f"({path} {'held another run' if state is not None else 'is missing'})")
-            state, path = checkpoint.load(kept), kept
-            state["kept_from"] = str(kept)  # removed once the run finishes, or is kept again under its new settings
-        elif state is None:
-            return None
-        else:
+        kept = kept_interrupted(s)  # `dvc exp run` put its baseline's checkpoint back in place of the interrupted one
+        resuming = f"resuming the interrupted run of these params and data kept in {kept}"
+        if state is not None and s.dist.main:  # this run's first save would overwrite it
             hint = ("; a change that trains the same (a refactor, a comment) keeps the model if "
                     "`dvc commit train -f` runs before `dvc repro` (to get it back now, stop this run: "
                     "docs/training.md, \"Checkpoints and resume\", says how)" if why == CODE_CHANGED else "")
-            logger.info(f"train: {path} was {finished}; starting a new run{hint}")
+            say_replaced(path, f"was a finished run ({state['step']} steps) "
+                               f"{why or 'written before checkpoints kept their summary'}",
+                         resuming if kept is not None else f"starting a new run{hint}")
+        if kept is None:
             return None
+        if state is None:
+            logger.info(f"train: {resuming} ({path} is missing)")
+        state, path = checkpoint.load(kept), kept
+        state["kept_from"] = str(kept)  # removed once the run finishes, or is kept again under its new settings
     bad = checkpoint.non_finite(checkpoint.clean_state_dict(state["model"]))
     if bad:  # its first step would diverge at once, whatever the learning rate
         raise UserError(f"{path} holds NaN or inf weights ({len(bad)} tensors, {bad[0]} first): its run diverged or "
@@ -145,25 +142,31 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
     return state
 
 
-def keep_replaced(path: Path, what: str) -> Path | None:
+def say_replaced(path: Path, what: str, then: str) -> None:
+    """Keep the checkpoint a new run is about to overwrite (``keep_replaced``) and say, in one line, what it
+    held, where it is kept and what this run does instead."""
+    kept, where = keep_replaced(path)
+    (logger.info if kept is None else logger.warning)(f"train: {path} {what}; {where}; {then}")
+
+
+def keep_replaced(path: Path) -> tuple[Path | None, str]:
     """A new run is about to overwrite the checkpoint at ``path``: keep it, unless DVC's cache holds it already
     (``dvc exp apply`` or ``dvc checkout`` brings it back). Under DVC it moves to ``.dvc/tmp/gpt2-kept/``
-    (beside the stage's output folder, whose hash it would change); outside, beside itself, named by its MD5."""
+    (beside the stage's output folder, whose hash it would change); outside, beside itself, named by its MD5.
+    Returns where it was moved (None where DVC's cache has it) and a phrase that says where it is."""
     md5 = file_md5(path)
     folder = interrupted_dir()
     if folder is not None:
         cached = dvc_cache_file(md5, os.environ["DVC_ROOT"])
         if cached.is_file():
-            logger.info(f"train: {path} holds {what}; DVC's cache keeps it ({cached}), this run replaces it here")
-            return None
+            return None, f"DVC's cache keeps it ({cached})"
         target = folder.parent / "gpt2-kept" / f"{path.stem}.{md5[:12]}{path.suffix}"
     else:
         target = path.with_name(f"{path.stem}.{md5[:12]}{path.suffix}")
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(path, target)
-    logger.warning(f"train: {path} held {what}; kept as {target} ({target.stat().st_size / 1e6:,.0f} MB), "
-                   "not overwritten: delete it once you no longer need it")
-    return target
+    return target, (f"kept as {target} ({target.stat().st_size / 1e6:,.0f} MB), not overwritten: delete it once "
+                    "you no longer need it")
 
 
 def changed_settings(state: dict[str, Any], s: Setup) -> dict[str, tuple[Any, Any]]:

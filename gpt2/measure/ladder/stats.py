@@ -22,7 +22,7 @@ from gpt2.measure.ladder.spec import Ladder, Resolved, Rung, flat
 
 # A rung's change that the trainer resolves on the device: the key of what really ran in summary.json's "runtime".
 RESOLVED = {"dtype": "dtype", "tf32": "tf32", "keep_host_memory": "keep_host_memory",
-            "model.attention": "sdpa_backend"}
+            "model.attention": "sdpa_backend", "cpu_gemm": "cpu_gemm"}
 NO_EFFECT = "no effect on this device"
 CANNOT_SHOW = "not run: cannot show on this device"
 
