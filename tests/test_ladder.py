@@ -40,8 +40,8 @@ def test_each_rung_is_the_one_above_plus_its_change():
     trains = [s["train"] for s in p.sections]
     assert trains[0]["dtype"] == "fp32" and trains[0]["data_loading"] == "memmap" and not trains[0]["compile"]
     flat = [ladder.flat(s) for s in p.sections]  # train keys bare, model keys as model.<key>, as rungs name them
-    for i, rung in enumerate(spec.rungs[1:], 1):  # "above": the nearest rung above that runs on this device
-        above = flat[max(j for j in range(i) if not p.cannot_show[j])]
+    for i, rung in enumerate(spec.rungs[1:], 1):  # "above": the nearest rung above that runs here and carries
+        above = flat[max(j for j in range(i) if not p.cannot_show[j] and p.carried[j])]
         changed = {k for k in flat[i] if flat[i][k] != above[k]}
         assert changed == set(rung.changes), rung.name
     assert flat[8]["model.attention"] == "flash" and flat[7]["model.attention"] == "manual"
@@ -52,6 +52,48 @@ def test_each_rung_is_the_one_above_plus_its_change():
     assert {s["model"]["size"] for s in p.sections} == {"tiny"}
     assert p.sets[7]["train.compile"] is True and p.sets[7]["model.size"] == "tiny"
     assert trains[0]["cpu_gemm"] == "blas" and p.sets[6]["train.cpu_gemm"] == "onednn"
+
+
+def test_a_rung_measured_beside_the_ladder_does_not_reach_the_rungs_below(tmp_path):
+    """The levers are each tried alone on the same rung (Liger's loss and the FP8 head cannot even run
+    together), and compile, which loses on a CPU, is not carried there: the rungs below run eager."""
+    spec = ladder.load_ladder(ROOT / "ladder.yaml")
+    names = [r.name for r in spec.rungs]
+    cuda, cpu = ladder.resolve(spec, PARAMS, "cuda"), ladder.resolve(spec, PARAMS, "cpu")
+    head = ladder.flat(cuda.sections[names.index("fp8 head")])
+    assert head["fp8_head"] and head["loss_kernel"] == "torch" and head["fp8"] == "off"
+    after = ladder.flat(cuda.sections[names.index("grad accumulation")])
+    assert after["compile"] and (after["loss_kernel"], after["fp8"], after["fp8_head"]) == ("torch", "off", False)
+    assert after["compile_mode"] == "default" and not after["compile_tuning"]
+    assert ladder.flat(cpu.sections[names.index("compile")])["compile"]
+    assert not any(ladder.flat(s)["compile"] for s in cpu.sections[names.index("flash attention"):])
+    assert cpu.cannot_show[names.index("max-autotune")] == "train.compile is off"
+    spec = load(tmp_path, "baseline: {compile: false, fused_adamw: false}\nrungs:\n"
+                          "  - {name: compile, set: {compile: true}, carry: [cuda]}\n"
+                          "  - {name: fused, set: {fused_adamw: true}}\nprofiles: {cpu: {repeats: 1}}\n")
+    p = ladder.resolve(spec, PARAMS, "cpu")
+    cpu_runtime = {"device": "cpu", "dtype": "fp32", "tf32": False, "device_name": "x"}
+    rows = ladder.analyse(spec, p, [[fake_run(p, 0, 100.0, cpu_runtime)], [fake_run(p, 1, 150.0, cpu_runtime)],
+                                    [fake_run(p, 2, 80.0, cpu_runtime)]])
+    assert rows[1].beside and rows[1].previous == 0 and rows[1].vs_previous == pytest.approx(100 / 150)
+    assert not rows[2].beside and rows[2].previous == 0 and rows[2].vs_previous == pytest.approx(100 / 80)
+    text = ladder.table(rows, 12)
+    assert "beside the ladder: on rung 0, and the rungs below do not take it" in text
+    assert "on rung 0 (the rungs between are beside the ladder)" in text
+    # two levers that each win alone were never measured together: --apply takes the faster, and names the other
+    spec = load(tmp_path, "baseline: {fused_adamw: false, data_loading: memmap}\nrungs:\n"
+                          "  - {name: fused, set: {fused_adamw: true}, carry: false}\n"
+                          "  - {name: preload, set: {data_loading: preload}, carry: false}\n"
+                          "profiles: {cpu: {repeats: 2}}\n")
+    p = ladder.resolve(spec, PARAMS, "cpu")
+    runs = [[fake_run(p, i, ms, cpu_runtime), fake_run(p, i, ms + 1, cpu_runtime)]
+            for i, ms in enumerate((100, 50, 60))]
+    changes = ladder.stats.decide(ladder.analyse(spec, p, runs), p, None, "ladder.md")
+    assert [(c.key, c.value) for c in changes] == [("train.fused_adamw", True)]
+    assert "'preload' also won alone, not applied with it (never measured together)" in changes[0].why
+    with pytest.raises(UserError, match="carry must be true, false or a list of devices"):
+        load(tmp_path, "baseline: {}\nrungs:\n  - {name: c, set: {compile: true}, carry: [gpu]}\n"
+                       "profiles: {cpu: {}}\n")
 
 
 def test_the_default_ladder_builds_every_rung_that_runs_on_a_cpu(tmp_path):
@@ -74,7 +116,8 @@ def test_the_default_ladder_builds_every_rung_that_runs_on_a_cpu(tmp_path):
         assert section["train"]["sdpa_backend"] == "auto" and section["train"]["residual_stream"] == "fp32", rung.name
         assert section["train"]["fp8"] == "off" and section["train"]["loss_kernel"] == "torch", rung.name
         ran.append(rung.name)
-    assert ran[-3:] == ["max-autotune", "grad accumulation", "muon"]
+    assert ran[-3:] == ["fused adamw", "grad accumulation", "muon"]
+    assert ("compile" in ran) == bool(ladder.spec._cxx_compiler())  # measured beside the ladder on a CPU
 
 
 def test_profile_follows_the_device_and_the_overrides():
@@ -197,15 +240,16 @@ def test_rungs_a_device_cannot_show_are_known_before_running_and_not_run(tmp_pat
     names = [r.name for r in spec.rungs]
     cpu = dict(zip(names, ladder.resolve(spec, PARAMS, "cpu").cannot_show))
     assert cpu["tf32"] == "TF32 is a CUDA (Ampere+) matmul mode" and cpu["amp"].startswith("AMP's dtype auto is fp32")
-    assert cpu["cudnn attention"] == "cudnn attention is a CUDA kernel" and cpu["cuda graphs"] == (
-        "CUDA graphs exist on CUDA only") and cpu["bf16 residual"].startswith("the residual stream is bf16 only")
+    assert cpu["cudnn attention"] == "cudnn attention is a CUDA kernel"
+    assert cpu["cuda graphs"] == cpu["max-autotune"] == "train.compile is off"  # compile: beside the ladder here
+    assert cpu["bf16 residual"].startswith("the residual stream is bf16 only")
     assert cpu["fp8"].startswith("FP8 tensor cores are CUDA's") and cpu["liger loss"].endswith("CUDA only")
     assert cpu["fp8 head"].startswith("FP8 tensor cores are CUDA's (a CPU runs FP8 matmuls through oneDNN")
     assert cpu["fp8 rowwise"] == cpu["fp8"]
     assert cpu["kernel tuning"] in ("coordinate-descent tuning tunes Inductor's Triton kernels, CUDA's",
                                     "train.compile is off")
     unshown = {"tf32", "amp", "cudnn attention", "bf16 residual", "liger loss", "fp8", "fp8 rowwise", "fp8 head",
-               "kernel tuning", "cuda graphs"}
+               "kernel tuning", "max-autotune", "cuda graphs"}  # the last three: compile is beside the ladder here
     assert {n for n, why in cpu.items() if why} == unshown or not ladder.spec._cxx_compiler()
     cuda = dict(zip(names, ladder.resolve(spec, PARAMS, "cuda").cannot_show))
     missing = {name for name in ("torchao", "liger_kernel") if not ladder.spec._installed(name)}
@@ -219,7 +263,7 @@ def test_rungs_a_device_cannot_show_are_known_before_running_and_not_run(tmp_pat
             for i in range(len(names))]
     rows = ladder.analyse(spec, p, runs)
     assert rows[4].effect == "not run: cannot show on this device: TF32 is a CUDA (Ampere+) matmul mode"
-    assert rows[6].previous == 3  # compile is compared with the last rung that ran
+    assert rows[6].previous == 3  # oneDNN's rung is compared with the last rung that ran
     assert "| 4 | tf32 |  | not run |" in ladder.table(rows, 12)
     assert "Not run, as this device cannot show them: tf32 (TF32 is a CUDA" in ladder.noise_verdict(rows, 2)
 

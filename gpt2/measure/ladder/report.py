@@ -61,7 +61,7 @@ def table(rows: list[Row], steps: int, target: float | None = None, time_budget_
                  *([usd_shown(row.cost_usd), usd_shown(row.quality.cost_usd if row.quality else None)]
                    if priced else []),
                  "; ".join(filter(None, ["" if row.effect in ("acts", "baseline") else row.effect,
-                                         flag(row.runtime)]))]
+                                         built_on(row, rows), flag(row.runtime)]))]
         if target is not None:
             reached = row.time_s.shown(".1f") if row.time_s else ""
             if row.reached < row.runs:
@@ -70,6 +70,16 @@ def table(rows: list[Row], steps: int, target: float | None = None, time_budget_
                           f"{row.tokens_to_target:,.0f}" if row.tokens_to_target else ""]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def built_on(row: Row, rows: list[Row]) -> str:
+    """Where a rung's comparison is not with the row above it: a rung measured beside the ladder, or the first
+    rung below such rungs, which builds on the last rung that carries."""
+    if row.beside:
+        return f"beside the ladder: on rung {row.previous}, and the rungs below do not take it"
+    between = rows[row.previous + 1:row.index] if row.previous is not None else []
+    return f"on rung {row.previous} (the rungs between are beside the ladder)" if any(
+        r.beside and r.runs for r in between) else ""
 
 
 def describe(resolved: Resolved, rows: list[Row]) -> str:

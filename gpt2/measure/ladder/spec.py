@@ -16,10 +16,17 @@ from gpt2.core.errors import UserError
 EXP_PREFIX = "ladder-"
 
 
+DEVICES = ("cpu", "cuda", "mps")
+
+
 @dataclass(frozen=True)
 class Rung:
     name: str
     changes: dict[str, Any]  # train keys (and model.* keys) this rung sets; the baseline's are all of its settings
+    carry: tuple[str, ...] = DEVICES  # where the rungs below take its change; elsewhere it is measured beside them
+
+    def carries(self, device: str) -> bool:
+        return device in self.carry
 
     @property
     def slug(self) -> str:
@@ -59,6 +66,8 @@ class Resolved:
     sections: list[dict[str, dict[str, Any]]]  # per rung: normalized {"model": ..., "train": ...}
     sets: list[dict[str, Any]]  # per rung: dotted key -> value, for dvc exp run -S
     cannot_show: list[str | None] = dataclasses.field(default_factory=list)  # per rung: why it cannot act here
+    carried: list[bool] = dataclasses.field(default_factory=list)  # per rung: whether the rungs below build on it
+    # when it runs here (False: measured beside the ladder, ladder.yaml's carry)
 
 
 def load_ladder(path: str | Path) -> Ladder:
@@ -68,14 +77,14 @@ def load_ladder(path: str | Path) -> Ladder:
     baseline = _changes(data.get("baseline"), f"{where}: baseline")
     rungs = [Rung("baseline", baseline)]
     for i, item in enumerate(data.get("rungs") or []):
-        _keys(item, {"name", "set"}, f"{where}: rungs[{i}]")
+        _keys(item, {"name", "set", "carry"}, f"{where}: rungs[{i}]")
         name = item.get("name")
         if not isinstance(name, str) or not name.strip():
             raise UserError(f"{where}: rungs[{i}] needs a name")
         changes = _changes(item.get("set"), f"{where}: rung {name!r}")
         if not changes:
             raise UserError(f"{where}: rung {name!r} changes nothing; give it a `set` of train (or model.*) keys")
-        rungs.append(Rung(name, changes))
+        rungs.append(Rung(name, changes, _carry(item.get("carry", True), f"{where}: rung {name!r}")))
     slugs = [r.slug for r in rungs]
     if len(set(slugs)) != len(slugs):
         raise UserError(f"{where}: two rungs have the same name: {', '.join(slugs)}")
@@ -101,6 +110,16 @@ def _keys(data: Any, allowed: set[str], where: str) -> None:
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise UserError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _carry(value: Any, where: str) -> tuple[str, ...]:
+    """A rung's ``carry``: true (the default: every device), false (measured beside the ladder everywhere), or
+    the devices whose rungs below take its change."""
+    if value is True or value is False:
+        return DEVICES if value else ()
+    if isinstance(value, list) and all(device in DEVICES for device in value):
+        return tuple(value)
+    raise UserError(f"{where}: carry must be true, false or a list of devices ({', '.join(DEVICES)}), got {value!r}")
 
 
 def _changes(data: Any, where: str) -> dict[str, Any]:
@@ -149,8 +168,8 @@ def resolve(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str 
         fixed["eval_windows"] = (raw_params.get("train") or {}).get("eval_windows", TrainConfig.eval_windows)
     if mlflow is not None:
         fixed["mlflow"] = mlflow
-    sections, sets, unshown, carried = [], [], [], {}
-    for rung in ladder.rungs:
+    sections, sets, unshown, carries, carried, base = [], [], [], [], {}, None
+    for i, rung in enumerate(ladder.rungs):
         changes = {**carried, **rung.changes}
         train_set = {**fixed, **{k: v for k, v in changes.items() if not k.startswith("model.")}}
         rung_model = {**model_set,
@@ -164,16 +183,18 @@ def resolve(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str 
         except ParamError as exc:
             raise UserError(f"{where}: {str(exc).removeprefix('params: ')}") from None
         section = {"model": to_dict(model_cfg), "train": to_dict(train_cfg)}
-        # the rung above that runs here: a rung this device cannot show is not run, so its change
-        # (a CUDA-only kernel, say) must not reach the rungs below it either
-        above = next((s for s, why in zip(reversed(sections), reversed(unshown)) if not why), None)
-        unshown.append(cannot_show(rung, flat(above), flat(section), device) if above else None)
-        if not unshown[-1]:
-            carried = changes
+        # the rung this one builds on: the last above it that runs here and carries. A rung this device cannot
+        # show is not run, so its change (a CUDA-only kernel, say) must not reach the rungs below it either;
+        # nor does the change of a rung measured beside the ladder (`carry`: a lever tried alone)
+        unshown.append(cannot_show(rung, flat(sections[base]), flat(section), device) if base is not None else None)
+        carries.append(rung.carries(device))
+        if carries[-1] and not unshown[-1]:
+            carried, base = changes, i
         sections.append(section)
         sets.append({**{f"model.{k}": v for k, v in rung_model.items()},
                      **{f"train.{k}": v for k, v in train_set.items()}})
-    return Resolved(device=device, profile=profile, sections=sections, sets=sets, cannot_show=unshown)
+    return Resolved(device=device, profile=profile, sections=sections, sets=sets, cannot_show=unshown,
+                    carried=carries)
 
 
 def cannot_show(rung: Rung, before: dict[str, Any], after: dict[str, Any], device: str) -> str | None:
@@ -212,8 +233,7 @@ def cannot_show(rung: Rung, before: dict[str, Any], after: dict[str, Any], devic
             reasons.append("train.compile is off")
         elif key == "compile_tuning" and device != "cuda":
             reasons.append("coordinate-descent tuning tunes Inductor's Triton kernels, CUDA's")
-        elif (key == "compile_mode" and device != "cuda"
-              and {before[key], after[key]} == {"max-autotune-no-cudagraphs", "max-autotune"}):
+        elif key == "compile_mode" and device != "cuda" and after[key] in ("max-autotune", "reduce-overhead"):
             reasons.append("CUDA graphs exist on CUDA only")
         else:
             return None

@@ -47,7 +47,8 @@ class Row:
     mfu: float | None = None
     val_loss: float | None = None
     val_loss_se: float | None = None  # its standard error over the scored windows (the median run's)
-    previous: int | None = None  # the measured rung this one is compared with
+    previous: int | None = None  # the measured rung this one is compared with: the last above it that carries
+    beside: bool = False  # measured beside the ladder: the rungs below do not take its change (ladder.yaml's carry)
     vs_previous: float | None = None  # tokens/s ratio
     cumulative: float | None = None  # tokens/s ratio to the baseline
     reached: int | None = None  # runs that reached the target val loss
@@ -120,7 +121,9 @@ def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Expe
                                     if previous and previous.time_s else None)
         row.effect = _effect(rung, flat(resolved.sections[i]), row.runtime, previous) if i else "baseline"
         row.previous = previous.index if previous else None
-        previous = row
+        row.beside = bool(resolved.carried) and not resolved.carried[i]
+        if not row.beside:
+            previous = row
     if curves is not None:
         add_quality(rows, runs, curves)
     mark_noise(rows)
@@ -201,19 +204,29 @@ def noise_verdict(rows: list[Row], repeats: int) -> str:
 def decide(rows: list[Row], resolved: Resolved, time_budget_s: float | None, report: str) -> list[Change]:
     """The changes of the rungs that win against the rung above outside noise and lose nowhere outside it
     (gpt2/measure/compare.py's ``win``: a larger batch can raise tokens/s and still reach a loss later).
-    Later rungs' values win where two set a key. Nothing wins from one run per rung."""
+    Later rungs' values win where two set a key. Nothing wins from one run per rung. Of the rungs measured beside
+    the ladder (each alone on the same rung), only the fastest that wins is applied: two were never measured
+    together."""
     changes: dict[str, Change] = {}
+    won_rows = []
     for row in rows:
         if row.runs < 2 or row.effect in ("baseline", NO_EFFECT, "failed") or row.previous is None:
             continue
         won = win(row.vs_previous, row.inside_noise.get("tokens_per_s"), row.quality_vs_previous,
                   row.inside_noise.get("quality"), row.loss_vs_previous, row.loss_apart, bool(time_budget_s))
         if won:
-            section = flat(resolved.sections[row.index])
-            for key in ladder_changes(resolved, row.previous, row.index):
-                full = key if key.startswith("model.") else f"train.{key}"
-                changes[full] = Change(full, section[key], f"rung {row.index} {row.rung!r} against the rung above: "
-                                                           f"{won[1]} ({report})")
+            won_rows.append((row, won[1]))
+    beside = sorted((r for r, _ in won_rows if r.beside), key=lambda r: r.vs_previous or 0.0, reverse=True)
+    for row, why in won_rows:
+        if row.beside and row is not beside[0]:
+            continue
+        others = "".join(f"; {r.rung!r} also won alone, not applied with it (never measured together)"
+                         for r in beside[1:]) if row.beside else ""
+        section = flat(resolved.sections[row.index])
+        for key in ladder_changes(resolved, row.previous, row.index):
+            full = key if key.startswith("model.") else f"train.{key}"
+            changes[full] = Change(full, section[key], f"rung {row.index} {row.rung!r} against the rung above: "
+                                                       f"{why}{others} ({report})")
     return list(changes.values())
 
 
