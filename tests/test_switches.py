@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import subprocess
@@ -412,3 +413,7 @@ def test_a_run_says_cpu_gemm_onednn_is_inert_where_the_step_is_compiled(tokens):
                for w in describe.inert_switch_warnings(compiled))
     eager = setup(tokens, cpu_gemm="onednn")
     assert not any("cpu_gemm" in w for w in describe.inert_switch_warnings(eager))
+    eager.model.logits_gemm = "blas"  # as the model is built on a GPU, where cpu_gemm picks nothing
+    on_gpu = dataclasses.replace(eager, runtime=dataclasses.replace(eager.runtime, device=torch.device("cuda")))
+    assert any("train.cpu_gemm onednn is inert: it picks a CPU's matmul library, and this run is on cuda" in w
+               for w in describe.inert_switch_warnings(on_gpu))

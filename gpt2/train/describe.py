@@ -38,8 +38,8 @@ def announce(s: Setup) -> dict[str, Any]:
     if s.params.train.batch_tokens is not None:
         logger.info(f"train: batch of {s.tokens_per_step:,} tokens = micro-batch {s.batch.micro} × {s.seq_len} tokens "
                     f"× accumulation {s.batch.accum} × {s.dist.world} rank(s); micro-batch {s.batch.why}")
-    if inert_defaults(s):
-        logger.info(f"train: inert on {s.runtime.device.type}, at their defaults: " + "; ".join(inert_defaults(s)))
+    if notes := inert_defaults(s):
+        logger.info(f"train: inert on {s.runtime.device.type}, at their defaults: " + "; ".join(notes))
     for warning in inert_switch_warnings(s):
         logger.warning(warning)
     return info
@@ -172,9 +172,10 @@ def inert_switch_warnings(s: Setup) -> list[str]:
     if cfg.compile and device != "cuda" and cfg.compile_mode in ("reduce-overhead",):
         warnings.append("train.compile_mode reduce-overhead uses CUDA graphs: inert on this device")
     if cfg.cpu_gemm == "onednn" and cpu_gemm_ran(s) != "onednn":
-        why = ("the compiled step runs Inductor's matmuls" if cfg.compile
+        why = (f"it picks a CPU's matmul library, and this run is on {device}" if device != "cpu"
+               else "the compiled step runs Inductor's matmuls" if cfg.compile
                else f"under {s.runtime.dtype} autocast PyTorch picks the matmul kernels")
-        warnings.append(f"train.cpu_gemm onednn is inert: {why} (oneDNN's path is for eager fp32 code)")
+        warnings.append(f"train.cpu_gemm onednn is inert: {why} (oneDNN's path is for eager fp32 code on a CPU)")
     micro_batches = s.batch.accum * s.dist.world
     if device != "cuda" and micro_batches >= CPU_MICRO_BATCHES_WARNING:
         warnings.append(f"one step is {micro_batches} micro-batches of {s.batch.micro} × {s.seq_len} tokens "
