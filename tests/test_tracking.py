@@ -299,3 +299,17 @@ def test_a_tracker_ends_its_run_with_the_way_its_block_ended(raised, status):
     except BaseException as exc:  # noqa: BLE001 - each kind is re-raised, as the block's own would be
         assert raised is not None and isinstance(exc, raised)
     assert ended == [status]
+
+
+def test_a_description_past_mlflows_limit_is_cut_at_a_line_and_says_where_the_rest_is():
+    """MLflow cuts a longer tag mid-word and prints a warning on the user's terminal (a ladder's report did)."""
+    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+    assert tracking.DESCRIPTION_CHARS == MAX_TAG_VAL_LENGTH
+    short = "# Ladder\n\n| a | b |"
+    assert tracking.fitted(short, 8000, "ladder.md") == short
+    long = "\n".join(f"| rung {i} | {'x' * 60} |" for i in range(200))
+    cut = tracking.fitted(long, 8000, "ladder.md")
+    kept, _, note = cut.rpartition("\n\n")
+    assert len(cut) <= 8000 and long.startswith(kept) and kept.endswith(" |")  # whole lines only
+    assert note == "… cut here at MLflow's 8,000-character limit: the whole text is the run's artifact ladder.md"

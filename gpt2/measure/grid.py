@@ -426,7 +426,7 @@ def log_parent(name: str, grid: dict[str, list[Any]], rows: list[Row], out: Path
             tracker.log_dataset(dataset, context="training")
         for suffix in (".md", ".json", ".png"):
             tracker.log_artifact(out / f"{slug}{suffix}")
-        tracker.describe((out / f"{slug}.md").read_text())
+        tracker.describe((out / f"{slug}.md").read_text(), f"{slug}.md")
         children = {n: {"grid.setting": describe(row.setting), "grid.run": str(r + 1)}
                     for row in rows for r, n in enumerate(row.experiments)}
         verdicts = {n: {"vs_baseline/speedup": 1.0 if i == 0 else _round(row.speedup),

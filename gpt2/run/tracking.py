@@ -234,7 +234,7 @@ class Tracker:
 
     def log_dataset(self, dataset: dict[str, Any], context: str) -> None: ...
 
-    def describe(self, markdown: str) -> None: ...
+    def describe(self, markdown: str, whole: str = "") -> None: ...
 
     def log_model(self, name: str, tags: dict[str, str], params: dict[str, Any]) -> None: ...
 
@@ -268,6 +268,18 @@ def silence_store_loggers() -> None:
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{exc.__class__.__name__}: {text.splitlines()[0][:200]}" if text else exc.__class__.__name__
+
+
+DESCRIPTION_CHARS = 8000  # MLflow's limit on a tag's value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH)
+
+
+def fitted(markdown: str, limit: int, whole: str) -> str:
+    """``markdown`` whole where it fits in ``limit`` characters, else its first lines that do and a last line that
+    says where the rest is (MLflow would cut it mid-word, with a warning on the user's terminal)."""
+    if len(markdown) <= limit:
+        return markdown
+    tail = f"\n\n… cut here at MLflow's {limit:,}-character limit: the whole text is the run's artifact {whole}"
+    return markdown[:markdown.rfind("\n", 0, limit - len(tail))] + tail
 
 
 class MlflowTracker(Tracker):
@@ -491,9 +503,10 @@ class MlflowTracker(Tracker):
 
         self.call("log the dataset", log)
 
-    def describe(self, markdown: str) -> None:
-        """The run's description, the first thing its page shows (a grid's or a ladder's verdict and table)."""
-        self.set_tags({"mlflow.note.content": markdown})
+    def describe(self, markdown: str, whole: str = "") -> None:
+        """The run's description, the first thing its page shows (a grid's or a ladder's verdict and table). Past
+        MLflow's limit on a tag it is cut at a line, and says that ``whole`` (an artifact) holds the rest."""
+        self.set_tags({"mlflow.note.content": fitted(markdown, DESCRIPTION_CHARS, whole)})
 
     def log_model(self, name: str, tags: dict[str, str], params: dict[str, Any]) -> None:
         """This run's model as an MLflow logged model whose weights stay outside MLflow (in DVC's cache): its

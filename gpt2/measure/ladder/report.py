@@ -131,7 +131,8 @@ def write_report(out: Path, rows: list[Row], resolved: Resolved, runs: list[list
     text = (f"# Optimization ladder ({today})\n\n{verdict}\n\n{decision(rows, changes or [], budget)}\n\n"
             f"{describe(resolved, rows)}"
             f"\n\n{table(rows, resolved.profile.steps, resolved.profile.target, budget)}\n"
-            "Each rung adds one change to the rung above (ladder.yaml). A rung marked \"no effect on this device\" "
+            "Each rung adds one change to the rung above (ladder.yaml); a rung \"beside the ladder\" is measured on "
+            "the rung above, and the rungs below do not take its change. A rung marked \"no effect on this device\" "
             "ran the same configuration as the rung above: its difference from it is this machine's run-to-run "
             "noise, the floor under every other figure. Experiments: "
             + "; ".join(f"{row.rung}: {', '.join(row.experiments) or 'none'}" for row in rows)
@@ -245,4 +246,4 @@ def log_to_mlflow(rows: list[Row], resolved: Resolved, runs: list[list[experimen
                                     step=row.index)
         for name in ("ladder.md", "ladder.png", "ladder.json"):
             tracker.log_artifact(out / name)
-        tracker.describe((out / "ladder.md").read_text())
+        tracker.describe((out / "ladder.md").read_text(), "ladder.md")
