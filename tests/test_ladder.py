@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -197,6 +198,9 @@ def test_the_plot_marks_a_rung_slower_than_the_one_above_though_its_cumulative_b
     assert bar_style(row(1.55, 1.73)) == ("tab:blue", "1.73×")
     assert bar_style(row(0.98, 1.1, noise=True)) == ("tab:gray", "1.10× (its gain: inside noise)")
     assert bar_style(row(0.9, 0.9, effect=ladder.NO_EFFECT))[0] == "tab:gray"
+    beside = dataclasses.replace(row(0.56, 1.16), beside=True, previous=6)
+    assert bar_style(beside) == ("tab:red", "1.16× (beside the ladder, on rung 6: 0.56× it)")
+    assert bar_style(dataclasses.replace(beside, vs_previous=1.3))[1] == "1.16× (beside the ladder, on rung 6)"
     assert bar_style(ladder.Row(1, "r", {}, 0, [])) == ("tab:gray", "")  # not run: the plot says why instead
 
 

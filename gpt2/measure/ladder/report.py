@@ -164,11 +164,13 @@ def bar_style(row: Row) -> tuple[str, str]:
     the one above (its cumulative bar may still read above 1, so the note gives its own ratio), else blue."""
     if not row.runs:
         return "tab:gray", ""
+    beside = f"beside the ladder, on rung {row.previous}: " if row.beside else ""
     if row.effect == NO_EFFECT or row.inside_noise.get("tokens_per_s"):
-        return "tab:gray", f"{row.cumulative:.2f}× (its gain: inside noise)"
+        return "tab:gray", f"{row.cumulative:.2f}× ({beside}its gain: inside noise)"
     if row.vs_previous is not None and row.vs_previous < 1:
-        return "tab:red", f"{row.cumulative:.2f}× (this rung: {row.vs_previous:.2f}× the rung above)"
-    return "tab:blue", f"{row.cumulative:.2f}×"
+        return "tab:red", (f"{row.cumulative:.2f}× ({beside}{row.vs_previous:.2f}× it)" if beside
+                           else f"{row.cumulative:.2f}× (this rung: {row.vs_previous:.2f}× the rung above)")
+    return "tab:blue", f"{row.cumulative:.2f}×" + (f" ({beside.removesuffix(': ')})" if beside else "")
 
 
 def render_png(rows: list[Row], subtitle: str, verdict: str = "") -> bytes:
