@@ -66,8 +66,7 @@ class Resolved:
     sections: list[dict[str, dict[str, Any]]]  # per rung: normalized {"model": ..., "train": ...}
     sets: list[dict[str, Any]]  # per rung: dotted key -> value, for dvc exp run -S
     cannot_show: list[str | None] = dataclasses.field(default_factory=list)  # per rung: why it cannot act here
-    carried: list[bool] = dataclasses.field(default_factory=list)  # per rung: whether the rungs below build on it
-    # when it runs here (False: measured beside the ladder, ladder.yaml's carry)
+    carried: list[bool] = dataclasses.field(default_factory=list)  # per rung: False where it is beside the ladder
 
 
 def load_ladder(path: str | Path) -> Ladder:
@@ -115,7 +114,7 @@ def _keys(data: Any, allowed: set[str], where: str) -> None:
 def _carry(value: Any, where: str) -> tuple[str, ...]:
     """A rung's ``carry``: true (the default: every device), false (measured beside the ladder everywhere), or
     the devices whose rungs below take its change."""
-    if value is True or value is False:
+    if isinstance(value, bool):
         return DEVICES if value else ()
     if isinstance(value, list) and all(device in DEVICES for device in value):
         return tuple(value)
