@@ -415,3 +415,16 @@ def test_levers_that_each_won_are_measured_together_and_the_best_pair_runs_them(
     runs = len(calls)
     check.run(("levers",), None, 1)  # every lever and the winners together measured: nothing runs again
     assert len(calls) == runs
+
+
+def test_the_ladder_part_never_stacks_a_lever_on_another(tmp_path, monkeypatch):
+    """The levers are measured alone on every switch (--part levers); stacked as rungs, Liger's loss would make
+    the FP8 head's rung fail and a lever that loses would slow every rung below it."""
+    clock, calls = Clock(), []
+    fake_children(monkeypatch, clock, {"plain": 1.0, "compiled": 1.0, "autotune": 1.0}, calls)
+    check = new_check(tmp_path, 10_000.0, clock)
+    check.run(("ladder",), None, 1)
+    assert [r["name"] for r in check.report.data["rows"]] == [name for name, _ in gpu_check.RUNGS]
+    levers = {key for _, change in gpu_check.LEVERS for key in change}
+    assert not any(levers & {k for k, v in train.items() if v not in (None, False, "off", "torch", "default")}
+                   for train, _ in calls)
