@@ -60,6 +60,24 @@ def test_nothing_to_apply_changes_nothing_and_says_why(committed):
     assert committed.read_text() == before
 
 
+def test_a_winner_that_auto_already_runs_here_keeps_auto(committed, monkeypatch):
+    """The ladder measures oneDNN against BLAS; on an AMD CPU params.yaml's cpu_gemm auto is oneDNN already, and
+    writing onednn would make the file slow on an Intel CPU."""
+    import torch
+
+    from gpt2.model import loss
+
+    if not (torch.backends.mkldnn.is_available() and loss.onednn_available()):
+        pytest.skip("no oneDNN in this PyTorch build")
+    before = committed.read_text()
+    monkeypatch.setattr(loss, "cpu_vendor", lambda: "AuthenticAMD")
+    done = apply([Change("train.cpu_gemm", "onednn", "x")], committed)
+    assert "already holds every winning setting: train.cpu_gemm=onednn (train.cpu_gemm auto runs it here" in done
+    assert committed.read_text() == before
+    monkeypatch.setattr(loss, "cpu_vendor", lambda: "GenuineIntel")  # auto is BLAS there: onednn is a change
+    assert "+  cpu_gemm: onednn" in apply([Change("train.cpu_gemm", "onednn", "x")], committed)
+
+
 def test_uncommitted_edits_and_bad_values_are_never_written(committed):
     committed.write_text(committed.read_text().replace("seed: 1337 ", "seed: 7    ", 1))
     edited = committed.read_text()

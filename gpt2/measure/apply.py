@@ -38,12 +38,14 @@ def apply(changes: list[Change], params_path: str | Path = paths.PARAMS) -> str:
     path = Path(params_path)
     text = path.read_text()
     data = yaml.safe_load(text) or {}
-    todo = [c for c in changes if _get(data, c.key) != c.value]
+    todo = [c for c in changes if not runs_the_same(c.key, _get(data, c.key), c.value)]
     if not changes:
         return "nothing to apply: no setting is better than the baseline outside noise; params.yaml is unchanged"
     if not todo:
-        return "params.yaml already holds every winning setting: " + "; ".join(f"{c.key}={_scalar(c.value)}"
-                                                                             for c in changes)
+        return "params.yaml already holds every winning setting: " + "; ".join(
+            f"{c.key}={_scalar(c.value)}" + ("" if _get(data, c.key) == c.value else
+                                             f" ({c.key} {_scalar(_get(data, c.key))} runs it here, and is kept)")
+            for c in changes)
     refuse_uncommitted(path)
     new = text
     for change in todo:
@@ -54,6 +56,19 @@ def apply(changes: list[Change], params_path: str | Path = paths.PARAMS) -> str:
                                         f"b/{path.name}", n=0))
     reasons = "\n".join(f"  {c.key}={_scalar(c.value)}: {c.why}" for c in todo)
     return f"applied to {path} (commit it, or `git checkout {path.name}` to undo):\n{diff}\nwhy:\n{reasons}"
+
+
+def runs_the_same(key: str, held: Any, wanted: Any) -> bool:
+    """Whether params.yaml's ``held`` already runs as ``wanted`` on this machine. A setting that resolves by the
+    device (``cpu_gemm: auto`` is oneDNN on an AMD CPU and BLAS on an Intel one) is kept: writing what it
+    resolved to here would make the file wrong for the next machine."""
+    if held == wanted:
+        return True
+    if key.endswith(".cpu_gemm") and held == "auto":
+        from gpt2.model.loss import cpu_gemm
+
+        return cpu_gemm("auto", "cpu") == wanted
+    return False
 
 
 def refuse_uncommitted(path: Path) -> None:
