@@ -42,7 +42,7 @@ def test_each_rung_is_the_one_above_plus_its_change():
     assert trains[0]["dtype"] == "fp32" and trains[0]["data_loading"] == "memmap" and not trains[0]["compile"]
     flat = [ladder.flat(s) for s in p.sections]  # train keys bare, model keys as model.<key>, as rungs name them
     for i, rung in enumerate(spec.rungs[1:], 1):  # "above": the nearest rung above that runs here and carries
-        above = flat[max(j for j in range(i) if not p.cannot_show[j] and p.carried[j])]
+        above = flat[max(j for j in range(i) if not p.cannot_show[j] and spec.rungs[j].carries("cpu"))]
         changed = {k for k in flat[i] if flat[i][k] != above[k]}
         assert changed == set(rung.changes), rung.name
     assert flat[8]["model.attention"] == "flash" and flat[7]["model.attention"] == "manual"

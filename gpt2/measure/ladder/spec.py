@@ -66,7 +66,6 @@ class Resolved:
     sections: list[dict[str, dict[str, Any]]]  # per rung: normalized {"model": ..., "train": ...}
     sets: list[dict[str, Any]]  # per rung: dotted key -> value, for dvc exp run -S
     cannot_show: list[str | None] = dataclasses.field(default_factory=list)  # per rung: why it cannot act here
-    carried: list[bool] = dataclasses.field(default_factory=list)  # per rung: False where it is beside the ladder
 
 
 def load_ladder(path: str | Path) -> Ladder:
@@ -167,7 +166,7 @@ def resolve(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str 
         fixed["eval_windows"] = (raw_params.get("train") or {}).get("eval_windows", TrainConfig.eval_windows)
     if mlflow is not None:
         fixed["mlflow"] = mlflow
-    sections, sets, unshown, carries, carried, base = [], [], [], [], {}, None
+    sections, sets, unshown, carried, base = [], [], [], {}, None
     for i, rung in enumerate(ladder.rungs):
         changes = {**carried, **rung.changes}
         train_set = {**fixed, **{k: v for k, v in changes.items() if not k.startswith("model.")}}
@@ -186,14 +185,12 @@ def resolve(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str 
         # show is not run, so its change (a CUDA-only kernel, say) must not reach the rungs below it either;
         # nor does the change of a rung measured beside the ladder (`carry`: a lever tried alone)
         unshown.append(cannot_show(rung, flat(sections[base]), flat(section), device) if base is not None else None)
-        carries.append(rung.carries(device))
-        if carries[-1] and not unshown[-1]:
+        if rung.carries(device) and not unshown[-1]:
             carried, base = changes, i
         sections.append(section)
         sets.append({**{f"model.{k}": v for k, v in rung_model.items()},
                      **{f"train.{k}": v for k, v in train_set.items()}})
-    return Resolved(device=device, profile=profile, sections=sections, sets=sets, cannot_show=unshown,
-                    carried=carries)
+    return Resolved(device=device, profile=profile, sections=sections, sets=sets, cannot_show=unshown)
 
 
 def cannot_show(rung: Rung, before: dict[str, Any], after: dict[str, Any], device: str) -> str | None:

@@ -121,7 +121,7 @@ def analyse(ladder: Ladder, resolved: Resolved, runs: list[list[experiments.Expe
                                     if previous and previous.time_s else None)
         row.effect = _effect(rung, flat(resolved.sections[i]), row.runtime, previous) if i else "baseline"
         row.previous = previous.index if previous else None
-        row.beside = bool(resolved.carried) and not resolved.carried[i]
+        row.beside = not rung.carries(resolved.device)
         if not row.beside:
             previous = row
     if curves is not None:
