@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 
@@ -13,6 +12,7 @@ from conftest import ROOT, commit_all, dvc, exp_rows, project_copy, run
 from gpt2.core import paths
 from gpt2.core.errors import UserError
 from gpt2.measure import ladder
+from gpt2.measure.compare import Spread, judge, read_run
 from gpt2.measure.experiments import Experiment
 
 PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -74,11 +74,11 @@ def test_a_rung_measured_beside_the_ladder_does_not_reach_the_rungs_below(tmp_pa
                           "  - {name: fused, set: {fused_adamw: true}}\nprofiles: {cpu: {repeats: 1}}\n")
     p = ladder.resolve(spec, PARAMS, "cpu")
     cpu_runtime = {"device": "cpu", "dtype": "fp32", "tf32": False, "device_name": "x"}
-    rows = ladder.analyse(spec, p, [[fake_run(p, 0, 100.0, cpu_runtime)], [fake_run(p, 1, 150.0, cpu_runtime)],
-                                    [fake_run(p, 2, 80.0, cpu_runtime)]])
-    assert rows[1].beside and rows[1].previous == 0 and rows[1].vs_previous == pytest.approx(100 / 150)
-    assert not rows[2].beside and rows[2].previous == 0 and rows[2].vs_previous == pytest.approx(100 / 80)
-    text = ladder.table(rows, 12)
+    judged = judged_of(spec, p, [[fake_run(p, 0, 100.0, cpu_runtime)], [fake_run(p, 1, 150.0, cpu_runtime)],
+                                 [fake_run(p, 2, 80.0, cpu_runtime)]])
+    assert judged.arms[1].reference == 0 and judged.arms[1].versus.speed.median == pytest.approx(100 / 150)
+    assert judged.arms[2].reference == 0 and judged.arms[2].versus.speed.median == pytest.approx(100 / 80)
+    text = table_of(tmp_path, judged, spec, p)
     assert "beside the ladder: on rung 0, and the rungs below do not take it" in text
     assert "on rung 0 (the rungs between are beside the ladder)" in text
     # two levers that each win alone were never measured together: --apply takes the faster, and names the other
@@ -87,9 +87,9 @@ def test_a_rung_measured_beside_the_ladder_does_not_reach_the_rungs_below(tmp_pa
                           "  - {name: preload, set: {data_loading: preload}, carry: false}\n"
                           "profiles: {cpu: {repeats: 2}}\n")
     p = ladder.resolve(spec, PARAMS, "cpu")
-    runs = [[fake_run(p, i, ms, cpu_runtime), fake_run(p, i, ms + 1, cpu_runtime)]
+    runs = [[fake_run(p, i, ms, cpu_runtime), fake_run(p, i, ms + 1, cpu_runtime, repeat=1)]
             for i, ms in enumerate((100, 50, 60))]
-    changes = ladder.stats.decide(ladder.analyse(spec, p, runs), p, None, "ladder.md")
+    changes = ladder.decide(judged_of(spec, p, runs), spec, p, False, "ladder.md")
     assert [(c.key, c.value) for c in changes] == [("train.fused_adamw", True)]
     assert "'preload' also won alone, not applied with it (never measured together)" in changes[0].why
     with pytest.raises(UserError, match="carry must be true, false or a list of devices"):
@@ -135,10 +135,11 @@ def test_profile_follows_the_device_and_the_overrides():
     assert cpu.sections[-1]["train"]["micro_batch_size"] == 8 and cpu.sections[-1]["train"]["batch_tokens"] is None
 
 
-def test_schedule_alternates_direction_and_skips_runs_already_measured():
-    assert ladder.schedule(2, [0, 0, 0]) == [(0, 0), (1, 0), (2, 0), (2, 1), (1, 1), (0, 1)]
-    assert ladder.schedule(2, [2, 1, 0]) == [(2, 0), (2, 1), (1, 1)]
-    assert ladder.schedule(1, [1, 1]) == []
+def test_runs_go_in_alternating_order():
+    from gpt2.measure.experiments import alternating
+
+    assert alternating(3, 2) == [(0, 0), (1, 0), (2, 0), (2, 1), (1, 1), (0, 1)]
+    assert alternating(2, 1) == [(0, 0), (1, 0)]
 
 
 @pytest.mark.parametrize("text, message", [
@@ -173,35 +174,31 @@ def test_missing_ladder_file(tmp_path):
 
 
 def fake_run(p: ladder.Resolved, i: int, step_ms: float, runtime: dict, name: str = "", loss: float = 9.0,
-             target_s: float | None = None) -> Experiment:
+             target_s: float | None = None, repeat: int = 0, se: float | None = None, curve=None,
+             price: float | None = None):
+    """Rung ``i``'s run of ``repeat`` as its experiment's files would record it, read as the ladder reads it."""
     train = p.sections[i]["train"]
     tokens = train["micro_batch_size"] * 128 * train["grad_accum_steps"]
     metrics = {"perf": {"step_ms": step_ms, "tokens_per_s": tokens / step_ms * 1000, "mfu": None},
-               "mem": {"peak_gb": 1.0 + i}, "val": {"loss": loss}}
+               "mem": {"peak_gb": 1.0 + i}, "val": {"loss": loss, "loss_se": se}}
     if p.profile.target is not None:
         steps = None if target_s is None else round(target_s * 1000 / step_ms)
         metrics["target"] = {"reached": target_s is not None, "time_s": target_s, "steps": steps,
                              "tokens": None if steps is None else steps * tokens}
-    return Experiment(name or f"ladder-{i:02d}-x-1", f"rev{i}", "t", {"model": p.sections[i]["model"],
-                      "train": p.sections[i]["train"]}, {paths.TRAIN_METRICS: metrics},
-                      {paths.TRAIN_SUMMARY: {"runtime": runtime}})
+    summary = {"runtime": runtime, **({"cost": {"price_per_hour": price}} if price is not None else {})}
+    exp = Experiment(name or f"ladder-{i:02d}-x-{repeat + 1}", f"rev{i}", "t", {"model": p.sections[i]["model"],
+                     "train": p.sections[i]["train"]}, {paths.TRAIN_METRICS: metrics}, {paths.TRAIN_SUMMARY: summary})
+    return read_run(exp.name, repeat, 1338 + repeat, exp, curve)
 
 
-def test_the_plot_marks_a_rung_slower_than_the_one_above_though_its_cumulative_bar_is_above_1():
-    from gpt2.measure.ladder.report import bar_style
+def judged_of(spec: ladder.Ladder, p: ladder.Resolved, runs: list[list]):
+    return judge(ladder.arms(spec, p, runs), target=p.profile.target)
 
-    def row(vs_previous, cumulative, noise=False, effect="acts"):
-        return ladder.Row(1, "r", {}, 2, [], effect=effect, vs_previous=vs_previous, cumulative=cumulative,
-                          inside_noise={"tokens_per_s": noise})
 
-    assert bar_style(row(0.65, 1.13)) == ("tab:red", "1.13× (this rung: 0.65× the rung above)")
-    assert bar_style(row(1.55, 1.73)) == ("tab:blue", "1.73×")
-    assert bar_style(row(0.98, 1.1, noise=True)) == ("tab:gray", "1.10× (its gain: inside noise)")
-    assert bar_style(row(0.9, 0.9, effect=ladder.NO_EFFECT))[0] == "tab:gray"
-    beside = dataclasses.replace(row(0.56, 1.16), beside=True, previous=6)
-    assert bar_style(beside) == ("tab:red", "1.16× (beside the ladder, on rung 6: 0.56× it)")
-    assert bar_style(dataclasses.replace(beside, vs_previous=1.3))[1] == "1.16× (beside the ladder, on rung 6)"
-    assert bar_style(ladder.Row(1, "r", {}, 0, [])) == ("tab:gray", "")  # not run: the plot says why instead
+def table_of(tmp_path, judged, spec, p, changes=()) -> str:
+    out = tmp_path / "report"
+    out.mkdir(exist_ok=True)
+    return ladder.write_report(out, judged, spec, p, list(changes))[0]
 
 
 def test_a_cpu_gemm_rung_after_compile_is_read_as_no_effect(tmp_path):
@@ -210,8 +207,8 @@ def test_a_cpu_gemm_rung_after_compile_is_read_as_no_effect(tmp_path):
                           "  - {name: onednn, set: {cpu_gemm: onednn}}\nprofiles: {cpu: {repeats: 1}}\n")
     p = ladder.resolve(spec, PARAMS, "cpu")
     cpu = {"device": "cpu", "dtype": "fp32", "tf32": False, "cpu_gemm": "inductor", "device_name": "x"}
-    rows = ladder.analyse(spec, p, [[fake_run(p, 0, 100.0, cpu)], [fake_run(p, 1, 95.0, cpu)]])
-    assert rows[1].effect == "no effect on this device" and rows[1].ran == "cpu_gemm=onednn → inductor"
+    judged = judged_of(spec, p, [[fake_run(p, 0, 100.0, cpu)], [fake_run(p, 1, 95.0, cpu)]])
+    assert judged.arms[1].inert and "| cpu_gemm=onednn → inductor |" in table_of(tmp_path, judged, spec, p)
 
 
 def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
@@ -221,22 +218,20 @@ def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
                           "profiles: {cpu: {repeats: 2}}\n")
     p = ladder.resolve(spec, PARAMS, "cpu")
     cpu = {"device": "cpu", "dtype": "fp32", "tf32": False, "sdpa_backend": "flash_attention", "device_name": "x"}
-    runs = [[fake_run(p, 0, 100.0, cpu), fake_run(p, 0, 120.0, cpu)],
-            [fake_run(p, 1, 100.0, cpu)],  # tf32 asked, not on this device
-            [fake_run(p, 2, 50.0, cpu)],
-            [fake_run(p, 3, 100.0, cpu, loss=8.0)]]
-    runs[3][0].metrics[paths.TRAIN_METRICS]["val"]["loss_se"] = 0.0512
-    rows = ladder.analyse(spec, p, runs)
-    assert rows[0].step_ms == ladder.Spread(110.0, 100.0, 120.0)
-    assert rows[1].effect == "no effect on this device" and "tf32=true → false" in rows[1].ran
-    assert rows[2].effect == "acts" and rows[2].vs_previous == pytest.approx(2.0)
+    runs = [[fake_run(p, 0, 100.0, cpu), fake_run(p, 0, 120.0, cpu, repeat=1)],
+            [fake_run(p, 1, 100.0, cpu), fake_run(p, 1, 120.0, cpu, repeat=1)],  # tf32 asked, not on this device
+            [fake_run(p, 2, 50.0, cpu), fake_run(p, 2, 60.0, cpu, repeat=1)],
+            [fake_run(p, 3, 100.0, cpu, loss=8.0, se=0.0512), fake_run(p, 3, 120.0, cpu, repeat=1, loss=8.0)]]
+    judged = judged_of(spec, p, runs)
+    assert judged.arms[0].step_ms == Spread(110.0, 100.0, 120.0)
+    assert judged.arms[1].inert and judged.arms[2].versus.speed.median == pytest.approx(2.0)
     # 4 micro-batches in 100 ms: twice the tokens/s of one in 50 ms, although the step is slower
-    assert (rows[3].vs_previous == pytest.approx(2.0)
-            and rows[3].cumulative == pytest.approx(40960 / ((10240 + 1024 / 0.12) / 2)))
-    text = ladder.table(rows, 16)
-    assert "no effect on this device" in text and "110.0 (100.0–120.0)" in text and "4.36×" in text
+    assert judged.arms[3].versus.speed.median == pytest.approx(2.0)
+    assert judged.arms[3].vs_baseline.median == pytest.approx(4.0)
+    text = table_of(tmp_path, judged, spec, p)
+    assert "no effect on this device" in text and "110.0 (100.0–120.0)" in text and "| 4.00× |" in text
+    assert "tf32=true → false" in text
     assert "| 8.000 ± 0.051 |" in text and "| 9.000 |" in text  # the val loss with its standard error, when known
-    assert ladder.render_png(rows, "test").startswith(b"\x89PNG")
 
 
 def test_rungs_a_device_cannot_show_are_known_before_running_and_not_run(tmp_path):
@@ -263,34 +258,27 @@ def test_rungs_a_device_cannot_show_are_known_before_running_and_not_run(tmp_pat
     if "liger_kernel" in missing:  # an optional package a GPU rung needs: known before the hour of runs
         assert cuda["liger loss"] == "liger-kernel is not installed (pip install liger-kernel)"
     p = ladder.resolve(spec, PARAMS, "cpu")
-    runs = [[] if p.cannot_show[i] else [fake_run(p, i, 100.0 - i, CPU), fake_run(p, i, 101.0 - i, CPU)]
+    runs = [[] if p.cannot_show[i] else [fake_run(p, i, 100.0 - i, CPU), fake_run(p, i, 101.0 - i, CPU, repeat=1)]
             for i in range(len(names))]
-    rows = ladder.analyse(spec, p, runs)
-    assert rows[4].effect == "not run: cannot show on this device: TF32 is a CUDA (Ampere+) matmul mode"
-    assert rows[6].previous == 3  # oneDNN's rung is compared with the last rung that ran
-    assert "| 4 | tf32 |  | not run |" in ladder.table(rows, 12)
-    assert "Not run, as this device cannot show them: tf32 (TF32 is a CUDA" in ladder.noise_verdict(rows, 2)
+    judged = judged_of(spec, p, runs)
+    assert judged.arms[4].skipped == "TF32 is a CUDA (Ampere+) matmul mode" and judged.arms[4].runs == []
+    assert judged.arms[6].reference == 3  # oneDNN's rung is compared with the last rung that ran
+    text = table_of(tmp_path, judged, spec, p)
+    assert "| 4 | tf32 |  | not run |" in text
+    assert "Not run, as this device cannot show them: tf32 (TF32 is a CUDA" in text
 
 
 def test_failed_rung_is_marked_and_the_next_compares_with_the_last_measured(tmp_path):
     spec = load(tmp_path, "rungs:\n  - {name: a, set: {fused_adamw: false}}\n"
-                          "  - {name: b, set: {model.pad_vocab: false}}\nprofiles: {cpu: {}}\n")
+                          "  - {name: b, set: {model.pad_vocab: false}}\nprofiles: {cpu: {repeats: 1}}\n")
     p = ladder.resolve(spec, PARAMS, "cpu")
     cpu = {"device": "cpu", "dtype": "fp32", "tf32": False}
-    rows = ladder.analyse(spec, p, [[fake_run(p, 0, 100.0, cpu)], [], [fake_run(p, 2, 50.0, cpu)]])
-    assert rows[1].effect == "failed" and rows[2].vs_previous == pytest.approx(2.0)
-    assert "| 1 | a |  | failed |" in ladder.table(rows, 16)
-
-
-def test_only_ladder_experiments_with_the_same_params_are_reused(tmp_path):
-    spec = ladder.load_ladder(ROOT / "ladder.yaml")
-    p = ladder.resolve(spec, PARAMS, "cpu")
-    cpu = {"device": "cpu"}
-    same = fake_run(p, 3, 10.0, cpu, "ladder-03-keep-host-memory-1")
-    other_name = fake_run(p, 3, 10.0, cpu, "my-experiment")
-    other_steps = fake_run(ladder.resolve(spec, PARAMS, "cpu", steps=5), 3, 10.0, cpu, "ladder-03-keep-host-memory-2")
-    found = ladder.measured(p, [same, other_name, other_steps])
-    assert [[e.name for e in runs] for runs in found] == [[], [], [], ["ladder-03-keep-host-memory-1"]] + [[]] * 18
+    failed = read_run("ladder-01-a-1", 0, 1338, None)
+    judged = judged_of(spec, p, [[fake_run(p, 0, 100.0, cpu)], [failed], [fake_run(p, 2, 50.0, cpu)]])
+    assert judged.arms[2].reference == 0 and judged.arms[2].versus.speed.median == pytest.approx(2.0)
+    text = table_of(tmp_path, judged, spec, p)
+    assert "| 1 | a |  | 0/1 | failed |" in text and text.startswith("# Optimization ladder")
+    assert "**1 of 3 runs failed** (ladder-01-a-1; their output is in dvc.log)" in text
 
 
 # --------------------------------------------------------------------------- end to end
@@ -312,24 +300,27 @@ profiles:
 
 
 @pytest.mark.slow
-def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path, tmp_path_factory):
+def test_ladder_runs_every_rung_as_a_dvc_experiment(tmp_path, tmp_path_factory):
     mlflow = pytest.importorskip("mlflow")
     root = project_copy(tmp_path_factory, tmp_path)  # the experiments start from a commit with the tokens in dvc.lock
     (root / "two.yaml").write_text(TWO_RUNGS)
+    (root / "one.yaml").write_text(TWO_RUNGS.replace("  - name: flash attention\n    set: {model.attention: flash}\n",
+                                                     ""))
     commit_all(root)
-    command = [sys.executable, "-m", "gpt2.cli", "ladder", "--ladder", "two.yaml", "--device", "cpu", "--mlflow"]
-    first = run(root, *command)
-    assert "2 to run, 0 reused; rung 1 'tf32' cannot show on cpu: TF32 is a CUDA" in first.stderr
+    command = [sys.executable, "-m", "gpt2.cli", "ladder", "--device", "cpu", "--mlflow"]
+    first = run(root, *command, "--ladder", "two.yaml")
+    assert "train.seed 1338): 2 run(s); rung 1 'tf32' cannot show on cpu: TF32 is a CUDA" in first.stderr
     assert "[2/2] rung 2 'flash attention', repeat 1/1" in first.stderr
     report = root / "reports/ladder"
     table = (report / "ladder.md").read_text()
-    assert "| 0 | baseline |" in table and "| 2 | flash attention | model.attention=flash → " in table
+    assert "| 0 | baseline | baseline |" in table and "| 2 | flash attention | model.attention=flash → " in table
     assert "| 1 | tf32 |  | not run |" in table
-    assert "MFU against this CPU's measured matmul peak (" in table and "n/a" not in table.split("| 1 | tf32")[0]
+    assert "MFU against this CPU's measured matmul peak (" in table
     assert (report / "ladder.png").read_bytes().startswith(b"\x89PNG")
     rows = json.loads((report / "ladder.json").read_text())["rows"]
-    assert [r["runs"] for r in rows] == [1, 0, 1] and rows[2]["cumulative"] > 0
-    assert rows[0]["val_loss"] == rows[2]["val_loss"] or abs(rows[0]["val_loss"] - rows[2]["val_loss"]) < 1e-3
+    assert [len(r["runs"]) for r in rows] == [1, 0, 1] and rows[2]["vs_baseline"]["median"] > 0
+    assert rows[0]["mfu"] is not None and rows[2]["runs"][0]["seed"] == 1338
+    assert abs(rows[0]["val_loss"]["median"] - rows[2]["val_loss"]["median"]) < 1e-3  # one seed, the same math
     names = {r["Experiment"] for r in exp_rows(root)}
     assert {"ladder-00-baseline-1", "ladder-02-flash-attention-1"} <= names and not any("tf32" in n for n in names)
     client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
@@ -337,29 +328,30 @@ def test_ladder_runs_every_rung_as_a_dvc_experiment_and_reuses_them(tmp_path, tm
     tagged = sorted(r.data.tags.get("ladder.rung", "") for r in runs if r.data.tags.get("dvc_exp_name"))
     assert tagged == ["baseline", "flash attention"]
     summary = [r for r in runs if r.data.tags.get("kind") == "ladder"]
-    assert len(summary) == 1 and "ladder/cumulative_speedup" in summary[0].data.metrics
+    assert len(summary) == 1 and "ladder/speedup_vs_baseline" in summary[0].data.metrics
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == summary[0].info.run_id]
     assert sorted(r.data.tags["ladder.rung"] for r in children) == ["baseline", "flash attention"]
     assert summary[0].info.start_time <= min(r.info.start_time for r in children)  # it lasts as long as the ladder
     [flash] = [r for r in children if r.data.tags["ladder.rung"] == "flash attention"]
-    assert flash.data.metrics["vs_baseline/speedup"] > 0 and "vs_previous/speed_inside_noise" in flash.data.metrics
+    assert flash.data.metrics["vs_reference/speedup_vs_baseline"] > 0
+    assert "vs_reference/speed_inside_noise" in flash.data.metrics
     assert summary[0].inputs.dataset_inputs  # the data every rung trained on
     assert {a.path for a in client.list_artifacts(summary[0].info.run_id)} >= {"ladder.md", "ladder.png"}
 
-    baseline, flash = rows[0]["quality"], rows[2]["quality"]  # each run read where it reaches the baseline's end
-    assert baseline["speedup"] == 1.0 and baseline["reached"] == 1 and baseline["time_s"]["median"] > 0
+    baseline, flash = rows[0]["at_quality"], rows[2]["at_quality"]  # each run read where it reaches the baseline's end
+    assert baseline["vs_baseline"]["median"] == 1.0 and baseline["reached"] == 1 and baseline["time_s"]["median"] > 0
     assert flash["runs"] == 1 and ("not reached" in table or flash["time_s"]["median"] > 0)
     assert "time to the baseline's loss (s)" in table and "device-hours" in table
     assert "ladder/time_to_baseline_loss_s" in summary[0].data.metrics
 
     dirty = (root / "params.yaml").read_text()
     (root / "params.yaml").write_text(dirty + "# an edit\n")
-    refused = run(root, *command, "--apply", check=False)
+    refused = run(root, *command, "--ladder", "one.yaml", "--apply", check=False)
     assert refused.returncode == 2 and "params.yaml has uncommitted edits; --apply never overwrites" in refused.stderr
     (root / "params.yaml").write_text(dirty)
     dvc(root, "exp", "run", "--queue", "-n", "waiting", "train")
-    second = run(root, *command, "--json", "--apply")  # a queued experiment is neither run nor waited for
-    assert "0 to run, 2 reused" in second.stderr  # the experiments above are the ones it read
+    second = run(root, *command, "--ladder", "one.yaml", "--json", "--apply")  # a queued experiment: not waited for
+    assert "1 run(s)" in second.stderr and "ladder-00-baseline-2" in second.stderr  # measured again, in its turn
     assert "waiting" in dvc(root, "queue", "status").stdout
     said = json.loads(second.stdout)  # stdout holds the JSON alone, the logs went to stderr
     assert said["apply"] == {} and said["verdict"].startswith("**One run per rung")  # one run: nothing is a win
@@ -378,46 +370,44 @@ def test_the_ladder_refuses_to_time_beside_a_running_experiment(tmp_path, monkey
         ladder.run_ladder("two.yaml", device="cpu")
 
 
-CPU = {"device": "cpu", "dtype": "fp32", "tf32": False, "sdpa_backend": "flash_attention", "device_name": "x"}
-NOISE_LADDER = ("baseline: {tf32: false, model.pad_vocab: false, fused_adamw: false}\nrungs:\n"
-                "  - {name: tf32, set: {tf32: true}}\n  - {name: pad, set: {model.pad_vocab: true}}\n"
+CPU = {"device": "cpu", "dtype": "fp32", "tf32": False, "sdpa_backend": "flash_attention", "device_name": "x",
+       "keep_host_memory": False}
+NOISE_LADDER = ("baseline: {keep_host_memory: false, model.pad_vocab: false, fused_adamw: false}\nrungs:\n"
+                "  - {name: pin, set: {keep_host_memory: true}}\n  - {name: pad, set: {model.pad_vocab: true}}\n"
                 "  - {name: fused, set: {fused_adamw: true}}\nprofiles: {cpu: {repeats: 2}}\n")
 
 
 def test_a_gain_inside_the_repeats_interval_or_the_inert_rungs_move_is_not_a_gain(tmp_path):
     spec = load(tmp_path, NOISE_LADDER)
     p = ladder.resolve(spec, PARAMS, "cpu")
-    runs = [[fake_run(p, 0, 100.0, CPU), fake_run(p, 0, 104.0, CPU)],
-            [fake_run(p, 1, 97.0, CPU), fake_run(p, 1, 99.0, CPU)],  # tf32: inert here, moved 4%: the floor
-            [fake_run(p, 2, 95.0, CPU), fake_run(p, 2, 96.5, CPU)],  # 2.4% faster, intervals apart: within the floor
-            [fake_run(p, 3, 60.0, CPU), fake_run(p, 3, 61.0, CPU)]]  # 1.57x: a gain
-    rows = ladder.analyse(spec, p, runs)
-    assert rows[1].effect == "no effect on this device" and rows[1].noise_floor == pytest.approx(0.0407, abs=1e-4)
-    assert rows[2].inside_noise == {"tokens_per_s": True} and rows[3].inside_noise == {"tokens_per_s": False}
-    text = ladder.table(rows, 12)
+    runs = [[fake_run(p, 0, 100.0, CPU), fake_run(p, 0, 104.0, CPU, repeat=1)],
+            [fake_run(p, 1, 97.0, CPU), fake_run(p, 1, 99.0, CPU, repeat=1)],  # pinned memory: inert on a CPU, moved
+            # 4%: the floor
+            [fake_run(p, 2, 95.0, CPU), fake_run(p, 2, 96.5, CPU, repeat=1)],  # 2.4% faster: within the floor
+            [fake_run(p, 3, 60.0, CPU), fake_run(p, 3, 61.0, CPU, repeat=1)]]  # 1.57x: a gain
+    judged = judged_of(spec, p, runs)
+    assert judged.arms[1].inert and judged.noise.speed_floor == pytest.approx(0.0407, abs=1e-4)
+    assert judged.arms[2].versus.speed.inside_noise is True and judged.arms[3].versus.speed.inside_noise is False
+    text = table_of(tmp_path, judged, spec, p)
     assert "| 1.02× (inside noise) |" in text and "| 1.58× |" in text
-    verdict = ladder.noise_verdict(rows, 2)
-    assert verdict.startswith("Noise: each rung's runs, paired with the rung above's") and "by up to 4.1%" in verdict
+    assert "Speed noise: each rung's runs, paired with the rung above's" in text and "by up to 4.1%" in text
     # paired runs that disagree on the direction (1.08x, then 1.00x): inside noise whatever the floor
-    runs[2] = [fake_run(p, 2, 90.0, CPU), fake_run(p, 2, 99.0, CPU)]
-    assert ladder.analyse(spec, p, runs)[2].inside_noise["tokens_per_s"] is True
+    runs[2] = [fake_run(p, 2, 90.0, CPU), fake_run(p, 2, 99.0, CPU, repeat=1)]
+    assert judged_of(spec, p, runs).arms[2].versus.speed.inside_noise is True
 
 
 def test_a_ladder_too_noisy_to_read_says_so_first(tmp_path):
     spec = load(tmp_path, NOISE_LADDER)
     p = ladder.resolve(spec, PARAMS, "cpu")
-    runs = [[fake_run(p, 0, 100.0, CPU), fake_run(p, 0, 400.0, CPU)],
-            [fake_run(p, 1, 20.0, CPU), fake_run(p, 1, 380.0, CPU)],  # changed nothing, "5.97x faster"
-            [fake_run(p, 2, 90.0, CPU), fake_run(p, 2, 300.0, CPU)],
-            [fake_run(p, 3, 80.0, CPU), fake_run(p, 3, 350.0, CPU)]]
-    rows = ladder.analyse(spec, p, runs)
-    assert ladder.noise_verdict(rows, 2).startswith("**Too noisy to read:**")
-    one_run = ladder.noise_verdict(rows, 1)
-    assert one_run.startswith("**One run per rung") and "(--steps)" in one_run
-    (tmp_path / "out").mkdir()
-    ladder.write_report(tmp_path / "out", rows, p, runs)
-    report = (tmp_path / "out" / "ladder.md").read_text()
-    assert report.splitlines()[2].startswith("**Too noisy to read:**")
+    runs = [[fake_run(p, 0, 100.0, CPU), fake_run(p, 0, 400.0, CPU, repeat=1)],
+            [fake_run(p, 1, 20.0, CPU), fake_run(p, 1, 380.0, CPU, repeat=1)],  # changed nothing, "5.97x faster"
+            [fake_run(p, 2, 90.0, CPU), fake_run(p, 2, 300.0, CPU, repeat=1)],
+            [fake_run(p, 3, 80.0, CPU), fake_run(p, 3, 350.0, CPU, repeat=1)]]
+    report = table_of(tmp_path, judged_of(spec, p, runs), spec, p)
+    assert report.splitlines()[2].startswith("**Too noisy to read speed:**")
+    p1 = ladder.resolve(spec, PARAMS, "cpu", repeats=1)
+    one_run = table_of(tmp_path, judged_of(spec, p1, [group[:1] for group in runs]), spec, p1)
+    assert one_run.splitlines()[2].startswith("**One run per rung") and "(--steps)" in one_run
 
 
 def test_with_a_target_every_run_trains_to_it_and_the_table_gives_time_to_target(tmp_path):
@@ -427,50 +417,57 @@ def test_with_a_target_every_run_trains_to_it_and_the_table_gives_time_to_target
     assert train["target_val_loss"] == 6.1 and train["stop_at_target"] and train["max_steps"] == 200
     assert train["eval_interval"] == 10 and train["eval_windows"] == 80  # params.yaml's eval size, not the profile's
     assert ladder.resolve(spec, PARAMS, "cpu", target=5.5).sections[0]["train"]["target_val_loss"] == 5.5
-    runs = [[fake_run(p, 0, 100.0, CPU, target_s=20.0), fake_run(p, 0, 100.0, CPU, target_s=22.0)],
-            [fake_run(p, 1, 100.0, CPU, target_s=21.0), fake_run(p, 1, 100.0, CPU, target_s=21.5)],
-            [fake_run(p, 2, 100.0, CPU, target_s=10.0), fake_run(p, 2, 100.0, CPU, target_s=None)],
-            [fake_run(p, 3, 100.0, CPU), fake_run(p, 3, 100.0, CPU)]]
-    rows = ladder.analyse(spec, p, runs)
-    assert rows[0].time_s.median == 21.0 and rows[2].reached == 1 and rows[2].time_speedup == pytest.approx(2.1)
-    text = ladder.table(rows, 200, 6.1)
+    runs = [[fake_run(p, 0, 100.0, CPU, target_s=20.0, loss=6.05), fake_run(p, 0, 100.0, CPU, target_s=22.0,
+                                                                            loss=6.07, repeat=1)],
+            [fake_run(p, 1, 100.0, CPU, target_s=21.0), fake_run(p, 1, 100.0, CPU, target_s=21.5, repeat=1)],
+            [fake_run(p, 2, 100.0, CPU, target_s=10.0), fake_run(p, 2, 100.0, CPU, target_s=None, repeat=1)],
+            [fake_run(p, 3, 100.0, CPU), fake_run(p, 3, 100.0, CPU, repeat=1)]]
+    judged = judged_of(spec, p, runs)
+    assert judged.arms[0].target.time_s.median == 21.0 and judged.arms[2].target.reached == 1
+    assert judged.arms[2].versus.time_to_target == pytest.approx(21.25 / 10)  # against the inert rung above
+    assert judged.arms[0].target.below is False and judged.arms[0].target.p_below > 0.01  # 2 seeds: not shown
+    text = table_of(tmp_path, judged, spec, p)
     assert "time to 6.1 (s)" in text and "| 21.0 (20.0–22.0) |" in text
-    assert "10.0 (10.0–10.0) reached 1/2" in text and "| not reached |" in text and "| 2.10× |" in text
+    assert "mean val loss under 6.1 at p < 0.01" in text
+    assert "10.0 (10.0–10.0) reached 1/2" in text and "| not reached |" in text and "| 2.12× |" in text
 
 
 def test_rungs_compare_at_the_baseline_s_loss_and_the_winners_are_applied(tmp_path):
-    spec = load(tmp_path, NOISE_LADDER)
+    spec = load(tmp_path, NOISE_LADDER.replace("{repeats: 2}", "{repeats: 3}"))
     p = ladder.resolve(spec, PARAMS, "cpu")
     assert p.sections[0]["train"]["eval_interval"] == 3  # 6 evals over the profile's 20 steps: a curve
     budget = ladder.resolve(spec, PARAMS, "cpu", time_budget_s=30.0).sections[0]["train"]
     assert budget["time_budget_s"] == 30.0 and budget["max_steps"] is None
-    runs = [[fake_run(p, 0, 100.0, CPU, "b1"), fake_run(p, 0, 104.0, CPU, "b2")],
-            [],  # tf32: not run on a CPU
-            [fake_run(p, 2, 60.0, CPU, "p1"), fake_run(p, 2, 61.0, CPU, "p2")],  # padded vocab: 1.7x, same learning
-            [fake_run(p, 3, 40.0, CPU, "f1", loss=9.5),
-             fake_run(p, 3, 40.0, CPU, "f2", loss=9.5)]]  # fast, learns worse
-    for group in runs:
-        for exp in group:
-            exp.metrics[paths.TRAIN_METRICS]["val"]["loss_se"] = 0.01
-            exp.files[paths.TRAIN_SUMMARY]["cost"] = {"price_per_hour": 3600.0}  # a dollar a second: easy to read
-    curve = [(10.0, 1e3, 9.5), (20.0, 2e3, 9.2), (30.0, 3e3, 9.0)]
-    sooner = [(6.0, 1e3, 9.5), (12.0, 2e3, 9.2), (18.0, 3e3, 9.0)]
-    never = [(4.0, 1e3, 9.8), (8.0, 2e3, 9.6), (12.0, 3e3, 9.5)]
-    curves = {"b1": curve, "b2": curve, "p1": sooner, "p2": sooner, "f1": never, "f2": never}
-    rows = ladder.analyse(spec, p, runs, curves)
-    assert rows[2].quality.speedup == pytest.approx(30 / 18) and rows[2].quality.cost_usd == 18.0
-    assert rows[3].quality.reached == 0 and rows[3].loss_apart and rows[3].loss_vs_previous == pytest.approx(0.5)
-    changes = ladder.stats.decide(rows, p, None, "reports/ladder/ladder.md")
-    assert [(c.key, c.value) for c in changes] == [("model.pad_vocab", True)]  # not tf32 (inert), not fused (worse)
-    assert (changes[0].why.startswith("rung 2 'pad' against the rung above: 1.67× sooner to the baseline's val "
-                                      "loss, 1.69× the tokens/s")
+
+    def curve(seconds: float, end: float):
+        return [(seconds, 1e3, 9.5), (2 * seconds, 2e3, 9.2), (3 * seconds, 3e3, end)]
+
+    def group(i: int, ms: float, seconds: float, end: float, spread: tuple = (0.0, 0.004, -0.003)):
+        return [fake_run(p, i, ms + r, CPU, loss=end + d, se=0.001, repeat=r, curve=curve(seconds + r, end + d),
+                         price=3600.0) for r, d in enumerate(spread)]  # a dollar a second: easy to read
+
+    runs = [group(0, 100.0, 10.0, 9.0),
+            [read_run("x", r, 1338 + r, None) for r in range(3)],  # pinned memory: failed
+            group(2, 60.0, 6.0, 8.8),  # padded vocab: 1.7x the tokens/s, and sooner to the baseline's loss
+            group(3, 40.0, 4.0, 9.5)]  # fast, learns worse: never reaches the baseline's loss
+    judged = judged_of(spec, p, runs)
+    pad, fused = judged.arms[2], judged.arms[3]
+    assert pad.reference == 0 and pad.at_quality.vs_baseline.median == pytest.approx(30 / 16.2, rel=0.05)
+    assert pad.versus.sooner.inside_noise is False and pad.versus.loss.apart
+    assert fused.at_quality.reached == 0 and fused.versus.loss.apart and fused.versus.loss.delta == pytest.approx(0.7)
+    changes = ladder.decide(judged, spec, p, False, "reports/ladder/ladder.md")
+    # pad against the baseline (the rung between failed) ran with both changes: both are what won; not fused (worse)
+    assert [(c.key, c.value) for c in changes] == [("model.pad_vocab", True), ("train.keep_host_memory", True)]
+    assert (changes[0].why.startswith("rung 2 'pad' against the rung above: ")
+            and "sooner to the reference's val loss (p = " in changes[0].why
             and "outside noise (reports/ladder/ladder.md)" in changes[0].why)
-    text = ladder.table(rows, 20)
-    assert "| 30.0 (30.0–30.0) | baseline |" in text and "| not reached (0/2) |" in text
-    assert "cost to the baseline's loss (USD)" in text and "| +0.500 |" in text
-    (tmp_path / "out").mkdir()
-    data = ladder.write_report(tmp_path / "out", rows, p, runs, changes, as_json=True)
-    assert (data["apply"] == {"model.pad_vocab": True}
-            and "What `--apply` writes" in (tmp_path / "out/ladder.md").read_text())
-    said = ladder.report.decision(rows, [], 30.0)  # under a budget: the val losses at equal time, judged
-    assert said.startswith("At equal time (30 s), higher: fused (+0.500). Nothing for `--apply` to write")
+    text = table_of(tmp_path, judged, spec, p, changes)
+    assert "| baseline |" in text and "| not reached (0/3) |" in text
+    assert "cost to the baseline's loss (USD)" in text and "| +0.700 ± " in text
+    assert "What `--apply` writes into params.yaml: model.pad_vocab=true, train.keep_host_memory=true." in text
+    data = json.loads((tmp_path / "report/ladder.json").read_text())
+    assert data["apply"] == {"train.keep_host_memory": True, "model.pad_vocab": True}
+    assert data["rows"][2]["versus"]["loss"]["test"]["p"] < 0.01
+    budgeted = ladder.resolve(spec, PARAMS, "cpu", time_budget_s=30.0)
+    said = table_of(tmp_path, judged_of(spec, budgeted, runs), spec, budgeted)  # under a budget: losses, judged
+    assert "Higher val loss at equal time (30 s) outside noise: fused (+0.700, p " in said

@@ -190,46 +190,53 @@ def test_an_experiment_of_the_train_stage_alone_shows_no_evaluation_of_another_r
 
 
 def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, tmp_path_factory):
+    """As a new user: `dvc repro`, commit, then a grid whose first setting is the committed one. DVC would find that
+    setting's stages unchanged and hand back the committed run's figures, measured some other time: every run of a
+    grid trains in its turn, its own seed (the committed one plus its repeat), and is timed there."""
     mlflow = pytest.importorskip("mlflow")
-    root = project_copy(tmp_path_factory, tmp_path)  # the data stages ran: the experiments run train and evaluate
+    root = project_copy(tmp_path_factory, tmp_path, "all")
     set_params(root, train={"mlflow": True}, eval={"mlflow": True})
+    dvc(root, "repro")
     commit_all(root)
+    committed = json.loads((root / "reports/train/metrics.json").read_text())
+    lr = yaml.safe_load((root / "params.yaml").read_text())["train"]["lr"]
     # one run per setting: the repeats' order and pairing are tests/test_grid.py's, on figures it chooses
-    done = run(root, sys.executable, "-m", "gpt2.cli", "grid", "-S", "model.attention=flash,manual", "--name", "attn",
-               "--time-budget", "0.5", "--json")
-    assert "grid: [2/2] model.attention=manual, run 1 (attn-2-1)" in done.stderr
-    table = (root / "reports/grid/attn.md").read_text()
+    done = run(root, sys.executable, "-m", "gpt2.cli", "grid", "-S", f"train.lr={lr},3.0e-2", "--name", "lr",
+               "--json")
+    assert "grid: [2/2] train.lr=0.03, run 1 (lr-2-1)" in done.stderr
+    assert "repeat r trains train.seed 1338" in done.stderr
+    table = (root / "reports/grid/lr.md").read_text()
     assert table.splitlines()[2].startswith("**One run per setting: no interval")
-    assert "| model.attention | runs | val loss (± s.e.) | eval val loss (± s.e.) | loss vs baseline |" in table
-    assert "| manual | 1/1 |" in table and " ± " in table and "× (inside noise) |" in table
-    assert ("each run trains for 0.5 s of training steps (train.time_budget_s), so val losses compare at equal time"
-            in table)
+    assert "| train.lr | runs | ms/step median (min–max) | tokens/s median (min–max) | speed vs baseline |" in table
+    assert "| 0.03 | 1/1 |" in table and " ± " in table and "× (inside noise) |" in table
     said = json.loads(done.stdout)  # the comparison alone on stdout, for a script or an agent
-    assert said["time_budget_s"] == 0.5 and said["apply"] == {} and said["failed"] == []
-    assert said["rows"][0]["quality"]["speedup"] == 1.0 and said["rows"][1]["quality"]["runs"] == 1
+    assert said["apply"] == {} and said["failed"] == [] and said["judged_by"] == "evaluate's val loss"
+    assert said["rows"][0]["at_quality"]["vs_baseline"]["median"] == 1.0 and said["rows"][1]["at_quality"]["runs"] == 1
     exps = {e.name: e for e in experiments.finished(root)}
-    assert sorted(exps) == ["attn-1-1", "attn-2-1"]
-    assert sorted(e.params["model"]["attention"] for e in exps.values()) == ["flash", "manual"]
-    for exp in exps.values():  # every run trained for the budget: its steps, then the eval after the last
-        assert exp.params["train"]["time_budget_s"] == 0.5 and exp.params["train"]["max_steps"] is None
+    assert sorted(exps) == ["lr-1-1", "lr-2-1"]
+    baseline = exps["lr-1-1"]  # the committed params but its seed: trained and timed here, not the committed run
+    assert baseline.params["train"]["seed"] == 1338 and baseline.params["train"]["lr"] == lr
+    assert baseline.metrics["reports/train/metrics.json"]["perf"] != committed["perf"]
+    assert baseline.metrics["reports/train/metrics.json"]["val"]["loss"] != committed["val"]["loss"]  # its seed
+    for exp in exps.values():
         figures = exp.metrics["reports/train/metrics.json"]
-        assert 0.5 <= figures["train_s"] < 1.0 and figures["cost"]["device_hours"] > 0
-        assert figures["cost"].get("usd") is None  # a CPU has no price unless train.price_per_hour sets one
+        assert figures["cost"]["device_hours"] > 0 and figures["cost"].get("usd") is None  # a CPU has no price
 
     client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
     [parent] = [r for r in runs if r.data.tags.get("kind") == "grid"]
-    assert parent.info.run_name == "attn" and parent.data.params["grid.model.attention"] == "flash,manual"
-    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"attn.md", "attn.json", "attn.png"}
+    assert parent.info.run_name == "lr" and parent.data.params["grid.train.lr"] == f"{lr},0.03"
+    assert parent.info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"lr.md", "lr.json", "lr.png"}
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert parent.info.start_time <= min(r.info.start_time for r in children)  # it lasts as long as the grid
     assert parent.data.metrics["grid/speedup"] > 0 and parent.inputs.dataset_inputs  # the last setting's, and its data
-    assert sorted(r.data.params["model.attention"] for r in children) == ["flash", "manual"]
+    assert sorted(float(r.data.params["train.lr"]) for r in children) == [lr, 0.03]
     assert {r.data.tags["dvc_exp_name"] for r in children} == set(exps)
-    [manual] = [r for r in children if r.data.params["model.attention"] == "manual"]
-    assert manual.info.run_name == "attn · model.attention=manual" and manual.data.tags["grid.setting"] == (
-        "model.attention=manual")
-    assert manual.data.metrics["vs_baseline/speedup"] > 0 and manual.data.metrics["vs_baseline/speed_inside_noise"] == 1
+    assert {r.data.params["train.seed"] for r in children} == {"1338"}
+    [other] = [r for r in children if float(r.data.params["train.lr"]) == 0.03]
+    assert other.info.run_name == "lr · train.lr=0.03" and other.data.tags["grid.setting"] == "train.lr=0.03"
+    assert other.data.metrics["vs_reference/speedup"] > 0 and other.data.metrics["vs_reference/speed_inside_noise"] == 1
     assert "One run per setting" in parent.data.tags["mlflow.note.content"]  # the report, as its description
     for child in children:  # evaluate logged into each training run; both name the exact data and weights
         assert "eval/val_loss" in child.data.metrics
@@ -242,9 +249,9 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, t
     assert not list((root / ".dvc" / "tmp").rglob("mlflow.db"))  # nothing landed in the temp copies
     # every model traceable: from the MLflow model of a run to its exact checkpoint (docs/experiments.md)
     models = client.search_logged_models([parent.info.experiment_id])
-    [model] = [m for m in models if m.source_run_id == manual.info.run_id]
+    [model] = [m for m in models if m.source_run_id == other.info.run_id]
     assert {m.key for m in model.metrics} >= {"summary/val.loss", "eval/val_loss"}  # evaluate's figures are its too
-    assert model.tags["get_weights"] == f"dvc exp apply {manual.data.tags['dvc_exp_name']}"
+    assert model.tags["get_weights"] == f"dvc exp apply {other.data.tags['dvc_exp_name']}"
     run(root, sys.executable, "-m", "dvc", *shlex.split(model.tags["get_weights"].removeprefix("dvc ")))
     assert hashlib.md5((root / model.tags["checkpoint_path"]).read_bytes()).hexdigest() == model.tags["checkpoint_md5"]
 

@@ -172,8 +172,8 @@ def test_plan_gives_the_memory_per_gpu_under_fsdp_and_with_muon(runner, tmp_path
 def test_plan_uses_the_mfu_measured_by_the_ladder(runner, tmp_path):
     report = tmp_path / "reports/ladder"
     report.mkdir(parents=True)
-    rows = [{"rung": "baseline", "mfu": 0.1, "runtime": {"device_name": "NVIDIA H100 80GB HBM3"}},
-            {"rung": "fused adamw", "mfu": 0.5, "runtime": {"device_name": "NVIDIA H100 80GB HBM3"}}]
+    rows = [{"label": "baseline", "mfu": 0.1, "runtime": {"device_name": "NVIDIA H100 80GB HBM3"}},
+            {"label": "fused adamw", "mfu": 0.5, "runtime": {"device_name": "NVIDIA H100 80GB HBM3"}}]
     (report / "ladder.json").write_text(json.dumps({"rows": rows}))
     p = plan.plan("gpt2", 10e9, "h100", root=tmp_path)
     assert p["mfu"] == 0.5 and "measured" in p["mfu_source"]

@@ -53,7 +53,8 @@ def test_a_run_is_named_after_what_it_changes_and_never_twice_the_same(tmp_path,
     experiment = mlflow.MlflowClient().get_experiment_by_name("gpt2")
     view = json.loads(experiment.tags["mlflow.sharedViewState.gpt2-compare"])  # the runs list the link opens
     assert "metrics.`summary/perf.tokens_per_s_iqr`" in view["selectedColumns"]
-    assert "metrics.`vs_baseline/speedup`" in view["selectedColumns"]
+    assert "metrics.`vs_reference/speedup`" in view["selectedColumns"]
+    assert "metrics.`vs_reference/val_loss_p`" in view["selectedColumns"]
 
 
 def test_flatten():

@@ -23,6 +23,12 @@ class Finite(click.FloatRange):
         return super().convert(number, param, ctx)
 
 
+ALPHA_OPTION = click.option(
+    "--alpha", default=0.01, show_default=True, type=Finite(0, 0.5, min_open=True),
+    help="the significance level of the quality verdicts: a val loss or time-to-loss difference counts where the "
+         "paired t-test over the seeds gives p below it (0.01: modded-nanogpt's for a record)")
+
+
 @click.command()
 @PARAMS
 @paths.option("--ladder", "ladder_path", default=paths.LADDER, type=click.Path(dir_okay=False),
@@ -34,24 +40,23 @@ class Finite(click.FloatRange):
               help="model.size instead of the profile's")
 @click.option("--steps", default=None, type=click.IntRange(min=2), help="steps per run instead of the profile's")
 @click.option("--repeats", default=None, type=click.IntRange(min=1), help="runs per rung instead of the profile's")
-@click.option("--fresh", is_flag=True,
-              help="measure every rung again instead of reusing experiments with the same params")
 @click.option("--mlflow/--no-mlflow", default=None, help="log to MLflow (default: params.yaml train.mlflow)")
 @click.option("--target", default=None, type=Finite(min=0, min_open=True),
               help="val loss: every run trains to it (steps is the cap); the table adds time and tokens to target")
 @click.option("--time-budget", "time_budget_s", default=None, type=Finite(min=0, min_open=True), metavar="SECONDS",
               help="every run trains this long (train.time_budget_s) instead of --steps: val losses at equal time")
 @click.option("--apply", is_flag=True, help="write the winning rungs' changes into params.yaml (a committed one only)")
+@ALPHA_OPTION
 @click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON on stdout (logs stay on stderr)")
 @user_errors
 def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str | None, steps: int | None,
-           repeats: int | None, fresh: bool, mlflow: bool | None, target: float | None, time_budget_s: float | None,
-           apply: bool, as_json: bool) -> None:
+           repeats: int | None, mlflow: bool | None, target: float | None, time_budget_s: float | None,
+           apply: bool, alpha: float, as_json: bool) -> None:
     """Measure what each optimization buys: every rung of ladder.yaml as DVC experiments, then a table and plot."""
     from gpt2.measure.ladder import run_ladder
 
-    run_ladder(ladder_path, params_path, out, device, model, steps, repeats, fresh, mlflow, target, time_budget_s,
-               apply, as_json)
+    run_ladder(ladder_path, params_path, out, device, model, steps, repeats, mlflow, target, time_budget_s,
+               apply, as_json, alpha)
 
 
 @click.command()
@@ -62,19 +67,21 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
 @click.option("--target", default="evaluate", show_default=True, help="the dvc.yaml stage each experiment runs to")
 @paths.option("--out", default=paths.GRID_REPORTS, help="report folder (<slug>.md, .json, .png: the name, spaces as -)")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 1000),
-              help="runs per setting, in alternating order: 2 or more give each speed ratio an interval and a verdict")
+              help="runs per setting, in alternating order, repeat r training seed r for every setting: 2 or more "
+                   "give each speed ratio an interval, 3 or more can decide a quality difference")
 @click.option("--mlflow/--no-mlflow", default=None, help="a parent MLflow run (default: params.yaml train.mlflow)")
 @click.option("--time-budget", "time_budget_s", default=None, type=Finite(min=0, min_open=True), metavar="SECONDS",
               help="every run trains this long (train.time_budget_s): val losses compare at equal time")
 @click.option("--apply", is_flag=True, help="write the winning setting into params.yaml (a committed one only)")
+@ALPHA_OPTION
 @click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON on stdout (logs stay on stderr)")
 @user_errors
 def grid(params_path: str, sets: tuple[str, ...], name: str | None, target: str, out: str, repeats: int,
-         mlflow: bool | None, time_budget_s: float | None, apply: bool, as_json: bool) -> None:
+         mlflow: bool | None, time_budget_s: float | None, apply: bool, alpha: float, as_json: bool) -> None:
     """Run a grid of DVC experiments (-S key=a,b ...) one at a time, each setting against the first, with its noise."""
     from gpt2.measure.grid import run_grid
 
-    run_grid(sets, name, target, out, mlflow, params_path, repeats, time_budget_s, apply, as_json)
+    run_grid(sets, name, target, out, mlflow, params_path, repeats, time_budget_s, apply, as_json, alpha)
 
 
 @click.command()

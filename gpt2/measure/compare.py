@@ -1,20 +1,32 @@
-"""How two settings compare, and whether the difference is outside noise: the one judge of the ladder and the grid.
+"""The one judge of a comparison: each arm's runs against its reference arm's, run paired with run of the same repeat.
 
-A setting's runs are paired with the runs of the setting it is compared with that ran next to
-them in time (the same repeat, in alternating order), so slow drift of the machine cancels in
-each ratio; the speed ratio is the median of the paired ratios. A gain is *inside noise* when
-the paired ratios disagree on its direction, or when it is no larger than the noise floor: how
-far paired ratios typically disagree on this machine (the median over the settings of their
-max - min), or a move that a setting which changed nothing made. Val losses differ beyond noise
-when they are more than 2 × √(se₁² + se₂²) apart, the standard errors being over the scored windows.
+An *arm* is what a comparison measures: a grid's setting, a ladder's rung. Each arm runs once
+per repeat, in alternating order, and repeat r trains seed r for every arm, so an arm's run and
+its reference's run of the same repeat are neighbours in time and start from the same draw of
+weights and batches. The grid and the ladder build their arms from DVC experiments
+(:func:`read_run`), give each its reference (the grid: the first setting; the ladder: the carried
+rung above), and call :func:`judge`; report.py writes what users read.
 
-At equal quality, each run's val curve (val loss against training time, measured every
-``eval_interval`` steps of a run that trains its whole length) is read where it first reaches the
-val loss its repeat's baseline run ends with, interpolated between the two evals around it. The
-speedup compares a run with its repeat's baseline run at the higher of their two final val losses,
-a loss both reach (a run that ends a hair above the baseline would otherwise read "never"): the
-baseline's time to it over the run's, paired and judged as the tokens/s ratio is. Every run trains
-its whole length: none stops at the mark, which would end a run on its luckiest eval.
+Speed. An arm's tokens/s over its reference's, run by run; the ratio is their median. A gain is
+*inside noise* when the paired ratios disagree on its direction, or when it is no larger than
+the noise floor: how far paired ratios typically disagree on this machine (the median over the
+arms of their max - min), or the move of an arm that ran what its reference ran (``inert``).
+
+Quality. The final val loss an arm ends with minus its reference's, repeat by repeat, samples
+how the change moves the loss across seeds. A paired t-test on those differences (Student's t,
+n - 1 degrees of freedom) gives the p-value and a (1 - alpha) interval. It suits a few runs: it
+weighs the size of the differences, where a sign or permutation test cannot go below p = 2/2^n
+(0.25 with 3 seeds) whatever they show; its assumption, differences spread normally, is what
+seed-to-seed losses of one setup are close to. A loss difference counts when the test holds at
+``alpha`` and it is larger than the scored text's noise (2 × √(se₁² + se₂²), the windows'
+standard errors), so neither a lucky seed nor a lucky choice of windows passes for a gain
+(README, "Compare optimizations").
+
+At equal quality. Each run's val curve (val loss against training time) is read where it first
+reaches the val loss its repeat's baseline run ends with, interpolated between evals. How much
+sooner an arm gets somewhere is read against its reference's run of the same repeat at the
+higher of their two final val losses (a loss both reach); it counts when its paired ratios are
+outside the noise floor and the t-test on their logarithms holds at ``alpha``.
 """
 
 from __future__ import annotations
@@ -22,25 +34,31 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
-# how to read a noisy comparison, in each tool's own options
+from gpt2.core import paths
+
+ALPHA = 0.01  # the significance level of the quality tests: modded-nanogpt's for a record
+POWER = 0.8  # the chance a real effect of the detectable size is found, for "seeds needed"
+TOO_NOISY = 0.10  # paired ratios that disagree by more than this: no gain of that size can be read
 ADVICE = {"rung": "run it on an idle machine, with more steps per run (--steps) or more repeats (--repeats)",
           "setting": "run it on an idle machine, with more steps per run (-S train.max_steps=...) or more repeats "
                      "(--repeats)"}
-TOO_NOISY = 0.10  # paired ratios that disagree by more than this: no gain of that size can be read
+
+Curve = list[tuple[float, float, float]]  # a run's val curve: (training seconds, tokens, val loss) per eval
 
 
 @dataclass(frozen=True)
 class Spread:
-    """A figure over a setting's runs: their median, and the lowest and highest of them."""
+    """A figure over an arm's runs: their median, and the lowest and highest of them."""
 
     median: float
     low: float
     high: float
 
     @classmethod
-    def of(cls, values: list[float]) -> Spread:
-        return cls(statistics.median(values), min(values), max(values))
+    def of(cls, values: list[float]) -> Spread | None:
+        return cls(statistics.median(values), min(values), max(values)) if values else None
 
     def shown(self, form: str) -> str:
         """``110.0 (100.0–120.0)`` for ``form`` ``.1f``."""
@@ -50,19 +68,387 @@ class Spread:
         return self.low <= other.high and other.low <= self.high
 
 
-def paired_ratios(values: list[float], against: list[float]) -> list[float]:
-    """Each run's figure over the compared setting's run of the same repeat."""
-    return [a / b for a, b in zip(values, against) if b]
+@dataclass
+class Run:
+    """One experiment of a comparison as its files recorded it; ``ok`` is False where it failed or is missing."""
+
+    name: str
+    repeat: int
+    seed: int | None = None  # train.seed it trained
+    ok: bool = False
+    tokens_per_s: float | None = None
+    tokens_per_s_wall: float | None = None
+    step_ms: float | None = None
+    peak_mem_gb: float | None = None
+    mfu: float | None = None
+    val_loss: float | None = None  # training's last val loss, ± its standard error over the scored windows
+    val_loss_se: float | None = None
+    eval_val_loss: float | None = None  # the evaluate stage's, where the experiment ran it
+    eval_val_loss_se: float | None = None
+    cost_usd: float | None = None
+    device_hours: float | None = None
+    price_per_hour: float | None = None  # all its devices together (USD)
+    target: dict[str, Any] | None = None  # the trainer's record of a target val loss: reached, time_s, tokens, steps
+    curve: Curve | None = None
+    runtime: dict[str, Any] = field(default_factory=dict)  # what really ran (the trainer's summary)
+
+
+def read_run(name: str, repeat: int, seed: int | None, exp: Any, curve: Curve | None = None) -> Run:
+    """A run's figures from its experiment (``experiments.Experiment``; None where it did not finish)."""
+    run = Run(name, repeat, seed)
+    metrics = (exp.metrics.get(paths.TRAIN_METRICS) or {}) if exp else {}
+    perf = metrics.get("perf") or {}
+    if not perf.get("tokens_per_s"):
+        return run
+    val, cost = metrics.get("val") or {}, metrics.get("cost") or {}
+    scored = (exp.metrics.get(paths.EVAL_METRICS) or {}).get("eval") or {}
+    summary = exp.files.get(paths.TRAIN_SUMMARY) or {}
+    price = (summary.get("cost") or {}).get("price_per_hour")
+    run.ok = True
+    run.tokens_per_s, run.tokens_per_s_wall = perf["tokens_per_s"], perf.get("tokens_per_s_wall")
+    run.step_ms, run.mfu = perf.get("step_ms"), perf.get("mfu")
+    run.peak_mem_gb = (metrics.get("mem") or {}).get("peak_gb")
+    run.val_loss, run.val_loss_se = val.get("loss"), val.get("loss_se")
+    run.eval_val_loss, run.eval_val_loss_se = scored.get("val_loss"), scored.get("val_loss_se")
+    run.cost_usd, run.device_hours = cost.get("usd"), cost.get("device_hours")
+    run.price_per_hour = None if price is None else price * ((summary.get("perf") or {}).get("world_size") or 1)
+    run.target, run.curve = metrics.get("target"), curve
+    run.runtime = summary.get("runtime") or {}
+    return run
+
+
+@dataclass
+class Test:
+    """A t-test over seeds: the mean, its (1 - alpha) interval, the p-value, and what these seeds can detect."""
+
+    n: int  # seeds (pairs)
+    mean: float
+    low: float
+    high: float
+    p: float
+    alpha: float
+    significant: bool
+    detectable: float  # the smallest true difference these seeds find with POWER's chance at alpha
+    seeds_needed: int | None = None  # for the difference measured, where these seeds do not decide it
+
+
+@dataclass
+class Ratio:
+    """An arm's figure over another arm's, run by run (the same repeat), and whether it can be told from noise."""
+
+    paired: list[float] = field(default_factory=list)
+    median: float | None = None
+    inside_noise: bool | None = None
+    test: Test | None = None  # over the logarithms of ``paired`` (a quality ratio); None for speed
+
+    @classmethod
+    def of(cls, paired: list[float]) -> Ratio:
+        return cls(paired, statistics.median(paired) if paired else None)
+
+
+@dataclass
+class LossDiff:
+    """An arm's final val loss minus its reference's, seed by seed, with the verdict on it."""
+
+    by: str  # "evaluate" or "training": whose val loss (evaluate's where every run has it)
+    per_seed: list[float]
+    delta: float  # their mean
+    apart: bool | None  # the verdict: significant at alpha and beyond the scored text's noise; None: cannot tell
+    beyond_text_noise: bool | None = None  # more than 2 × √(se₁² + se₂²) apart (the median runs')
+    test: Test | None = None
+
+
+@dataclass
+class Versus:
+    """An arm against its reference arm, run paired with run of the same repeat."""
+
+    reference: int
+    speed: Ratio  # tokens/s
+    sooner: Ratio  # how many times sooner it reaches the higher of the two final val losses
+    loss: LossDiff | None = None
+    time_to_target: float | None = None  # the reference's median time to the target over this arm's
+    time_to_target_inside_noise: bool | None = None
+
+
+@dataclass
+class AtQuality:
+    """What an arm took to reach the val loss the baseline ends with, run by run (the same repeat's baseline run
+    sets each run's mark), and how that compares with the baseline's own time to it."""
+
+    reached: int  # runs that reached their mark
+    runs: int
+    time_s: Spread | None = None  # training time to the mark (compile included, evals not)
+    tokens: float | None = None  # median tokens to the mark
+    cost_usd: float | None = None  # median cost of that time, at the run's price per device-hour
+    vs_baseline: Ratio = field(default_factory=Ratio)  # how much sooner than the baseline's run of the same repeat
+
+
+@dataclass
+class Target:
+    """Time and tokens to a target val loss over the runs that reached it, and the speedrun's test of it: mean
+    final val loss below the target, one-sided, at alpha."""
+
+    loss: float
+    reached: int
+    time_s: Spread | None = None
+    tokens: float | None = None
+    steps: float | None = None
+    p_below: float | None = None  # None with fewer than two runs
+    below: bool | None = None
+
+
+@dataclass
+class Arm:
+    """One thing a comparison measures (a setting, a rung): its runs by repeat and, once judged, its figures."""
+
+    label: str
+    runs: list[Run]  # by repeat; a failed run is there with ok False
+    reference: int | None = None  # the arm it is compared with; None for the baseline
+    inert: bool = False  # ran what its reference ran (the trainer says so): its move is this machine's noise
+    skipped: str = ""  # why it was not run (it cannot act on this device)
+    setting: dict[str, Any] = field(default_factory=dict)  # what it sets (a grid's setting, a rung's changes)
+    runtime: dict[str, Any] = field(default_factory=dict)  # what really ran, its first finished run's
+    tokens_per_s: Spread | None = None
+    tokens_per_s_wall: float | None = None
+    step_ms: Spread | None = None
+    peak_mem_gb: float | None = None
+    mfu: float | None = None
+    val_loss: Spread | None = None  # the final val loss it is judged by, over its seeds
+    val_loss_se: float | None = None  # the median run's standard error over the scored windows
+    cost_usd: float | None = None
+    device_hours: float | None = None
+    vs_baseline: Ratio = field(default_factory=Ratio)  # tokens/s over the baseline's, paired by repeat
+    versus: Versus | None = None
+    at_quality: AtQuality | None = None
+    target: Target | None = None
+
+    @property
+    def done(self) -> list[Run]:
+        return [r for r in self.runs if r.ok]
+
+
+@dataclass
+class Noise:
+    """How noisy the comparison was: the speed floor, and the baseline's own spread over its seeds."""
+
+    speed_spread: float  # the typical disagreement of arms' paired tokens/s ratios
+    speed_floor: float  # at least that, or the largest move of an inert arm
+    sooner_floor: float
+    alpha: float
+    seeds: list[int | None]  # by repeat
+    loss_sd: float | None = None  # the baseline's final val loss, standard deviation over its seeds
+    loss: Spread | None = None
+    time_to_loss: Spread | None = None  # the baseline's runs' time to its median final val loss
+
+
+@dataclass
+class Judged:
+    """Every arm judged, with the comparison's noise; ``by``: whose val loss decides ("evaluate", "training")."""
+
+    arms: list[Arm]
+    noise: Noise
+    by: str
+
+    @property
+    def failed(self) -> list[str]:
+        return [r.name for a in self.arms if not a.skipped for r in a.runs if not r.ok]
+
+    @property
+    def compared(self) -> list[Arm]:
+        return [a for a in self.arms if a.versus and a.versus.speed.median is not None and not a.inert]
+
+
+def judge(arms: list[Arm], alpha: float = ALPHA, target: float | None = None) -> Judged:
+    """Every arm's figures and its comparison with its reference; ``target``: a val loss the runs trained to."""
+    by = "evaluate" if all(r.eval_val_loss is not None for a in arms for r in a.done) and any(
+        a.done for a in arms) else "training"
+    for arm in arms:
+        _figures(arm, by, alpha, target)
+    base = arms[0]
+    for arm in arms:
+        arm.vs_baseline = Ratio.of(_paired(arm, base, lambda r: r.tokens_per_s))
+        if arm.reference is not None and arm.done and arms[arm.reference].done:
+            arm.versus = _versus(arm, arm.reference, arms[arm.reference], by, alpha)
+    _at_quality(arms, alpha)
+    compared = [a for a in arms if a.versus]
+    spread = typical_disagreement([a.versus.speed.paired for a in compared if not a.inert])
+    inert = [abs(a.versus.speed.median - 1) for a in compared if a.inert and a.versus.speed.median]
+    floor = max([spread, *inert])
+    sooner_floor = max(floor, typical_disagreement([a.versus.sooner.paired for a in compared]))
+    for arm in compared:
+        versus, above = arm.versus, arms[arm.reference]
+        versus.speed.inside_noise = True if arm.inert else ratio_inside_noise(versus.speed.paired, floor)
+        versus.sooner.inside_noise = _quality_noise(versus.sooner, sooner_floor)
+        if versus.time_to_target is not None:
+            versus.time_to_target_inside_noise = (arm.target.time_s.overlaps(above.target.time_s)
+                                                  or abs(versus.time_to_target - 1) <= floor)
+    for arm in arms[1:]:
+        if arm.at_quality:
+            arm.at_quality.vs_baseline.inside_noise = _quality_noise(arm.at_quality.vs_baseline, sooner_floor)
+    return Judged(arms, _noise(base, spread, floor, sooner_floor, alpha, by), by)
+
+
+def _figures(arm: Arm, by: str, alpha: float, target: float | None) -> None:
+    done = arm.done
+    if not done:
+        return
+    arm.runtime = done[0].runtime
+    arm.tokens_per_s = Spread.of([r.tokens_per_s for r in done])
+    arm.step_ms = Spread.of([r.step_ms for r in done if r.step_ms is not None])
+    arm.tokens_per_s_wall = median_known([r.tokens_per_s_wall for r in done])
+    arm.peak_mem_gb = max((r.peak_mem_gb for r in done if r.peak_mem_gb is not None), default=None)
+    arm.mfu = median_known([r.mfu for r in done])
+    losses = [final_loss(r, by) for r in done if final_loss(r, by)[0] is not None]
+    arm.val_loss = Spread.of([loss for loss, _ in losses])
+    arm.val_loss_se = median_known([se for _, se in losses])
+    arm.cost_usd = median_known([r.cost_usd for r in done])
+    arm.device_hours = median_known([r.device_hours for r in done])
+    if target is not None:
+        arm.target = _target(done, target, [loss for loss, _ in losses], alpha)
+
+
+def final_loss(run: Run, by: str) -> tuple[float | None, float | None]:
+    """The val loss a run is judged by, with its standard error over the scored windows."""
+    return (run.eval_val_loss, run.eval_val_loss_se) if by == "evaluate" else (run.val_loss, run.val_loss_se)
+
+
+def _paired(arm: Arm, other: Arm, figure: Callable[[Run], float | None]) -> list[float]:
+    """``figure`` of each of the arm's runs over the other arm's run of the same repeat."""
+    out = []
+    for mine, theirs in zip(arm.runs, other.runs):
+        a, b = (figure(mine), figure(theirs)) if mine.ok and theirs.ok else (None, None)
+        if a is not None and b:
+            out.append(a / b)
+    return out
+
+
+def _versus(arm: Arm, index: int, above: Arm, by: str, alpha: float) -> Versus:
+    versus = Versus(index, Ratio.of(_paired(arm, above, lambda r: r.tokens_per_s)),
+                    _sooner_ratio(above.runs, arm.runs, alpha))
+    pairs = [(final_loss(a, by), final_loss(b, by)) for a, b in zip(arm.runs, above.runs) if a.ok and b.ok]
+    pairs = [(a, b) for a, b in pairs if a[0] is not None and b[0] is not None]
+    if pairs:
+        per_seed = [a[0] - b[0] for a, b in pairs]
+        test = paired_test(per_seed, alpha)
+        text = losses_apart(statistics.median(a[0] for a, _ in pairs), arm.val_loss_se,
+                            statistics.median(b[0] for _, b in pairs), above.val_loss_se)
+        apart = None if test is None else bool(test.significant and text is not False)
+        versus.loss = LossDiff(by, per_seed, statistics.fmean(per_seed), apart, text, test)
+    if arm.target and above.target and arm.target.time_s and above.target.time_s:
+        versus.time_to_target = above.target.time_s.median / arm.target.time_s.median
+    return versus
+
+
+def _sooner_ratio(reference: list[Run], runs: list[Run], alpha: float) -> Ratio:
+    paired = [r for above, mine in zip(reference, runs)
+              if above.ok and mine.ok and (r := sooner(above.curve, mine.curve)) is not None]
+    ratio = Ratio.of(paired)
+    ratio.test = paired_test([math.log(r) for r in paired], alpha) if all(r > 0 for r in paired) else None
+    return ratio
+
+
+def _quality_noise(ratio: Ratio, floor: float) -> bool | None:
+    """A quality ratio is inside noise when its paired runs cannot tell it from the machine's noise, or the seeds
+    cannot (the t-test does not hold); None where it has no pairs."""
+    if ratio.median is None:
+        return None
+    return ratio_inside_noise(ratio.paired, floor) or not (ratio.test and ratio.test.significant)
+
+
+def _at_quality(arms: list[Arm], alpha: float) -> None:
+    """Each arm's time and tokens to the baseline's final val loss, run by run, and how much sooner than the
+    baseline's run of the same repeat. Nothing where the baseline has no curve."""
+    marks = [run.curve[-1][2] if run.ok and run.curve else None for run in arms[0].runs]
+    if all(mark is None for mark in marks):
+        return
+    for arm in arms:
+        ran = [r for r in arm.done if r.curve]
+        if not ran:
+            continue
+        hits = [(hit, run) for run, mark in zip(arm.runs, marks)
+                if run.ok and run.curve and mark is not None and (hit := reaches(run.curve, mark))]
+        figures = AtQuality(reached=len(hits), runs=len(ran))
+        if hits:
+            figures.time_s = Spread.of([hit[0] for hit, _ in hits])
+            figures.tokens = statistics.median(hit[1] for hit, _ in hits)
+            figures.cost_usd = median_known([hit[0] * r.price_per_hour / 3600 if r.price_per_hour is not None
+                                             else None for hit, r in hits])
+        figures.vs_baseline = _sooner_ratio(arms[0].runs, arm.runs, alpha)
+        arm.at_quality = figures
+
+
+def _target(done: list[Run], target: float, losses: list[float], alpha: float) -> Target:
+    reached = [r.target for r in done if (r.target or {}).get("reached")]
+    figures = Target(target, len(reached))
+    if reached:
+        figures.time_s = Spread.of([t["time_s"] for t in reached])
+        figures.tokens = statistics.median(t["tokens"] for t in reached)
+        figures.steps = statistics.median(t["steps"] for t in reached)
+    if len(losses) >= 2:
+        figures.p_below = below_test(losses, target)
+        figures.below = figures.p_below < alpha
+    return figures
+
+
+def _noise(base: Arm, spread: float, floor: float, sooner_floor: float, alpha: float, by: str) -> Noise:
+    noise = Noise(spread, floor, sooner_floor, alpha, [r.seed for r in base.runs])
+    losses = [loss for r in base.done if (loss := final_loss(r, by)[0]) is not None]
+    if len(losses) >= 2:
+        noise.loss_sd, noise.loss = statistics.stdev(losses), Spread.of(losses)
+        mark = statistics.median(losses)
+        times = [hit[0] for r in base.done if r.curve and (hit := reaches(r.curve, mark))]
+        noise.time_to_loss = Spread.of(times) if len(times) >= 2 else None
+    return noise
+
+
+def paired_test(differences: list[float], alpha: float = ALPHA) -> Test | None:
+    """Student's paired t-test of ``differences`` (one per seed) against 0, two-sided; None with fewer than two.
+
+    Also what the seeds can detect: the smallest true mean difference found with POWER's chance, from the measured
+    spread, and, where the test does not hold, how many seeds would decide the difference measured."""
+    from scipy import stats
+
+    n = len(differences)
+    if n < 2:
+        return None
+    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
+    error = sd / math.sqrt(n)
+    if error == 0:  # every seed moved it by the same amount (bit-identical runs move it by 0)
+        p = 1.0 if mean == 0 else 0.0
+    else:
+        p = float(2 * stats.t.sf(abs(mean) / error, n - 1))
+    half = float(stats.t.ppf(1 - alpha / 2, n - 1)) * error
+    test = Test(n, mean, mean - half, mean + half, p, alpha, p < alpha, _detectable(sd, n, alpha))
+    if not test.significant and mean != 0:
+        test.seeds_needed = next((m for m in range(n + 1, 1001) if _detectable(sd, m, alpha) <= abs(mean)), None)
+    return test
+
+
+def _detectable(sd: float, n: int, alpha: float) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(POWER, n - 1)) * sd / math.sqrt(n)
+
+
+def below_test(losses: list[float], target: float) -> float:
+    """The speedrun's test: p-value that the mean final val loss is below ``target`` (one-sided t-test)."""
+    from scipy import stats
+
+    n = len(losses)
+    mean, error = statistics.fmean(losses), statistics.stdev(losses) / math.sqrt(n)
+    if error == 0:
+        return 0.0 if mean < target else 1.0
+    return float(stats.t.cdf((mean - target) / error, n - 1))
 
 
 def typical_disagreement(paired: list[list[float]]) -> float:
-    """How far a setting's paired ratios typically disagree: the median of their max - min (0 with no pairs)."""
+    """How far an arm's paired ratios typically disagree: the median of their max - min (0 with no pairs)."""
     spreads = [max(p) - min(p) for p in paired if len(p) > 1]
     return statistics.median(spreads) if spreads else 0.0
 
 
 def ratio_inside_noise(paired: list[float], floor: float) -> bool:
-    """Whether a speed ratio is no gain that these runs can tell from noise (one pair alone never can)."""
+    """Whether a ratio is no gain that these runs can tell from noise (one pair alone never can)."""
     if len(paired) < 2:
         return True
     ratio = statistics.median(paired)
@@ -77,54 +463,9 @@ def losses_apart(loss: float | None, se: float | None, other: float | None, othe
     return abs(loss - other) > 2 * math.hypot(se, other_se)
 
 
-def as_metric(verdict: bool | None) -> float | None:
-    """A yes/no verdict as an MLflow metric (1.0 or 0.0; None where there is none), so a runs list can show it."""
-    return None if verdict is None else float(verdict)
-
-
 def median_known(values: list[float | None]) -> float | None:
-    """The median of the values that are known (None where none is)."""
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
-
-
-def usd_shown(value: float | None) -> str:
-    return "" if value is None else f"{value:.4f}" if value < 1 else f"{value:,.2f}"
-
-
-def ratio_shown(value: float | None, inside_noise: bool = False) -> str:
-    if value is None:
-        return ""
-    return f"{value:.2f}× (inside noise)" if inside_noise else f"{value:.2f}×"
-
-
-def loss_shown(value: float | None, error: float | None) -> str:
-    """'5.938 ± 0.059': a val loss with its standard error over the scored windows, when known."""
-    if value is None:
-        return ""
-    return f"{value:.3f} ± {error:.3f}" if error is not None and math.isfinite(error) else f"{value:.3f}"
-
-
-def noise_verdict(spread: float, floor: float, noisy: int, compared: int, repeats: int, what: str,
-                  against: str) -> str:
-    """A report's first words: too noisy to read, or how noisy, and how many gains are inside that.
-    ``spread``: the typical disagreement of paired ratios; ``floor``: the noise floor (at least the spread);
-    ``what`` names the compared things ("rung"), ``against`` what each is paired with ("the rung above's")."""
-    if repeats < 2:
-        return f"**One run per {what}: no interval, so no gain can be told from noise.** To read it, {ADVICE[what]}."
-    if floor > TOO_NOISY:
-        return (f"**Too noisy to read:** a {what}'s paired runs disagree by {100 * spread:.0f}% (median)"
-                + (f" and a {what} that changed nothing here moved tokens/s by {100 * floor:.0f}%" if floor > spread
-                   else "")
-                + f"; {noisy} of {compared} {what}s' gains are inside that noise. To read it, {ADVICE[what]}.")
-    shown = f"; {what}s that changed nothing here moved it by up to {100 * floor:.1f}%" if floor > spread else ""
-    return (f"Noise: each {what}'s runs, paired with {against} of the same repeat, agree on its tokens/s ratio within "
-            f"{100 * spread:.1f}% (median over the {what}s){shown}. A gain whose paired runs disagree on its "
-            f"direction, or no larger than {100 * floor:.1f}%, is marked *inside noise*: it buys nothing this "
-            f"machine can measure ({noisy} of {compared} {what}s).")
-
-
-Curve = list[tuple[float, float, float]]  # a run's val curve: (training seconds, tokens, val loss) per eval
 
 
 def reaches(curve: Curve, loss: float) -> tuple[float, float] | None:
@@ -152,93 +493,36 @@ def sooner(reference: Curve | None, curve: Curve | None) -> float | None:
     return theirs[0] / mine[0] if theirs and mine and mine[0] > 0 else None
 
 
-@dataclass
-class AtQuality:
-    """What a setting took to reach the val loss the baseline ends with, run by run (the same repeat's
-    baseline run sets each run's mark), and how that compares with the baseline's own time to it."""
-
-    reached: int  # runs that reached their mark
-    runs: int
-    time_s: Spread | None = None  # training time to the mark (compile included, evals not)
-    tokens: float | None = None  # median tokens to the mark
-    cost_usd: float | None = None  # median cost of that time, at the run's price per device-hour
-    paired: list[float] = field(default_factory=list)  # how much sooner than the baseline's run of the same
-    # repeat, at the higher of their final val losses (``sooner``)
-    speedup: float | None = None  # their median: above 1, this setting gets there sooner
-    inside_noise: bool | None = None
-
-
-def at_baseline_quality(curves: list[list[Curve | None]],
-                        prices: list[list[float | None]] | None = None) -> list[AtQuality | None]:
-    """Per setting (the first is the baseline), given each run's val curve by repeat (None where a run failed or
-    has no curve) and each run's price per hour of its time (USD; None: no cost): time and tokens to the
-    baseline's final val loss, and the speedup with its noise. None for a setting with no curve at all."""
-    marks = [curve[-1][2] if curve else None for curve in curves[0]]
-    if all(mark is None for mark in marks):  # the baseline has no curve: there is no quality to reach
-        return [None] * len(curves)
-    found: list[list[tuple[float, float] | None]] = [
-        [reaches(curve, mark) if curve and mark is not None else None for curve, mark in zip(runs, marks)]
-        for runs in curves]
-    out: list[AtQuality | None] = []
-    for i, (runs, hits) in enumerate(zip(curves, found)):
-        ran = [c for c in runs if c]
-        if not ran:
-            out.append(None)
-            continue
-        got = [(h, (prices[i][r] if prices else None)) for r, h in enumerate(hits) if h]
-        figures = AtQuality(reached=len(got), runs=len(ran))
-        if got:
-            figures.time_s = Spread.of([h[0] for h, _ in got])
-            figures.tokens = statistics.median(h[1] for h, _ in got)
-            costs = [h[0] * price / 3600 for h, price in got if price is not None]
-            figures.cost_usd = statistics.median(costs) if costs else None
-        figures.paired = [r for base, mine in zip(curves[0], runs) if (r := sooner(base, mine)) is not None]
-        figures.speedup = statistics.median(figures.paired) if figures.paired else None
-        out.append(figures)
-    floor = typical_disagreement([f.paired for f in out[1:] if f])
-    for f in out[1:]:
-        if f and f.speedup is not None:
-            f.inside_noise = ratio_inside_noise(f.paired, floor)
-    return out
-
-
-def quality_shown(figures: AtQuality | None) -> tuple[str, str]:
-    """(time to the baseline's loss, its ratio to the baseline's) as a table shows them."""
-    if figures is None:
-        return "", ""
-    if not figures.reached:
-        return f"not reached (0/{figures.runs})", ratio_shown(figures.speedup, bool(figures.inside_noise))
-    time = figures.time_s.shown(".1f") + (f" reached {figures.reached}/{figures.runs}"
-                                          if figures.reached < figures.runs else "")
-    return time, ratio_shown(figures.speedup, bool(figures.inside_noise))
-
-
-def win(speedup: float | None, speed_noisy: bool | None, sooner_by: float | None, sooner_noisy: bool | None,
-        loss_delta: float | None, loss_apart: bool | None,
-        at_equal_time: bool) -> tuple[tuple[float, float], str] | None:
-    """Whether a setting wins against what it is compared with, and why; None when it does not.
+def win(arm: Arm, at_equal_time: bool) -> tuple[tuple[float, float], str] | None:
+    """Whether an arm wins against its reference, and why; None when it does not.
 
     It wins by a gain outside noise and loses nowhere outside it. Reaching the same val loss sooner
     is the fullest measure (it counts the speed of a step and what a step learns) and decides where
     it is outside noise; a lower val loss wins too. More tokens/s wins when the runs train the same
     steps, not under a time budget, where only what the time bought counts. A higher val loss, or
     the same loss reached later, loses; so does fewer tokens/s over the same steps unless the loss
-    comes sooner all the same. The score ranks winners: how much sooner, else faster, then how much lower."""
-    sooner = sooner_by if sooner_by is not None and sooner_noisy is False else None
-    faster = speedup if speedup is not None and speed_noisy is False else None
-    lower, higher = bool(loss_apart and loss_delta < 0), bool(loss_apart and loss_delta > 0)
-    if higher or (sooner is not None and sooner < 1):
+    comes sooner all the same. Nothing wins from one run on either side. The score ranks winners: how
+    much sooner, else faster, then how much lower."""
+    versus = arm.versus
+    if versus is None or arm.inert or len(arm.done) < 2 or len(versus.speed.paired) < 2:
         return None
-    if not at_equal_time and faster is not None and faster < 1 and sooner is None:
+    sooner_by = versus.sooner.median if versus.sooner.inside_noise is False else None
+    faster = versus.speed.median if versus.speed.inside_noise is False else None
+    loss = versus.loss
+    lower, higher = bool(loss and loss.apart and loss.delta < 0), bool(loss and loss.apart and loss.delta > 0)
+    if higher or (sooner_by is not None and sooner_by < 1):
+        return None
+    if not at_equal_time and faster is not None and faster < 1 and sooner_by is None:
         return None
     reasons = []
-    if sooner is not None and sooner > 1:
-        reasons.append(f"{sooner:.2f}× sooner to the baseline's val loss")
+    if sooner_by is not None and sooner_by > 1:
+        reasons.append(f"{sooner_by:.2f}× sooner to the reference's val loss (p = {versus.sooner.test.p:.2g})")
     if not at_equal_time and faster is not None and faster > 1:
         reasons.append(f"{faster:.2f}× the tokens/s")
     if lower:
-        reasons.append(f"val loss {loss_delta:+.3f}" + (" at equal time" if at_equal_time else ""))
+        reasons.append(f"val loss {loss.delta:+.3f}" + (" at equal time" if at_equal_time else "")
+                       + f" (p = {loss.test.p:.2g})")
     if not reasons:
         return None
-    score = sooner if sooner is not None and sooner > 1 else faster if not at_equal_time and faster else 1.0
-    return (score, -(loss_delta or 0.0)), ", ".join(reasons) + ", outside noise"
+    score = sooner_by if sooner_by is not None and sooner_by > 1 else faster if not at_equal_time and faster else 1.0
+    return (score, -(loss.delta if loss else 0.0)), ", ".join(reasons) + ", outside noise"

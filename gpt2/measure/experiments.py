@@ -170,12 +170,40 @@ def finished(root: Path, files: tuple[str, ...] = ()) -> list[Experiment]:
     return [replace(exp, files={path: _json_at(root, exp.rev, path) for path in files}) for exp in exps]
 
 
-def hourly_price(exp: Experiment | None, summary: str) -> float | None:
-    """What an hour of a run's training cost, all its devices together (USD), from its ``summary`` file (one of
-    the ``files`` :func:`finished` read); None without a price."""
-    figures = (exp.files.get(summary) or {}) if exp else {}
-    price = (figures.get("cost") or {}).get("price_per_hour")
-    return None if price is None else price * ((figures.get("perf") or {}).get("world_size") or 1)
+def alternating(count: int, repeats: int) -> list[tuple[int, int]]:
+    """(arm, repeat) in the order a comparison runs them: every arm forward, then backward, and so on, so each run
+    has a neighbour in time in every other arm to be paired with."""
+    return [(i, r) for r in range(repeats) for i in (range(count) if r % 2 == 0 else reversed(range(count)))]
+
+
+def repeat_seeds(params: dict[str, Any], repeats: int) -> list[int]:
+    """The train.seed each repeat of a comparison trains: params.yaml's plus 1, 2, 3 … Every arm trains the same
+    seed in one repeat, so its runs stay paired; none trains the committed run's own seed, so no run's train
+    stage is the one dvc.lock holds, which DVC would skip and report with the committed run's figures."""
+    from gpt2.core.config import TrainConfig
+
+    base = (params.get("train") or {}).get("seed", TrainConfig.seed)
+    return [int(base) + 1 + r for r in range(repeats)]
+
+
+def trained_here(root: Path, exps: list[Experiment], names: set[str], what: str) -> dict[str, Experiment]:
+    """``exps`` among ``names``, by name, without those whose training figures are the last commit's to the last
+    digit: DVC found their train stage unchanged and kept the committed run's figures, measured some other time
+    (a ``-S train.seed`` that equals the committed one): they did not run in this comparison, and are missing."""
+    from gpt2.core import log as logs
+
+    committed = _json_at(root, "HEAD", paths.TRAIN_METRICS)
+    out = {}
+    for exp in exps:
+        if exp.name not in names:
+            continue
+        if committed is not None and exp.metrics.get(paths.TRAIN_METRICS) == committed:
+            logs.get(what).warning(f"{what}: {exp.name} did not train: DVC found its train stage unchanged from the "
+                                   "last commit and kept the committed run's figures; it counts as failed (its "
+                                   "params equal the committed ones, train.seed included: vary the seed)")
+            continue
+        out[exp.name] = exp
+    return out
 
 
 def val_curve(root: Path, rev: str) -> list[tuple[float, float, float]] | None:

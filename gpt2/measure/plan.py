@@ -54,10 +54,11 @@ def measured_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | N
     ladder = root / paths.LADDER_REPORTS / "ladder.json"
     if ladder.is_file():
         rows = [r for r in json.loads(ladder.read_text()).get("rows", []) if r.get("mfu")]
-        rows = [r for r in rows if _same_device(r.get("runtime", {}).get("device_name", ""), device)]
+        rows = [r for r in rows if _same_device((r.get("runtime") or {}).get("device_name", ""), device)]
         if rows:
             last = rows[-1]
-            return last["mfu"], f"measured: {ladder} (rung {last['rung']!r}, {last['runtime']['device_name']})"
+            rung = last.get("label", last.get("rung"))  # "rung": a ladder.json written before the rows were arms
+            return last["mfu"], f"measured: {ladder} (rung {rung!r}, {last['runtime']['device_name']})"
     return _mlflow_mfu(device, size, root) or _gpu_check_mfu(device, size, root)
 
 

@@ -1,93 +1,125 @@
-"""The ladder's report: a markdown table with its noise verdict, a PNG, a JSON file and an MLflow run."""
+"""The ladder's arms and its report: each rung against the rung it builds on, what really ran, what wins.
+
+A rung whose switch resolves to what already ran (TF32 or AMP on a CPU) has no effect on this
+device, read from what the trainer recorded, not from a rule of thumb: it is an *inert* arm, and
+its move is this machine's noise, the floor under every other gain. gpt2/measure/compare.py judges
+the arms, gpt2/measure/report.py writes the verdict, the table's shared columns, the PNG and the
+MLflow parent; this module adds what only a ladder has (the rungs, what ran, a target val loss).
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from gpt2.core import paths
-from gpt2.core.atomic import atomic_dir
-from gpt2.core.plots import png, pyplot
-from gpt2.measure import experiments
+from gpt2.core.atomic import write_files
 from gpt2.measure.apply import Change
-from gpt2.measure.compare import as_metric, loss_shown, quality_shown, ratio_shown, usd_shown
-from gpt2.measure.ladder.spec import Resolved
-from gpt2.measure.ladder.stats import CANNOT_SHOW, NO_EFFECT, Row, noise_verdict
+from gpt2.measure.compare import Arm, Judged, Run, win
+from gpt2.measure.ladder.spec import Ladder, Resolved, Rung, flat
+from gpt2.measure.report import METHOD, Column, Words, as_data, columns, ratio_shown, render_png, table, verdict
 from gpt2.run.compiled import flag
-from gpt2.run.tracking import json_value
 
 LADDER_FILES = ("ladder.*", "dvc.log")  # what the report folder holds: refused if it holds more
+# A rung's change that the trainer resolves on the device: the key of what really ran in summary.json's "runtime".
+RESOLVED = {"dtype": "dtype", "tf32": "tf32", "keep_host_memory": "keep_host_memory",
+            "model.attention": "sdpa_backend", "cpu_gemm": "cpu_gemm"}
+NO_EFFECT = "no effect on this device"
+CANNOT_SHOW = "not run: cannot show on this device"
 
 
-def table(rows: list[Row], steps: int, target: float | None = None, time_budget_s: float | None = None) -> str:
-    ending = (f"val loss after {time_budget_s:g} s (± s.e.)" if time_budget_s else
-              f"val loss after {steps} steps (± s.e.)" if target is None else "val loss at the end (± s.e.)")
-    quality = any(r.quality for r in rows)
-    priced = any(r.cost_usd is not None or r.quality and r.quality.cost_usd is not None for r in rows)
-    head = ["#", "rung", "what ran", "ms/step median (min–max)", "tokens/s median (min–max)", "wall tokens/s",
-            "vs previous", "cumulative", "peak mem (GB)", "MFU", ending, "loss vs previous",
-            *(["time to the baseline's loss (s)", "vs baseline at equal loss", "vs previous at equal loss"]
-              if quality else []),
-            "device-hours", *(["cost per run (USD)", "cost to the baseline's loss (USD)"] if priced else []), "note"]
-    if target is not None:
-        head[8:8] = [f"time to {target} (s)", "time speedup", "tokens to target"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for row in rows:
-        if not row.runs and row.effect.startswith(CANNOT_SHOW):
-            cells = [str(row.index), row.rung, "", "not run"] + [""] * (len(head) - 5) + [row.effect]
-            lines.append("| " + " | ".join(cells) + " |")
+def arms(ladder: Ladder, resolved: Resolved, runs: list[list[Run]]) -> list[Arm]:
+    """One arm per rung, by repeat, compared with the last rung above it that ran here and carries its change
+    (a rung beside the ladder is compared with it too, and the rungs below do not build on it)."""
+    out: list[Arm] = []
+    previous: int | None = None
+    for i, (rung, group) in enumerate(zip(ladder.rungs, runs)):
+        arm = Arm(rung.name, group, setting=rung.changes if i else {}, skipped=resolved.cannot_show[i] or "")
+        done = [r for r in group if r.ok]
+        if done:
+            arm.reference = previous if i else None
+            if arm.reference is not None:
+                arm.inert = no_effect(rung, flat(resolved.sections[i]), done[0].runtime,
+                                      next((r.runtime for r in out[previous].runs if r.ok), {}))
+            if rung.carries(resolved.device):
+                previous = i
+        out.append(arm)
+    return out
+
+
+def _resolved(key: str, params: dict[str, Any], runtime: dict[str, Any]) -> Any:
+    return runtime.get(RESOLVED[key], params[key]) if key in RESOLVED else params[key]
+
+
+def no_effect(rung: Rung, params: dict[str, Any], runtime: dict[str, Any], before: dict[str, Any]) -> bool:
+    """Whether every change of the rung resolved to what the rung above ran (the trainers' records say)."""
+    return (all(k in RESOLVED for k in rung.changes)
+            and all(_resolved(k, params, runtime) == before.get(RESOLVED[k]) for k in rung.changes))
+
+
+def what_ran(rung: Rung, params: dict[str, Any], runtime: dict[str, Any]) -> str:
+    """Each change as asked, and as it resolved here where that differs (``tf32=true → false``)."""
+    parts = []
+    for key in rung.changes:
+        asked, ran = params[key], _resolved(key, params, runtime)
+        parts.append(f"{key}={_fmt(asked)}" + (f" → {_fmt(ran)}" if key in RESOLVED and ran != asked else ""))
+    return ", ".join(parts)
+
+
+def _fmt(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
+
+
+def beside(ladder: Ladder, resolved: Resolved, index: int) -> bool:
+    """Measured beside the ladder: the rungs below do not take its change (ladder.yaml's carry)."""
+    return not ladder.rungs[index].carries(resolved.device)
+
+
+def note(ladder: Ladder, resolved: Resolved, arms_: list[Arm], index: int) -> str:
+    """A rung's note: what it did here where it is not plainly "acts", and on which rung it stands where that is
+    not the row above."""
+    arm = arms_[index]
+    if arm.skipped:
+        return f"{CANNOT_SHOW}: {arm.skipped}"
+    if not arm.done:
+        return "failed: see dvc.log"
+    said = [NO_EFFECT if arm.inert else "", "no rung above ran: not compared"
+            if index and arm.reference is None else ""]
+    if arm.reference is not None and beside(ladder, resolved, index):
+        said.append(f"beside the ladder: on rung {arm.reference}, and the rungs below do not take it")
+    elif arm.reference is not None and any(beside(ladder, resolved, j) and arms_[j].done
+                                           for j in range(arm.reference + 1, index)):
+        said.append(f"on rung {arm.reference} (the rungs between are beside the ladder)")
+    return "; ".join(filter(None, [*said, flag(arm.runtime)]))
+
+
+def decide(judged: Judged, ladder: Ladder, resolved: Resolved, at_equal_time: bool, report: str) -> list[Change]:
+    """The changes of the rungs that win against the rung above outside noise and lose nowhere outside it
+    (``compare.win``). Later rungs' values win where two set a key. Of the rungs measured beside the ladder
+    (each alone on the same rung), only the fastest that wins is applied: two were never measured together."""
+    won = [(i, w[1]) for i, arm in enumerate(judged.arms) if i and (w := win(arm, at_equal_time))]
+    levers = sorted((i for i, _ in won if beside(ladder, resolved, i)),
+                    key=lambda i: judged.arms[i].versus.speed.median or 0.0, reverse=True)
+    changes: dict[str, Change] = {}
+    for i, why in won:
+        if i in levers[1:]:
             continue
-        if not row.runs:
-            cells = [str(row.index), row.rung, "", "failed"] + [""] * (len(head) - 5) + ["see dvc.log"]
-            lines.append("| " + " | ".join(cells) + " |")
-            continue
-        noise = row.inside_noise
-        time_to, at_loss = quality_shown(row.quality)
-        loss_move = ("" if row.loss_vs_previous is None else f"{row.loss_vs_previous:+.3f}"
-                     + ("" if row.loss_apart else " (inside noise)"))
-        cells = [str(row.index), row.rung, row.ran or "baseline",
-                 row.step_ms.shown(".1f"), row.tokens_per_s.shown(",.0f"),
-                 f"{row.tokens_per_s_wall:,.0f}" if row.tokens_per_s_wall else "",
-                 ratio_shown(row.vs_previous, noise.get("tokens_per_s")), ratio_shown(row.cumulative),
-                 f"{row.peak_mem_gb:.2f}", f"{100 * row.mfu:.1f}%" if row.mfu is not None else "n/a",
-                 loss_shown(row.val_loss, row.val_loss_se), loss_move,
-                 *([time_to, "baseline" if row.index == 0 and time_to else at_loss,
-                    ratio_shown(row.quality_vs_previous, noise.get("quality"))] if quality else []),
-                 f"{row.device_hours:.4f}" if row.device_hours is not None else "",
-                 *([usd_shown(row.cost_usd), usd_shown(row.quality.cost_usd if row.quality else None)]
-                   if priced else []),
-                 "; ".join(filter(None, ["" if row.effect in ("acts", "baseline") else row.effect,
-                                         built_on(row, rows), flag(row.runtime)]))]
-        if target is not None:
-            reached = row.time_s.shown(".1f") if row.time_s else ""
-            if row.reached < row.runs:
-                reached += f" reached {row.reached}/{row.runs}" if row.reached else "not reached"
-            cells[8:8] = [reached.strip(), ratio_shown(row.time_speedup, noise.get("time_s")),
-                          f"{row.tokens_to_target:,.0f}" if row.tokens_to_target else ""]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        others = "".join(f"; {ladder.rungs[j].name!r} also won alone, not applied with it (never measured "
+                         "together)" for j in levers[1:]) if i in levers else ""
+        section, above = flat(resolved.sections[i]), flat(resolved.sections[judged.arms[i].reference])
+        for key in (k for k in section if above.get(k) != section[k]):
+            full = key if key.startswith("model.") else f"train.{key}"
+            changes[full] = Change(full, section[key], f"rung {i} {ladder.rungs[i].name!r} against the rung above: "
+                                                       f"{why}{others} ({report})")
+    return list(changes.values())
 
 
-def built_on(row: Row, rows: list[Row]) -> str:
-    """Where a rung's comparison is not with the row above it: a rung measured beside the ladder, or the first
-    rung below such rungs, which builds on the last rung that carries."""
-    if row.beside:
-        return f"beside the ladder: on rung {row.previous}, and the rungs below do not take it"
-    between = rows[row.previous + 1:row.index] if row.previous is not None else []
-    return f"on rung {row.previous} (the rungs between are beside the ladder)" if any(
-        r.beside and r.runs for r in between) else ""
-
-
-def describe(resolved: Resolved, rows: list[Row]) -> str:
-    first = next((r for r in rows if r.runs), None)
-    runtime = first.runtime if first else {}
-    model, train = resolved.sections[0]["model"], resolved.sections[0]["train"]
+def describe(resolved: Resolved, judged: Judged) -> str:
     from gpt2.core.sizes import sequence_length
 
+    runtime = next((a.runtime for a in judged.arms if a.done), {})
+    model, train = resolved.sections[0]["model"], resolved.sections[0]["train"]
     seq = sequence_length(model["size"], model["block_size"], train["block_size"])
     return (f"Device: {runtime.get('device_name', resolved.device)} ({resolved.device}), "
             f"torch {runtime.get('torch', '?')}. "
@@ -103,149 +135,55 @@ def describe(resolved: Resolved, rows: list[Row]) -> str:
                else "."))
 
 
-def decision(rows: list[Row], changes: list[Change], time_budget_s: float | None) -> str:
-    """Under a budget, which rungs end lower or higher than the rung above outside noise; then what ``--apply``
-    writes."""
-    said = ""
-    if time_budget_s:
-        moved = [(r, r.loss_vs_previous) for r in rows if r.loss_apart and r.loss_vs_previous is not None]
-        lower, higher = [m for m in moved if m[1] < 0], [m for m in moved if m[1] > 0]
-        parts = [f"{label}: " + "; ".join(f"{r.rung} ({d:+.3f})" for r, d in group)
-                 for label, group in (("lower val loss than the rung above outside noise", lower),
-                                      ("higher", higher)) if group]
-        said = (f"At equal time ({time_budget_s:g} s), " + ("; ".join(parts) if parts else
-                "no rung's val loss differs from the rung above's outside noise") + ". ")
-    if not changes:
-        return said + "Nothing for `--apply` to write: no rung wins outside noise without losing elsewhere."
-    return (said + "What `--apply` writes into params.yaml, the changes of the rungs that win outside noise: "
-            + ", ".join(f"{c.key}={json_value(c.value)}" for c in changes) + ".")
-
-
-def write_report(out: Path, rows: list[Row], resolved: Resolved, runs: list[list[experiments.Experiment]],
-                 changes: list[Change] | None = None, as_json: bool = False) -> dict[str, Any]:
-    """ladder.md, .json and .png, written as one; the table on stdout (unless ``as_json``: the caller prints
-    the JSON). Returns the JSON's content."""
+def write_report(out: Path, judged: Judged, ladder: Ladder, resolved: Resolved, changes: list[Change]
+                 ) -> tuple[str, dict[str, Any]]:
+    """ladder.md, .json and .png, written as one; returns the markdown and the JSON's content."""
     today = datetime.date.today().isoformat()
     budget = resolved.sections[0]["train"].get("time_budget_s")
-    verdict = noise_verdict(rows, resolved.profile.repeats)
-    text = (f"# Optimization ladder ({today})\n\n{verdict}\n\n{decision(rows, changes or [], budget)}\n\n"
-            f"{describe(resolved, rows)}"
-            f"\n\n{table(rows, resolved.profile.steps, resolved.profile.target, budget)}\n"
-            "Each rung adds one change to the rung above (ladder.yaml); a rung \"beside the ladder\" is measured on "
-            "the rung above, and the rungs below do not take its change. A rung marked \"no effect on this device\" "
-            "ran the same configuration as the rung above: its difference from it is this machine's run-to-run "
-            "noise, the floor under every other figure. Experiments: "
-            + "; ".join(f"{row.rung}: {', '.join(row.experiments) or 'none'}" for row in rows)
-            + ". Inspect them with `dvc exp show`. Loss vs previous: outside noise when more than 2 × √(se₁² + "
-            "se₂²) apart. Time to the baseline's loss: the training time (compile included, evals not) at which a "
-            "run's val curve first reaches the val loss its repeat's baseline run ends with, interpolated between "
-            "evals; the ratios at equal loss compare two runs of the same repeat at the higher of their final val "
-            "losses (a loss both reach).\n")
+    words = Words("rung", "the rung above", budget)
+    said = verdict(judged, words, resolved.profile.repeats, changes, lambda a: a.label)
+    own = [Column("#", lambda i, a: str(i)), Column("rung", lambda i, a: a.label),
+           Column("what ran", lambda i, a: "baseline" if i == 0 else what_ran(
+               ladder.rungs[i], flat(resolved.sections[i]), a.runtime) if a.done else "")]
+    last = [Column("wall tokens/s", lambda i, a: f"{a.tokens_per_s_wall:,.0f}" if a.tokens_per_s_wall else "")]
+    if (target := resolved.profile.target) is not None:
+        last += target_columns(target, judged.noise.alpha)
+    last.append(Column("note", lambda i, a: note(ladder, resolved, judged.arms, i)))
+    text = (f"# Optimization ladder ({today})\n\n{said}\n\n{describe(resolved, judged)}\n\n"
+            + table(judged, own, columns(judged, words), last)
+            + "\nEach rung adds one change to the rung above (ladder.yaml); a rung \"beside the ladder\" is measured "
+              "on the rung above, and the rungs below do not take its change. A rung marked \"no effect on this "
+              "device\" ran the same configuration as the rung above: its difference from it is this machine's "
+              f"run-to-run noise, the floor under every other figure. {METHOD} Experiments: "
+            + "; ".join(f"{a.label}: {', '.join(r.name for r in a.runs) or 'none'}" for a in judged.arms)
+            + ". Inspect them with `dvc exp show`.\n")
     data = {"date": today, "device": resolved.device, "report": str(out / "ladder.md"), "time_budget_s": budget,
-            "verdict": verdict, "apply": {c.key: c.value for c in changes or []},
-            "apply_why": {c.key: c.why for c in changes or []},
-            "failed": [r.rung for r in rows if not r.runs and not r.effect.startswith(CANNOT_SHOW)],
-            "rows": [dataclasses.asdict(r) for r in rows]}
-    log = out / "dvc.log"
-    kept_log = log.read_bytes() if log.exists() else None
-    with atomic_dir(out, owns=LADDER_FILES, command="gpt2 ladder") as tmp:
-        (tmp / "ladder.md").write_text(text)
-        (tmp / "ladder.json").write_text(json.dumps(data, indent=2) + "\n")
-        (tmp / "ladder.png").write_bytes(render_png(rows, describe(resolved, rows), verdict))
-        if kept_log is not None:
-            (tmp / "dvc.log").write_bytes(kept_log)
-    if not as_json:
-        print(text, file=sys.stdout)
-    return data
+            "repeats": resolved.profile.repeats, **as_data(judged, said, changes)}
+    write_files(out, {"ladder.md": text, "ladder.json": json.dumps(data, indent=2) + "\n",
+                      "ladder.png": render_png(judged, describe(resolved, judged), said,
+                                               lambda a: f"{judged.arms.index(a)} {a.label}")})
+    return text, data
 
 
-def bar_style(row: Row) -> tuple[str, str]:
-    """A rung's bar color and note: gray for a change inside noise, red for a rung the repeats show slower than
-    the one above (its cumulative bar may still read above 1, so the note gives its own ratio), else blue."""
-    if not row.runs:
-        return "tab:gray", ""
-    beside = f"beside the ladder, on rung {row.previous}: " if row.beside else ""
-    if row.effect == NO_EFFECT or row.inside_noise.get("tokens_per_s"):
-        return "tab:gray", f"{row.cumulative:.2f}× ({beside}its gain: inside noise)"
-    if row.vs_previous is not None and row.vs_previous < 1:
-        return "tab:red", (f"{row.cumulative:.2f}× ({beside}{row.vs_previous:.2f}× it)" if beside
-                           else f"{row.cumulative:.2f}× (this rung: {row.vs_previous:.2f}× the rung above)")
-    return "tab:blue", f"{row.cumulative:.2f}×" + (f" ({beside.removesuffix(': ')})" if beside else "")
+def target_columns(target: float, alpha: float) -> list[Column]:
+    """Time and tokens to a target val loss, against the rung above, and the speedrun's test of it."""
+    def time_to(i: int, a: Arm) -> str:
+        if a.target is None:
+            return ""
+        if not a.target.reached:
+            return "not reached"
+        runs = len(a.done)
+        return a.target.time_s.shown(".1f") + (f" reached {a.target.reached}/{runs}" if a.target.reached < runs
+                                               else "")
 
+    def below(i: int, a: Arm) -> str:
+        if a.target is None or a.target.p_below is None:
+            return ""
+        return ("yes" if a.target.below else "not shown") + f" (p = {a.target.p_below:.2g})"
 
-def render_png(rows: list[Row], subtitle: str, verdict: str = "") -> bytes:
-    """Cumulative speedup and peak memory per rung, the noise verdict on top. Every rung has a line: one
-    that did not run here or failed says so where its bar would be, so a gap never reads as a clean ladder."""
-    import textwrap
+    return [Column(f"time to {target} (s)", time_to),
+            Column("time to it vs the rung above", lambda i, a: ratio_shown(
+                a.versus.time_to_target, a.versus.time_to_target_inside_noise) if a.versus else ""),
+            Column("tokens to it", lambda i, a: f"{a.target.tokens:,.0f}" if a.target and a.target.tokens else ""),
+            Column(f"mean val loss under {target} at p < {alpha:g}", below)]
 
-    plt = pyplot()
-
-    shown = rows[::-1]
-    labels = [f"{r.index} {r.rung}" for r in shown]
-    head = textwrap.fill(verdict.replace("**", ""), 150) if verdict else ""
-    lines = head.count("\n") + 1 if head else 0
-    fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 0.4 * len(rows) + 2.0 + 0.17 * lines), dpi=100,
-                                        sharey=True, gridspec_kw={"width_ratios": [3, 2]})
-    colors = [bar_style(r)[0] for r in shown]
-    speed.barh(labels, [r.cumulative or 0 for r in shown], color=colors)
-    speed.axvline(1.0, color="black", linewidth=0.8)
-    speed.set_xlim(0, 1.45 * max([r.cumulative or 0 for r in rows] + [1.0]))  # room for the notes
-    speed.set(xlabel="cumulative speedup (tokens/s vs baseline; gray: inside noise; red: slower than the rung above)",
-              title="Speed")
-    for y, r in enumerate(shown):
-        if r.runs:
-            note = bar_style(r)[1]
-            speed.annotate(note, (r.cumulative or 0, y), xytext=(3, 0), textcoords="offset points", va="center",
-                           fontsize=8)
-        else:
-            why = "not run here" if r.effect.startswith(CANNOT_SHOW) else "FAILED: see dvc.log"
-            speed.annotate(why, (0, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8,
-                           color="tab:red" if why.startswith("FAILED") else "dimgray", style="italic")
-    memory.barh(labels, [r.peak_mem_gb or 0 for r in shown], color="tab:orange")
-    memory.set(xlabel="peak memory (GB)", title="Memory")
-    fig.suptitle(f"{head}\n{subtitle}" if head else subtitle, fontsize=8, wrap=True)
-    return png(fig)
-
-
-def log_to_mlflow(rows: list[Row], resolved: Resolved, runs: list[list[experiments.Experiment]],
-                  out: Path, started: float | None = None) -> None:
-    """Log the ladder as a parent run (its table, plot, figures and data), lasting from ``started`` (its first
-    run) to its report, with every rung's training runs as children, each carrying its rung's verdict.
-
-    A rung's run reused from an earlier ladder moves under this one: a run has one parent."""
-    from gpt2.run.tracking import MlflowTracker, adopt
-
-    with MlflowTracker(resolved.sections[0]["train"]["experiment"], run_name=f"ladder {resolved.device}",
-                       kept_in=str(out), started_at=started) as tracker:
-        rungs = {exp.name: {"ladder.rung": row.rung, "ladder.index": str(row.index)}
-                 for row, group in zip(rows, runs) for exp in group}
-        verdicts = {exp.name: {"vs_previous/speedup": row.vs_previous,
-                               "vs_previous/speed_inside_noise": as_metric(row.inside_noise.get("tokens_per_s")),
-                               "vs_baseline/speedup": row.cumulative}
-                    for row, group in zip(rows, runs) for exp in group}
-        adopt(tracker, list(rungs), rungs, verdicts)
-        if dataset := experiments.workspace_dataset(paths.root()):
-            tracker.log_dataset(dataset, context="training")
-        tracker.set_tags({"kind": "ladder", "device": rows[0].runtime.get("device_name", resolved.device)})
-        tracker.log_params({"ladder.steps": resolved.profile.steps, "ladder.repeats": resolved.profile.repeats,
-                            "ladder.model": resolved.sections[0]["model"]["size"], "ladder.device": resolved.device})
-        for row in rows:
-            if row.runs:
-                tracker.log_metrics({"ladder/step_ms": row.step_ms.median,
-                                     "ladder/tokens_per_s": row.tokens_per_s.median,
-                                     "ladder/tokens_per_s_wall": row.tokens_per_s_wall,
-                                     "ladder/cumulative_speedup": row.cumulative,
-                                     "ladder/speedup_vs_previous": row.vs_previous,
-                                     "ladder/speed_inside_noise": as_metric(row.inside_noise.get("tokens_per_s")),
-                                     "ladder/peak_mem_gb":
-                                     row.peak_mem_gb, "ladder/mfu": row.mfu, "ladder/val_loss": row.val_loss,
-                                     "ladder/time_to_target_s": row.time_s.median if row.time_s else None,
-                                     "ladder/tokens_to_target": row.tokens_to_target,
-                                     "ladder/time_to_baseline_loss_s": (
-                                         row.quality.time_s.median if row.quality and row.quality.time_s else None),
-                                     "ladder/speedup_at_equal_loss": row.quality.speedup if row.quality else None,
-                                     "ladder/cost_usd": row.cost_usd},
-                                    step=row.index)
-        for name in ("ladder.md", "ladder.png", "ladder.json"):
-            tracker.log_artifact(out / name)
-        tracker.describe((out / "ladder.md").read_text(), "ladder.md")

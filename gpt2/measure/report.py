@@ -1,0 +1,395 @@
+"""What users read of a judged comparison, for the grid and the ladder alike: the verdict, the table, the PNG, the
+JSON and the MLflow parent run.
+
+Each command names its arms and adds its own columns (a grid's keys, a ladder's rung and what ran);
+everything that judges is written here once, over :class:`gpt2.measure.compare.Judged`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from gpt2.core import paths
+from gpt2.core.plots import png, pyplot
+from gpt2.measure import experiments
+from gpt2.measure.apply import Change
+from gpt2.measure.compare import ADVICE, TOO_NOISY, AtQuality, Arm, Judged, LossDiff, Ratio, Test, final_loss, win
+from gpt2.run.tracking import json_value
+
+
+METHOD = ("A speed ratio is the median of each run's tokens/s over its reference's run of the same repeat. Repeat r "
+          "trains the same seed for every arm, its own: a val loss difference is the mean over the seeds of each run's "
+          "final val loss minus its reference's run of the same seed, ± its interval, with a paired t-test's p-value; "
+          "it counts (is outside noise) where p is under the level and the two losses are also more than "
+          "2 × √(se₁² + se₂²) apart, the standard errors over the scored windows (evaluate's val loss where every "
+          "run has it). Time to the baseline's loss: the training time (compile included, evals not) at which a "
+          "run's val curve first reaches the val loss its repeat's baseline run ends with, interpolated between "
+          "evals; a ratio at equal loss compares two runs of the same repeat at the higher of their final val "
+          "losses (a loss both reach), and counts where its paired runs are outside the speed noise and the t-test "
+          "on their logarithms holds. Speeds and times: median (min–max) over the runs; costs at each run's price "
+          "per device-hour (train.price_per_hour).")
+
+
+@dataclass(frozen=True)
+class Words:
+    """How a command's report names its arms and what each is compared with."""
+
+    what: str  # "setting", "rung"
+    against: str  # "the baseline", "the rung above"
+    at_equal_time_s: float | None = None  # every run trained this long (train.time_budget_s)
+
+
+@dataclass(frozen=True)
+class Column:
+    head: str
+    cell: Callable[[int, Arm], str]
+
+
+def ratio_shown(value: float | None, inside_noise: bool | None = False) -> str:
+    if value is None:
+        return ""
+    return f"{value:.2f}× (inside noise)" if inside_noise else f"{value:.2f}×"
+
+
+def loss_shown(value: float | None, error: float | None) -> str:
+    """'5.938 ± 0.059': a val loss with its standard error over the scored windows, when known."""
+    if value is None:
+        return ""
+    return f"{value:.3f} ± {error:.3f}" if error is not None and math.isfinite(error) else f"{value:.3f}"
+
+
+def usd_shown(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}" if value < 0.01 else f"{value:.2f}"
+
+
+def p_shown(test: Test | None) -> str:
+    return "" if test is None else f"p = {test.p:.2g}" if test.p >= 1e-4 else "p < 0.0001"
+
+
+def loss_diff_shown(loss: LossDiff | None) -> str:
+    """'-0.050 ± 0.012 (p = 0.003)': the mean difference over seeds, its interval's half-width, its p-value."""
+    if loss is None:
+        return ""
+    test = loss.test
+    shown = f"{loss.delta:+.3f}" + (f" ± {test.high - test.mean:.3f} ({p_shown(test)})" if test else "")
+    return shown + ("" if loss.apart else " (inside noise)")
+
+
+def quality_shown(figures: AtQuality | None) -> str:
+    """An arm's time to the baseline's final val loss, as a table shows it."""
+    if figures is None:
+        return ""
+    if not figures.reached:
+        return f"not reached (0/{figures.runs})"
+    return figures.time_s.shown(".1f") + (f" reached {figures.reached}/{figures.runs}"
+                                          if figures.reached < figures.runs else "")
+
+
+def sooner_shown(ratio: Ratio | None) -> str:
+    if ratio is None or ratio.median is None:
+        return ""
+    return ratio_shown(ratio.median, ratio.inside_noise) + (f" ({p_shown(ratio.test)})" if ratio.test else "")
+
+
+def columns(judged: Judged, words: Words) -> list[Column]:
+    """The columns every comparison shows, after the command's own: runs, speed, quality and cost, each against
+    the arm's reference; ``vs baseline`` columns too where some arm's reference is not the baseline."""
+    arms, by = judged.arms, judged.by
+    chained = any(a.reference not in (None, 0) for a in arms)
+    ref = "the rung above" if chained else "baseline"
+    quality = any(a.at_quality for a in arms)
+    priced = any(a.cost_usd is not None or a.at_quality and a.at_quality.cost_usd is not None for a in arms)
+    has_mfu = any(a.mfu is not None for a in arms)
+
+    def versus(cell: Callable[[Arm], str]) -> Callable[[int, Arm], str]:
+        return lambda i, a: "baseline" if i == 0 else cell(a) if a.versus else ""
+
+    out = [Column("runs", lambda i, a: f"{len(a.done)}/{len(a.runs)}"),
+           Column("ms/step median (min–max)", lambda i, a: a.step_ms.shown(".1f") if a.step_ms else ""),
+           Column("tokens/s median (min–max)", lambda i, a: a.tokens_per_s.shown(",.0f") if a.tokens_per_s else ""),
+           Column(f"speed vs {ref}", versus(lambda a: ratio_shown(a.versus.speed.median, a.versus.speed.inside_noise)))]
+    if chained:
+        out.append(Column("speed vs baseline", lambda i, a: ratio_shown(a.vs_baseline.median) if a.done else ""))
+    out += [Column(f"{by}'s val loss, median over seeds (± s.e.)",
+                   lambda i, a: loss_shown(a.val_loss.median, a.val_loss_se) if a.val_loss else ""),
+            Column(f"loss vs {ref}, mean over seeds (± {100 * (1 - judged.noise.alpha):g}% interval)",
+                   versus(lambda a: loss_diff_shown(a.versus.loss)))]
+    if quality:
+        out += [Column("time to the baseline's loss (s)", lambda i, a: quality_shown(a.at_quality)),
+                Column("vs baseline at equal loss", lambda i, a: "baseline" if i == 0 and a.at_quality else
+                       sooner_shown(a.at_quality.vs_baseline) if a.at_quality else "")]
+        if chained:
+            out.append(Column(f"vs {ref} at equal loss", versus(lambda a: sooner_shown(a.versus.sooner))))
+    out.append(Column("peak mem (GB)", lambda i, a: f"{a.peak_mem_gb:.2f}" if a.peak_mem_gb is not None else ""))
+    if has_mfu:
+        out.append(Column("MFU", lambda i, a: f"{100 * a.mfu:.1f}%" if a.mfu is not None else ""))
+    out.append(Column("device-hours", lambda i, a: f"{a.device_hours:.4f}" if a.device_hours is not None else ""))
+    if priced:
+        out += [Column("cost per run (USD)", lambda i, a: usd_shown(a.cost_usd)),
+                Column("cost to the baseline's loss (USD)",
+                       lambda i, a: usd_shown(a.at_quality.cost_usd if a.at_quality else None))]
+    return out
+
+
+def table(judged: Judged, own: list[Column], shared: list[Column], last: list[Column] = ()) -> str:
+    """One row per arm: the command's ``own`` columns, the ``shared`` ones, then ``last``. An arm not run or
+    failed says so in its first shared cell."""
+    head = [c.head for c in (*own, *shared, *last)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, arm in enumerate(judged.arms):
+        cells = [c.cell(i, arm) for c in own]
+        if arm.skipped:
+            cells += ["not run"] + [""] * (len(shared) - 1)
+        elif not arm.done:
+            cells += [f"0/{len(arm.runs)}", "failed"] + [""] * (len(shared) - 2)
+        else:
+            cells += [c.cell(i, arm) for c in shared]
+        cells += [c.cell(i, arm) for c in last]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def verdict(judged: Judged, words: Words, repeats: int, changes: list[Change], label: Callable[[Arm], str]) -> str:
+    """The report's first words: what failed, the noise, the seeds, what is decided and how firmly, and what
+    ``--apply`` writes."""
+    what, compared, parts = words.what, judged.compared, []
+    if failed := judged.failed:
+        total = sum(len(a.runs) for a in judged.arms if not a.skipped)
+        parts.append(f"**{len(failed)} of {total} runs failed** ({', '.join(failed)}; their output is in dvc.log): "
+                     + ("the verdict covers only the runs that finished." if compared else
+                        f"no {what} could be compared, so there is no verdict."))
+    if compared or not judged.failed:
+        parts.append(noise_sentence(judged, words, repeats))
+        parts.append(seeds_sentence(judged, words, repeats))
+        parts.append(decided(judged, words, label))
+    if unshown := [a for a in judged.arms if a.skipped]:
+        parts.append("Not run, as this device cannot show them: "
+                     + "; ".join(f"{label(a)} ({a.skipped})" for a in unshown) + ".")
+    parts.append(("What `--apply` writes into params.yaml: " + ", ".join(
+        f"{c.key}={json_value(c.value)}" for c in changes) + "." if changes else
+        f"Nothing for `--apply` to write: no {what} wins outside noise without losing elsewhere."))
+    return "\n\n".join(p for p in parts if p)
+
+
+def noise_sentence(judged: Judged, words: Words, repeats: int) -> str:
+    what, noise = words.what, judged.noise
+    spread, floor = noise.speed_spread, noise.speed_floor
+    compared = judged.compared
+    noisy = sum(1 for a in compared if a.versus.speed.inside_noise)
+    if repeats < 2:
+        return f"**One run per {what}: no interval, so no gain can be told from noise.** To read it, {ADVICE[what]}."
+    if floor > TOO_NOISY:
+        return (f"**Too noisy to read speed:** a {what}'s paired runs disagree by {100 * spread:.0f}% (median)"
+                + (f" and a {what} that changed nothing here moved tokens/s by {100 * floor:.0f}%" if floor > spread
+                   else "")
+                + f"; {noisy} of {len(compared)} {what}s' speed gains are inside that noise, and no speed verdict "
+                  f"below is firmer than it. To read it, {ADVICE[what]}.")
+    shown = f"; {what}s that changed nothing here moved it by up to {100 * floor:.1f}%" if floor > spread else ""
+    return (f"Speed noise: each {what}'s runs, paired with {words.against}'s of the same repeat, agree on its tokens/s "
+            f"ratio within {100 * spread:.1f}% (median over the {what}s){shown}. A gain whose paired runs disagree "
+            f"on its direction, or no larger than {100 * floor:.1f}%, is marked *inside noise*: it buys nothing this "
+            f"machine can measure ({noisy} of {len(compared)} {what}s).")
+
+
+def seeds_sentence(judged: Judged, words: Words, repeats: int) -> str:
+    noise = judged.noise
+    seeds = [s for s in noise.seeds if s is not None]
+    if repeats < 2 or not seeds:
+        return ""
+    level = f"p < {noise.alpha:g}"
+    said = (f"Quality noise: repeat r trains seed {', '.join(map(str, seeds))} (train.seed) for every {words.what}, "
+            f"so each {words.what}'s val loss is compared with {words.against}'s seed by seed, by a paired t-test "
+            f"at {level}, and must also be more than 2 standard errors of the scored text apart.")
+    if noise.loss is not None:
+        said += (f" The baseline's final val loss ({judged.by}'s) moves by {noise.loss_sd:.4f} (standard deviation) "
+                 f"from seed to seed ({noise.loss.low:.4f}–{noise.loss.high:.4f})")
+        said += (f"; its time to its median final val loss, {noise.time_to_loss.shown('.1f')} s." if noise.time_to_loss
+                 else ".")
+    tests = [a.versus.loss.test for a in judged.compared if a.versus.loss and a.versus.loss.test]
+    if tests:
+        import statistics
+
+        said += (f" With {tests[0].n} seeds, a val loss difference smaller than "
+                 f"{statistics.median(t.detectable for t in tests):.4f} is likely missed at {level} (80% power, from "
+                 f"the measured spread of the differences; median over the {words.what}s).")
+    return said
+
+
+def decided(judged: Judged, words: Words, label: Callable[[Arm], str]) -> str:
+    """Which arms are faster, sooner to the same val loss or lower outside noise, and which only more seeds
+    would decide."""
+    compared = [a for a in judged.arms if a.versus and not a.inert]
+    speed = [a for a in compared if a.versus.speed.inside_noise is False]
+    sooner = [a for a in compared if a.versus.sooner.inside_noise is False]
+    apart = [a for a in compared if a.versus.loss and a.versus.loss.apart]
+    when = f" at equal time ({words.at_equal_time_s:g} s)" if words.at_equal_time_s else ""
+    groups = (("Faster outside noise", [a for a in speed if a.versus.speed.median > 1],
+               lambda a: f"{a.versus.speed.median:.2f}×"),
+              ("Slower outside noise", [a for a in speed if a.versus.speed.median < 1],
+               lambda a: f"{a.versus.speed.median:.2f}×"),
+              (f"Sooner than {words.against} to the same val loss outside noise",
+               [a for a in sooner if a.versus.sooner.median > 1],
+               lambda a: f"{a.versus.sooner.median:.2f}×, {p_shown(a.versus.sooner.test)}"),
+              (f"Later than {words.against} to the same val loss outside noise",
+               [a for a in sooner if a.versus.sooner.median < 1],
+               lambda a: f"{a.versus.sooner.median:.2f}×, {p_shown(a.versus.sooner.test)}"),
+              (f"Lower val loss{when} outside noise", [a for a in apart if a.versus.loss.delta < 0],
+               lambda a: f"{a.versus.loss.delta:+.3f}, {p_shown(a.versus.loss.test)}"),
+              (f"Higher val loss{when} outside noise", [a for a in apart if a.versus.loss.delta > 0],
+               lambda a: f"{a.versus.loss.delta:+.3f}, {p_shown(a.versus.loss.test)}"))
+    parts = [f"{head}: " + "; ".join(f"{label(a)} ({how(a)})" for a in group) for head, group, how in groups if group]
+    said = ". ".join(parts) + "." if parts else (
+        f"No {words.what} differs from {words.against} outside noise, in speed or val loss "
+        f"({len(judged.compared)} {words.what}s compared).")
+    undecided = [a for a in compared if a.versus.loss and a.versus.loss.test and not a.versus.loss.test.significant
+                 and a.versus.loss.beyond_text_noise]
+    if undecided:
+        said += (" Too few seeds to decide the val loss of: " + "; ".join(
+            f"{label(a)} ({a.versus.loss.delta:+.3f}, {p_shown(a.versus.loss.test)}"
+            + (f"; about {a.versus.loss.test.seeds_needed} seeds would decide a difference this size"
+               if a.versus.loss.test.seeds_needed else "") + ")" for a in undecided) + ".")
+    return said
+
+
+def as_data(judged: Judged, said: str, changes: list[Change]) -> dict[str, Any]:
+    """The JSON's judged part: the verdict, what ``--apply`` writes and why, what failed, the noise and seeds,
+    and every arm with its runs (per-seed figures) and its comparison (p-values and intervals)."""
+    return {"verdict": said, "apply": {c.key: c.value for c in changes}, "apply_why": {c.key: c.why for c in changes},
+            "failed": judged.failed, "judged_by": f"{judged.by}'s val loss", "alpha": judged.noise.alpha,
+            "noise": dataclasses.asdict(judged.noise), "rows": [dataclasses.asdict(a) for a in judged.arms]}
+
+
+def render_png(judged: Judged, title: str, said: str, label: Callable[[Arm], str]) -> bytes:
+    """Speed against the baseline, how much sooner at the baseline's val loss, and the val loss with one point per
+    seed; blue where an arm differs from its reference outside noise, gray inside, a note where not run."""
+    import textwrap
+
+    plt = pyplot()
+    arms = judged.arms
+    shown = arms[::-1]
+    head = textwrap.fill(said.replace("**", "").replace("\n\n", " "), 170)
+    height = 0.42 * len(arms) + 2.2 + 0.16 * (head.count("\n") + 1)
+    fig, (speed, sooner, loss) = plt.subplots(1, 3, figsize=(15, height), dpi=100, sharey=True)
+    _bars(speed, arms, lambda a: (a.vs_baseline, a.versus.speed if a.versus else None))
+    _bars(sooner, arms, lambda a: (a.at_quality.vs_baseline, a.versus.sooner if a.versus else None)
+          if a.at_quality else (None, None))
+    for y, arm in enumerate(shown):
+        seeds = [v for r in arm.done if (v := final_loss(r, judged.by)[0]) is not None]
+        if not seeds:
+            continue
+        apart = bool(arm.versus and arm.versus.loss and arm.versus.loss.apart)
+        color = "tab:blue" if apart else "tab:gray"
+        loss.scatter(seeds, [y] * len(seeds), s=14, color=color, alpha=0.7)
+        loss.errorbar(arm.val_loss.median, y, xerr=2 * arm.val_loss_se if arm.val_loss_se else None, fmt="|",
+                      markersize=12, capsize=3, color=color)
+    speed.set_yticks(range(len(shown)), [textwrap.shorten(label(a), 48) for a in shown])
+    speed.set_ylim(-0.6, len(shown) - 0.4)
+    speed.set(xlabel="tokens/s vs the baseline (median of runs paired by repeat, min–max)", title="Speed")
+    sooner.set(xlabel="how much sooner at the baseline's final val loss (paired by repeat)", title="At equal loss")
+    loss.set(xlabel=f"{judged.by}'s final val loss: a dot per seed, the median ± 2 s.e. of the scored text",
+             title="Quality (blue: apart from its reference)")
+    fig.suptitle(f"{title}\n{head}", fontsize=8)
+    return png(fig)
+
+
+def _bars(ax: Any, arms: list[Arm], figures: Callable[[Arm], tuple[Ratio | None, Ratio | None]]) -> None:
+    """One bar per arm: its ratio to the baseline with the paired min–max, colored by its verdict against its
+    reference (gray inside noise, blue a gain, red a loss); a note where it was not run or failed."""
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    highest = [1.0]
+    for y, (i, arm) in enumerate(list(enumerate(arms))[::-1]):
+        if not arm.done:
+            ax.annotate("not run here" if arm.skipped else "FAILED: see dvc.log", (0, y), xytext=(3, 0),
+                        textcoords="offset points", va="center", fontsize=8, style="italic",
+                        color="dimgray" if arm.skipped else "tab:red")
+            continue
+        total, versus = figures(arm)
+        if total is None or total.median is None:
+            continue
+        low, high = (min(total.paired), max(total.paired)) if total.paired else (total.median, total.median)
+        highest.append(high)
+        gain = None if i == 0 or versus is None or versus.inside_noise is not False else versus.median > 1
+        color = "tab:gray" if gain is None else "tab:blue" if gain else "tab:red"
+        ax.barh(y, total.median, color=color, xerr=[[total.median - low], [high - total.median]], capsize=3)
+        note = "baseline" if i == 0 else f"{total.median:.2f}×"
+        if versus is not None and versus.median is not None and i and arm.reference != 0:
+            note += f" ({versus.median:.2f}× its reference)"
+        if i and gain is None:
+            note += " (inside noise)"
+        ax.annotate(note, (high, y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.set_xlim(0, 1.5 * max(highest))
+
+
+def log_parent(kind: str, name: str, judged: Judged, files: list[Path], described: str, experiment: str,
+               started: float, params: dict[str, Any], tags: dict[str, str], children: dict[str, dict[str, str]],
+               label: Callable[[Arm], str]) -> None:
+    """One MLflow run for the comparison, lasting from its first run to its report: each arm's figures as metrics
+    (the arm's index is the step), the dataset, the report; every experiment's run becomes its child, carrying
+    its arm's verdict as metrics so the runs list and the compare page show them. It ends FAILED where a run
+    failed."""
+    from gpt2.run.tracking import MlflowTracker, adopt
+
+    tracker = MlflowTracker(experiment, run_name=name, kept_in=str(files[0].parent), started_at=started)
+    try:
+        tracker.set_tags({"kind": kind, **tags, **({"failed_runs": ", ".join(judged.failed)} if judged.failed else {})})
+        tracker.log_params(params)
+        for i, arm in enumerate(judged.arms):
+            if arm.done:
+                tracker.log_metrics({f"{kind}/{k}": _round(v) for k, v in arm_metrics(i, arm).items()}, step=i)
+        if dataset := experiments.workspace_dataset(paths.root()):
+            tracker.log_dataset(dataset, context="training")
+        for path in files:
+            tracker.log_artifact(path)
+        tracker.describe(described, files[0].name)
+        verdicts = {run.name: {f"vs_reference/{k}": _round(v) for k, v in arm_metrics(i, arm).items()
+                               if k in VERDICT_METRICS}
+                    for i, arm in enumerate(judged.arms) for run in arm.runs}
+        adopt(tracker, list(children), children, verdicts)
+    except BaseException:
+        tracker.end("FAILED")
+        raise
+    tracker.end("FAILED" if judged.failed else "FINISHED")
+
+
+VERDICT_METRICS = ("speedup", "speed_inside_noise", "val_loss_delta", "val_loss_p", "speedup_at_equal_loss",
+                   "speedup_vs_baseline")
+
+
+def arm_metrics(index: int, arm: Arm) -> dict[str, float | None]:
+    """An arm's figures as MLflow metrics: its own, and against its reference (1 and 0 for the baseline)."""
+    versus = arm.versus
+    base = index == 0
+
+    def flag(value: bool | None) -> float | None:
+        return None if value is None else float(value)
+
+    return {"tokens_per_s": arm.tokens_per_s.median if arm.tokens_per_s else None,
+            "step_ms": arm.step_ms.median if arm.step_ms else None, "peak_mem_gb": arm.peak_mem_gb, "mfu": arm.mfu,
+            "val_loss": arm.val_loss.median if arm.val_loss else None,
+            "speedup": 1.0 if base else versus.speed.median if versus else None,
+            "speed_inside_noise": flag(versus.speed.inside_noise) if versus else None,
+            "speedup_vs_baseline": arm.vs_baseline.median,
+            "val_loss_delta": 0.0 if base else versus.loss.delta if versus and versus.loss else None,
+            "val_loss_p": versus.loss.test.p if versus and versus.loss and versus.loss.test else None,
+            "time_to_baseline_loss_s": (arm.at_quality.time_s.median if arm.at_quality and arm.at_quality.time_s
+                                        else None),
+            "speedup_at_equal_loss": versus.sooner.median if versus else 1.0 if base and arm.at_quality else None,
+            "time_to_target_s": arm.target.time_s.median if arm.target and arm.target.time_s else None,
+            "cost_usd": arm.cost_usd}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def decide_best(judged: Judged, words: Words) -> tuple[Arm, str] | None:
+    """The arm that wins against its reference by the most, and why (``compare.win``); None where none wins."""
+    scored = [(won, arm) for arm in judged.arms[1:] if (won := win(arm, bool(words.at_equal_time_s)))]
+    if not scored:
+        return None
+    (_, why), best = max(scored, key=lambda pair: pair[0][0])
+    return best, why

@@ -1,0 +1,142 @@
+"""The one judge of the grid and the ladder (gpt2/measure/compare.py) and its report, on small tables of made-up runs:
+inside noise, outside, faster but later to the reference's loss, failed, never reaching the loss, seeds, p-values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from scipy import stats
+
+from gpt2.measure import compare, report
+from gpt2.measure.compare import Arm, Run, judge
+
+WORDS = report.Words("setting", "the baseline")
+
+
+def run(repeat: int, tokens_per_s: float, loss: float = 6.0, se: float = 0.005, curve=None, ok: bool = True) -> Run:
+    return Run(f"r{repeat}", repeat, 1338 + repeat, ok=ok, tokens_per_s=tokens_per_s if ok else None,
+               step_ms=1e6 / tokens_per_s if ok else None, peak_mem_gb=1.0, val_loss=loss if ok else None,
+               val_loss_se=se if ok else None, curve=curve if ok else None)
+
+
+def arm(label: str, figures: list[tuple], reference: int | None = 0) -> Arm:
+    return Arm(label, [run(r, *f) for r, f in enumerate(figures)], reference=reference)
+
+
+def label(a: Arm) -> str:
+    return a.label
+
+
+def test_speed_is_judged_run_by_run_against_the_reference_of_the_same_repeat():
+    judged = judge([arm("base", [(100,), (90,), (110,)], None),  # the machine drifts: the pairs cancel it
+                    arm("fast", [(150,), (135,), (165,)]),  # 1.5x in every pair
+                    arm("same", [(104,), (88,), (112,)])])  # 1.04, 0.98, 1.02: straddles 1
+    fast, same = judged.arms[1].versus.speed, judged.arms[2].versus.speed
+    assert fast.median == 1.5 and fast.inside_noise is False
+    assert same.inside_noise is True
+    said = report.verdict(judged, WORDS, 3, [], label)
+    assert "Faster outside noise: fast (1.50×)" in said and "same" not in said.split("Faster")[1]
+
+
+def test_an_inert_arm_s_move_is_the_noise_floor():
+    base = arm("base", [(100,), (100,)], None)
+    inert = arm("inert", [(106,), (107,)])
+    inert.inert = True
+    small = arm("small", [(105,), (105.5,)])  # 5%: a gain, but under the 7% an arm that changed nothing moved
+    judged = judge([base, inert, small])
+    assert judged.noise.speed_floor == pytest.approx(0.065)
+    assert judged.arms[2].versus.speed.inside_noise is True and judged.arms[1].versus.speed.inside_noise is True
+
+
+def test_the_paired_t_test_is_scipy_s_and_says_what_more_seeds_would_decide():
+    differences = [-0.031, -0.012, -0.026]
+    test = compare.paired_test(differences, alpha=0.01)
+    assert test.p == pytest.approx(stats.ttest_1samp(differences, 0.0).pvalue)
+    half = stats.t.ppf(0.995, 2) * stats.sem(differences)
+    assert (test.low, test.high) == pytest.approx((test.mean - half, test.mean + half))
+    assert not test.significant and test.seeds_needed is not None
+    sd = stats.tstd(differences)
+    assert compare._detectable(sd, test.seeds_needed, 0.01) <= abs(test.mean)  # the fewest seeds that would
+    assert compare._detectable(sd, test.seeds_needed - 1, 0.01) > abs(test.mean)
+    assert compare.paired_test([0.0, 0.0, 0.0]).p == 1.0  # bit-identical runs: no difference
+    assert compare.paired_test([0.1, 0.1]).p == 0.0 and compare.paired_test([0.1]) is None
+    assert compare.below_test([3.27, 3.275, 3.272], 3.28) == pytest.approx(
+        stats.ttest_1samp([3.27, 3.275, 3.272], 3.28, alternative="less").pvalue)
+
+
+def test_quality_counts_only_where_the_seeds_and_the_scored_text_both_say_so():
+    base = [(100, 6.00), (100, 6.02), (100, 5.99), (100, 6.01)]
+    judged = judge([arm("base", base, None),
+                    arm("aa", [(100, 6.004), (100, 6.013), (100, 5.996), (100, 6.012)]),  # seed noise only
+                    arm("lr", [(100, 5.80), (100, 5.83), (100, 5.78), (100, 5.81)]),  # -0.2 every seed
+                    arm("tiny", [(100, 5.99), (100, 6.01), (100, 5.98), (100, 6.00)])],  # -0.01 every seed: the
+                   alpha=0.01)  # seeds agree, but it is inside the scored text's 2 × √2 × 0.005
+    aa, lr, tiny = (a.versus.loss for a in judged.arms[1:])
+    assert aa.test.p > 0.2 and aa.apart is False
+    assert lr.apart is True and lr.test.p < 0.01 and lr.delta == pytest.approx(-0.2, abs=1e-3)
+    assert lr.per_seed == pytest.approx([-0.2, -0.19, -0.21, -0.2])
+    assert tiny.test.significant and tiny.beyond_text_noise is False and tiny.apart is False
+    said = report.verdict(judged, WORDS, 4, [], label)
+    assert "Lower val loss outside noise: lr (-0.200, p < 0.0001)" in said and "aa (" not in said
+    assert "repeat r trains seed 1338, 1339, 1340, 1341 (train.seed) for every setting" in said
+    assert f"moves by {math.sqrt(sum((x - 6.005) ** 2 for x in (6.0, 6.02, 5.99, 6.01)) / 3):.4f}" in said
+    cells = report.table(judged, [], report.columns(judged, WORDS))
+    assert "| -0.200 ± " in cells and "(p = " in cells and "(inside noise)" in cells
+
+
+def test_two_seeds_rarely_decide_and_the_verdict_says_how_many_would():
+    judged = judge([arm("base", [(100, 6.00), (100, 6.03)], None),
+                    arm("b", [(100, 5.94), (100, 5.98)])])  # -0.06 and -0.05: beyond the text, one degree of freedom
+    loss = judged.arms[1].versus.loss
+    assert loss.beyond_text_noise and not loss.test.significant and loss.apart is False
+    said = report.verdict(judged, WORDS, 2, [], label)
+    assert f"Too few seeds to decide the val loss of: b (-0.055, p = {loss.test.p:.2g}; about " in said
+    assert compare.win(judged.arms[1], at_equal_time=False) is None
+
+
+def curve(seconds_per_eval: float, losses: list[float]):
+    return [(seconds_per_eval * (i + 1), 1000.0 * (i + 1), loss) for i, loss in enumerate(losses)]
+
+
+def test_faster_steps_that_reach_the_loss_later_lose_and_a_sooner_arm_wins():
+    base = [(100, 6.0, 0.005, curve(10, [7.0, 6.5, 6.0 + d])) for d in (0.0, 0.01, -0.01)]
+    later = [(130, 7.0, 0.005, curve(8, [7.5, 7.2, 7.0 + d])) for d in (0.0, 0.01, -0.01)]  # never reaches 6.0
+    sooner = [(100, 5.5, 0.005, curve(10, [6.5, 6.0 + d, 5.5])) for d in (0.0, 0.02, -0.02)]
+    judged = judge([arm("base", base, None), arm("later", later), arm("sooner", sooner)])
+    later_arm, sooner_arm = judged.arms[1], judged.arms[2]
+    assert later_arm.versus.speed.inside_noise is False and later_arm.versus.speed.median == pytest.approx(1.3)
+    assert later_arm.at_quality.reached == 0 and later_arm.versus.loss.apart
+    assert compare.win(later_arm, at_equal_time=False) is None  # faster steps, a worse loss
+    assert sooner_arm.at_quality.reached == 3 and sooner_arm.versus.sooner.median == pytest.approx(1.5)
+    assert sooner_arm.versus.sooner.inside_noise is False and sooner_arm.versus.sooner.test.p < 0.01
+    (score, _), why = compare.win(sooner_arm, at_equal_time=False)
+    assert score == pytest.approx(1.5) and why.startswith("1.50× sooner to the reference's val loss (p = ")
+    assert report.decide_best(judged, WORDS)[0] is sooner_arm
+    assert "not reached (0/3)" in report.table(judged, [], report.columns(judged, WORDS))
+
+
+def test_failed_runs_come_first_and_no_verdict_is_read_from_runs_that_did_not_run():
+    judged = judge([Arm("base", [run(0, 100, ok=False), run(1, 100, ok=False)]),
+                    Arm("b", [run(0, 120, ok=False), run(1, 120, ok=False)], reference=0)])
+    said = report.verdict(judged, WORDS, 2, [], label)
+    assert said.startswith("**4 of 4 runs failed** (r0, r1, r0, r1; their output is in dvc.log): no setting could "
+                           "be compared, so there is no verdict.")
+    assert "No setting differs" not in said and judged.compared == []
+    judged = judge([arm("base", [(100,), (100,)], None), Arm("b", [run(0, 120), run(1, 120, ok=False)], reference=0)])
+    said = report.verdict(judged, WORDS, 2, [], label)
+    assert said.startswith("**1 of 4 runs failed** (r1; their output is in dvc.log): the verdict covers only")
+    assert compare.win(judged.arms[1], at_equal_time=False) is None  # one pair: nothing wins
+    assert "| 0/2 | failed |" not in report.table(judged, [], report.columns(judged, WORDS))  # one of two ran
+
+
+def test_the_report_s_json_carries_the_seeds_and_p_values_and_the_png_draws(tmp_path):
+    judged = judge([arm("base", [(100, 6.0), (101, 6.01), (99, 5.99)], None),
+                    arm("b", [(120, 5.8), (121, 5.81), (119, 5.79)])])
+    data = report.as_data(judged, "said", [])
+    assert data["rows"][1]["versus"]["loss"]["test"]["p"] < 0.01
+    assert [r["seed"] for r in data["rows"][1]["runs"]] == [1338, 1339, 1340]
+    assert data["noise"]["seeds"] == [1338, 1339, 1340] and data["alpha"] == 0.01
+    assert report.render_png(judged, "t", "said", label).startswith(b"\x89PNG")
+    assert report.arm_metrics(1, judged.arms[1])["val_loss_p"] == pytest.approx(data["rows"][1]["versus"]["loss"][
+        "test"]["p"])
