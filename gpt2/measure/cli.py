@@ -61,8 +61,11 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
 
 @click.command()
 @PARAMS
-@click.option("-S", "--set", "sets", multiple=True, required=True,
+@click.option("-S", "--set", "sets", multiple=True,
               help="section.key=value[,value...]: one experiment per combination of the values (repeatable)")
+@click.option("--rev", "revs", default=None, metavar="A,B[,...]",
+              help="git revisions to compare, the first the baseline: each runs its own code in a checkout of its "
+                   "own, on the workspace's data and params (with -S: every combination)")
 @click.option("--name", default=None, help="the grid's name in the report and MLflow (default: grid MM-DD HH:MM)")
 @click.option("--target", default="evaluate", show_default=True, help="the dvc.yaml stage each experiment runs to")
 @paths.option("--out", default=paths.GRID_REPORTS, help="report folder (<slug>.md, .json, .png: the name, spaces as -)")
@@ -76,12 +79,14 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
 @ALPHA_OPTION
 @click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON on stdout (logs stay on stderr)")
 @user_errors
-def grid(params_path: str, sets: tuple[str, ...], name: str | None, target: str, out: str, repeats: int,
-         mlflow: bool | None, time_budget_s: float | None, apply: bool, alpha: float, as_json: bool) -> None:
-    """Run a grid of DVC experiments (-S key=a,b ...) one at a time, each setting against the first, with its noise."""
+def grid(params_path: str, sets: tuple[str, ...], revs: str | None, name: str | None, target: str, out: str,
+         repeats: int, mlflow: bool | None, time_budget_s: float | None, apply: bool, alpha: float,
+         as_json: bool) -> None:
+    """Run a grid of DVC experiments (-S key=a,b ...) or code revisions (--rev A,B) one at a time, each setting
+    against the first, with its noise."""
     from gpt2.measure.grid import run_grid
 
-    run_grid(sets, name, target, out, mlflow, params_path, repeats, time_budget_s, apply, as_json, alpha)
+    run_grid(sets, name, target, out, mlflow, params_path, repeats, time_budget_s, apply, as_json, alpha, revs)
 
 
 @click.command()

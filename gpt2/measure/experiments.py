@@ -105,7 +105,8 @@ def run_now(root: Path, name: str, sets: dict[str, Any], target: str, log: Path,
     with open(log, "a") as sink:
         process = subprocess.Popen([sys.executable, "-m", "dvc", "exp", "run", "--temp", "-n", name,
                                     *_set_args(sets), target], cwd=root, stdout=sink, stderr=subprocess.STDOUT,
-                                   env={**_env(), **({"GPT2_RUN_NAME": run_name} if run_name else {})},
+                                   env={**_env(), "GPT2_COMPARISON_RUN": name,
+                                        **({"GPT2_RUN_NAME": run_name} if run_name else {})},
                                    start_new_session=True)
         try:
             return process.wait()
@@ -122,18 +123,25 @@ def run_now(root: Path, name: str, sets: dict[str, Any], target: str, log: Path,
 
 @dataclass(frozen=True)
 class Planned:
-    """One experiment to run: its DVC name, its ``-S`` settings, how the progress line names it, its MLflow run."""
+    """One run to make: its name, its ``-S`` settings, how the progress line names it, its MLflow run; with a
+    ``checkout`` (``revisions.Checkout``), that revision's stages on ``params`` instead of a DVC experiment."""
 
     name: str
     sets: dict[str, Any]
     label: str
     run_name: str
+    checkout: Any = None
+    params: dict[str, Any] | None = None
 
 
-def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what: str, kept: str = "") -> None:
+def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what: str, kept: str = "",
+                collected: dict[str, Any] | None = None) -> None:
     """Run ``planned`` one at a time, in its order, with a progress line and an ETA; DVC's output goes to ``log``.
     A failed experiment is said and skipped (it is missing from :func:`finished`); Ctrl-C or SIGTERM stops the
-    running one and ends with a UserError that says what is kept. ``what``: the command (``grid``)."""
+    running one and ends with a UserError that says what is kept. ``what``: the command (``grid``). A run in a
+    revision's checkout is read back into ``collected`` (name → (Experiment, val curve)) as soon as it ends."""
+    from gpt2.measure import revisions
+
     from gpt2.core import log as logs
     from gpt2.core.progress import clock
 
@@ -145,13 +153,16 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what
         logger.info(f"{what}: [{done + 1}/{len(planned)}] {run.label} ({run.name}){eta}")
         started = time.perf_counter()
         try:
-            code = run_now(root, run.name, run.sets, target, log, run.run_name)
+            code = (revisions.run(run.checkout, run.name, run.params, target, log, run.run_name) if run.checkout
+                    else run_now(root, run.name, run.sets, target, log, run.run_name))
         except KeyboardInterrupt as interrupt:
             error = UserError(f"{what} interrupted: the running experiment was stopped; finished runs are kept "
                               f"(dvc exp show){kept}")
             error.exit_code = 143 if isinstance(interrupt, Terminated) else 130
             raise error from None
         durations.append(time.perf_counter() - started)
+        if run.checkout and code == 0 and (found := revisions.collect(run.checkout, run.name)):
+            collected[run.name] = found
         if code != 0:
             logger.info(f"{what}: {run.name} failed (dvc exit {code}); its output is in {log}")
 
@@ -207,10 +218,15 @@ def trained_here(root: Path, exps: list[Experiment], names: set[str], what: str)
 
 
 def val_curve(root: Path, rev: str) -> list[tuple[float, float, float]] | None:
-    """An experiment's val curve, (training seconds, tokens, val loss) per eval, from its committed val.tsv; None
-    where it has none (a run without evals, or from a version that did not record the training time)."""
+    """An experiment's val curve from its committed val.tsv (:func:`parse_val_curve`)."""
     out = subprocess.run(["git", "show", f"{rev}:{paths.VAL_CURVE}"], cwd=root, capture_output=True, text=True)
-    lines = out.stdout.splitlines() if out.returncode == 0 else []
+    return parse_val_curve(out.stdout) if out.returncode == 0 else None
+
+
+def parse_val_curve(text: str) -> list[tuple[float, float, float]] | None:
+    """(training seconds, tokens, val loss) per eval from a val.tsv; None where it has none (a run without evals,
+    or from a version that did not record the training time)."""
+    lines = text.splitlines()
     if not lines:
         return None
     head = lines[0].split("\t")

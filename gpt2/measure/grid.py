@@ -25,7 +25,7 @@ from gpt2.core import log, paths
 from gpt2.core.atomic import write_files
 from gpt2.core.config import read_yaml
 from gpt2.core.errors import UserError
-from gpt2.measure import experiments
+from gpt2.measure import experiments, revisions
 from gpt2.measure.apply import Change
 from gpt2.measure.compare import ALPHA, Arm, Judged, judge, read_run
 from gpt2.measure.report import (METHOD, Column, Words, as_data, columns, decide_best, log_parent, render_png, table,
@@ -70,19 +70,22 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
              out: str | Path = paths.GRID_REPORTS,
              mlflow: bool | None = None, params_path: str | Path = paths.PARAMS, repeats: int = 1,
              time_budget_s: float | None = None, apply: bool = False, as_json: bool = False,
-             alpha: float = ALPHA) -> dict[str, Any]:
+             alpha: float = ALPHA, revs: str | None = None) -> dict[str, Any]:
     """Run every setting ``repeats`` times as DVC experiments, write ``<out>/<name>.md``, ``.json`` and ``.png``,
     and group the experiments under one MLflow run that holds the comparison. ``time_budget_s``: every run
     trains for that long (train.time_budget_s), so the settings compare at equal time. ``apply``: write the
-    winner into params.yaml. ``alpha``: the level of the quality tests. Returns the comparison as the report's
+    winner into params.yaml. ``alpha``: the level of the quality tests. ``revs``: git revisions (``main,mine``),
+    each run in its own checkout (revisions.py), the first the baseline. Returns the comparison as the report's
     JSON holds it; ``as_json`` prints it on stdout (also when a run failed, before the error)."""
     root, started = paths.root(), time.time()
     if name is not None and len(name.encode()) > MAX_NAME:  # before an hour of runs, not at the report after them
         raise UserError(f"gpt2 grid --name is {len(name.encode())} bytes long; the report's files and the experiments "
                         f"are named after it, and a file name holds at most 255: give one of at most {MAX_NAME}")
     grid = parse_sets(sets)
-    if not grid:
-        raise UserError("gpt2 grid needs at least one -S section.key=value[,value...]")
+    if not grid and not revs:
+        raise UserError("gpt2 grid needs at least one -S section.key=value[,value...] or --rev A,B")
+    if "revision" in grid:
+        raise UserError("-S revision=...: revisions are given with --rev A,B")
     if apply:  # before an hour of runs, not after
         from gpt2.measure.apply import refuse_uncommitted
 
@@ -102,6 +105,10 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
                         "(dvc queue remove --queued) first")
     raw = read_yaml(params_path, "params", "--params") or {}
     seeds = [None] * repeats if "train.seed" in grid else experiments.repeat_seeds(raw, repeats)
+    checkouts = {c.label: c for c in (revisions.check_out(root, r) for r in revisions.parse_revs(revs))} if revs \
+        else {}
+    if checkouts:
+        grid = {"revision": list(checkouts), **grid}
     name = name or "grid " + time.strftime("%m-%d %H:%M")
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "grid"
     combos = settings(grid)
@@ -112,21 +119,34 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
                 f"the first, {describe(combos[0])}, is the baseline"
                 + (f"; repeat r trains train.seed {', '.join(map(str, seeds))}" if seeds[0] is not None else ""))
     out = Path(out)
-    experiments.run_in_turn(root, [experiments.Planned(
-        names[i][r], {**combos[i], **fixed, **({"train.seed": seeds[r]} if seeds[r] is not None else {})},
-        f"{describe(combos[i])}, run {r + 1}",
-        f"{name} · {describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else "")) for i, r in order],
-        target, out / "dvc.log", "grid")
-    found = experiments.trained_here(root, experiments.finished(root, (paths.TRAIN_SUMMARY,)),
-                                     {n for exps in names for n in exps}, "grid")
-    arms = [Arm(describe(combo), [read_run(n, r, seeds[r], found.get(n),
-                                           experiments.val_curve(root, found[n].rev) if n in found else None)
-                                  for r, n in enumerate(exps)], reference=None if i == 0 else 0)
+    planned = []
+    for i, r in order:
+        sets_ = {**{k: v for k, v in combos[i].items() if k != "revision"}, **fixed,
+                 **({"train.seed": seeds[r]} if seeds[r] is not None else {})}
+        checkout = checkouts.get(combos[i].get("revision"))
+        planned.append(experiments.Planned(
+            names[i][r], sets_, f"{describe(combos[i])}, run {r + 1}",
+            f"{name} · {describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else ""), checkout,
+            revisions.with_sets(raw, sets_) if checkout else None))
+    collected: dict[str, Any] = {}
+    try:
+        experiments.run_in_turn(root, planned, target, out / "dvc.log", "grid", collected=collected)
+    finally:
+        revisions.remove(root, list(checkouts.values()))
+    if checkouts:
+        found, curves = {n: e for n, (e, _) in collected.items()}, {n: c for n, (_, c) in collected.items()}
+    else:
+        found = experiments.trained_here(root, experiments.finished(root, (paths.TRAIN_SUMMARY,)),
+                                         {n for exps in names for n in exps}, "grid")
+        curves = {n: experiments.val_curve(root, e.rev) for n, e in found.items()}
+    arms = [Arm(describe(combo), [read_run(n, r, seeds[r], found.get(n), curves.get(n)) for r, n in enumerate(exps)],
+                reference=None if i == 0 else 0, setting=combo)
             for i, (combo, exps) in enumerate(zip(combos, names))]
     judged = judge(arms, alpha)
     words = Words("setting", "the baseline", time_budget_s)
-    changes = decide(judged, words, combos, out / f"{slug}.md")
-    text, data = write_report(out, slug, name, grid, judged, repeats, target, words, changes)
+    changes, note = decide(judged, words, out / f"{slug}.md")
+    text, data = write_report(out, slug, name, grid, judged, repeats, target, words, changes, note)
+    data["revisions"] = {label: c.commit for label, c in checkouts.items()}
     if (raw.get("train") or {}).get("mlflow", True) if mlflow is None else mlflow:
         log_parent("grid", name, judged, [out / f"{slug}{s}" for s in (".md", ".json", ".png")], text,
                    (raw.get("train") or {}).get("experiment", "gpt2"), started,
@@ -147,25 +167,30 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
     return data
 
 
-def decide(judged: Judged, words: Words, combos: list[dict[str, Any]], report: Path | str) -> list[Change]:
+def decide(judged: Judged, words: Words, report: Path | str) -> tuple[list[Change], str]:
     """The settings to apply: those of the setting that wins against the baseline by the most, outside noise,
-    losing nowhere outside it (``compare.win``)."""
+    losing nowhere outside it (``compare.win``); and, where the winner is another code revision, what to say
+    instead: ``--apply`` writes params, never code."""
     best = decide_best(judged, words)
     if best is None:
-        return []
+        return [], ""
     arm, why = best
+    if arm.setting.get("revision", "") != judged.arms[0].setting.get("revision", ""):
+        return [], (f"The winner is {arm.label} ({why}): `--apply` writes params.yaml, never code; merge that "
+                    "revision to keep it.")
     when = f" (runs of {words.at_equal_time_s:g} s)" if words.at_equal_time_s else ""
-    return [Change(key, value, f"{why}{when} ({report})") for key, value in combos[judged.arms.index(arm)].items()]
+    return [Change(key, value, f"{why}{when} ({report})") for key, value in arm.setting.items()
+            if key != "revision"], ""
 
 
 def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], judged: Judged, repeats: int,
-                 target: str, words: Words, changes: list[Change]) -> tuple[str, dict[str, Any]]:
+                 target: str, words: Words, changes: list[Change], note: str = "") -> tuple[str, dict[str, Any]]:
     """``<slug>.md`` (verdict and table), ``<slug>.json`` and ``<slug>.png``, written as one; returns the markdown
     and the JSON's content (what ``--json`` prints)."""
-    said = verdict(judged, words, repeats, changes, lambda a: a.label)
+    said = verdict(judged, words, repeats, changes, lambda a: a.label, note)
     length = (f"each run trains for {words.at_equal_time_s:g} s of training steps (train.time_budget_s), so val "
               "losses compare at equal time" if words.at_equal_time_s else "each run trains the steps params.yaml sets")
-    keys = [Column(k, lambda i, a, k=k: json_value(judged_setting(grid, i)[k])) for k in grid]
+    keys = [Column(k, lambda i, a, k=k: json_value(a.setting[k])) for k in grid]
     ran = [Column("experiments", lambda i, a: ", ".join(r.name for r in a.runs))]
     text = (f"# {name}\n\n{said}\n\n"
             f"{len(judged.arms)} settings × {repeats} run(s), one at a time, in alternating order, each the `{target}` "
@@ -176,10 +201,6 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ju
     write_files(out, {f"{slug}.md": text, f"{slug}.json": json.dumps(data, indent=2) + "\n",
                       f"{slug}.png": render_png(judged, name, said, lambda a: a.label)})
     return text, data
-
-
-def judged_setting(grid: dict[str, list[Any]], index: int) -> dict[str, Any]:
-    return settings(grid)[index]
 
 
 def describe(setting: dict[str, Any]) -> str:

@@ -153,9 +153,10 @@ def table(judged: Judged, own: list[Column], shared: list[Column], last: list[Co
     return "\n".join(lines) + "\n"
 
 
-def verdict(judged: Judged, words: Words, repeats: int, changes: list[Change], label: Callable[[Arm], str]) -> str:
+def verdict(judged: Judged, words: Words, repeats: int, changes: list[Change], label: Callable[[Arm], str],
+            note: str = "") -> str:
     """The report's first words: what failed, the noise, the seeds, what is decided and how firmly, and what
-    ``--apply`` writes."""
+    ``--apply`` writes (``note``: what to say instead)."""
     what, compared, parts = words.what, judged.compared, []
     if failed := judged.failed:
         total = sum(len(a.runs) for a in judged.arms if not a.skipped)
@@ -169,7 +170,7 @@ def verdict(judged: Judged, words: Words, repeats: int, changes: list[Change], l
     if unshown := [a for a in judged.arms if a.skipped]:
         parts.append("Not run, as this device cannot show them: "
                      + "; ".join(f"{label(a)} ({a.skipped})" for a in unshown) + ".")
-    parts.append(("What `--apply` writes into params.yaml: " + ", ".join(
+    parts.append(note or ("What `--apply` writes into params.yaml: " + ", ".join(
         f"{c.key}={json_value(c.value)}" for c in changes) + "." if changes else
         f"Nothing for `--apply` to write: no {what} wins outside noise without losing elsewhere."))
     return "\n\n".join(p for p in parts if p)
@@ -348,7 +349,7 @@ def log_parent(kind: str, name: str, judged: Judged, files: list[Path], describe
         verdicts = {run.name: {f"vs_reference/{k}": _round(v) for k, v in arm_metrics(i, arm).items()
                                if k in VERDICT_METRICS}
                     for i, arm in enumerate(judged.arms) for run in arm.runs}
-        adopt(tracker, list(children), children, verdicts)
+        adopt(tracker, list(children), children, verdicts, since=started)
     except BaseException:
         tracker.end("FAILED")
         raise

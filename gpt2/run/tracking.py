@@ -571,19 +571,22 @@ class MlflowTracker(Tracker):
 MODEL_TYPE = "gpt2 checkpoint (weights in DVC's cache)"
 
 
-def adopt(parent: MlflowTracker, dvc_exp_names: list[str], tags: dict[str, dict[str, str]] | None = None,
-          metrics: dict[str, dict[str, float | None]] | None = None) -> int:
-    """Make the MLflow runs of these DVC experiments children of ``parent``: the UI nests them under it.
+def adopt(parent: MlflowTracker, names: list[str], tags: dict[str, dict[str, str]] | None = None,
+          metrics: dict[str, dict[str, float | None]] | None = None, since: float = 0.0) -> int:
+    """Make the MLflow runs of a comparison's runs (their tag ``comparison_run``: a grid or a ladder names each run
+    it starts, ``GPT2_COMPARISON_RUN``) children of ``parent``: the UI nests them under it.
 
-    ``tags`` and ``metrics``: more of them per experiment name (a comparison's verdict on the run).
+    ``tags`` and ``metrics``: more of them per run name (a comparison's verdict on the run). ``since``: the
+    comparison's start (epoch seconds): an earlier comparison's run of the same name is not this one's.
     Returns how many runs were found (0 when tracking failed)."""
     found: list[str] = []
 
     def nest() -> None:
         client = parent.mlflow.tracking.MlflowClient()
         found.clear()
-        for name in dvc_exp_names:
-            for run in client.search_runs([parent.experiment_id], f"tags.dvc_exp_name = '{name}'"):
+        for name in names:
+            for run in client.search_runs([parent.experiment_id], f"tags.comparison_run = '{name}' and "
+                                          f"attributes.start_time >= {int(since * 1000)}"):
                 for key, value in {"mlflow.parentRunId": parent.run_id, **(tags or {}).get(name, {})}.items():
                     client.set_tag(run.info.run_id, key, value)
                 for key, value in (metrics or {}).get(name, {}).items():

@@ -58,7 +58,8 @@ def open_tracker(s: Setup, start: Start, ckpt_path: Path, report_dir: Path | Non
         catch_up(tracker, dataclasses.asdict(start.history))
     tracker.log_params(tracked_params(params))
     tracker.set_tags({"git_commit": git_commit(), "training_code_md5": training_code_digest(),
-                      "dvc_exp_name": os.environ.get("DVC_EXP_NAME"), "torch_version": torch.__version__, **info})
+                      "dvc_exp_name": os.environ.get("DVC_EXP_NAME"), "torch_version": torch.__version__,
+                      "comparison_run": os.environ.get("GPT2_COMPARISON_RUN"), **info})
     if start.changes is not None:  # MLflow keeps a run's first params: each resume records what it changed
         tracker.set_tags({f"resume.step_{start.step}": "; ".join(f"train.{k}: {old} → {new}" for k, (old, new)
                                                                  in start.changes.items()) or "no params changed"})
