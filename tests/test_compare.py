@@ -112,7 +112,7 @@ def test_faster_steps_that_reach_the_loss_later_lose_and_a_sooner_arm_wins():
     assert sooner_arm.versus.sooner.inside_noise is False and sooner_arm.versus.sooner.test.p < 0.01
     (score, _), why = compare.win(sooner_arm, at_equal_time=False)
     assert score == pytest.approx(1.5) and why.startswith("1.50× sooner to the reference's val loss (p = ")
-    assert report.decide_best(judged, WORDS)[0] is sooner_arm
+    assert report.decide_best(judged, WORDS, held_out=False)[0][0] is sooner_arm
     assert "not reached (0/3)" in report.table(judged, [], report.columns(judged, WORDS))
 
 
@@ -140,3 +140,31 @@ def test_the_report_s_json_carries_the_seeds_and_p_values_and_the_png_draws(tmp_
     assert report.render_png(judged, "t", "said", label).startswith(b"\x89PNG")
     assert report.arm_metrics(1, judged.arms[1])["val_loss_p"] == pytest.approx(data["rows"][1]["versus"]["loss"][
         "test"]["p"])
+
+
+def held(arm_: Arm, losses: list[float], se: float = 0.005) -> Arm:
+    for run_, loss in zip(arm_.runs, losses):
+        run_.holdout_loss, run_.holdout_loss_se = loss, se
+    return arm_
+
+
+def test_a_quality_win_is_applied_only_where_it_holds_on_the_held_out_windows():
+    """A loop that picks winners on one set of val windows overfits them: --apply confirms on windows no verdict
+    read. A speed win claims no quality, and needs no confirmation."""
+    base = held(arm("base", [(100, 6.00), (100, 6.01), (100, 5.99)], None), [6.10, 6.11, 6.09])
+    holds = held(arm("holds", [(100, 5.80), (100, 5.82), (100, 5.79)]), [5.90, 5.92, 5.89])
+    overfit = held(arm("overfit", [(100, 5.80), (100, 5.81), (100, 5.79)]), [6.11, 6.09, 6.10])
+    judged = judge([base, holds, overfit])
+    assert compare.confirm(judged.arms[1]) == ""
+    assert compare.confirm(judged.arms[2]).startswith("held-out val loss +0.000 (p = ")
+    (best, _), said = report.decide_best(judged, WORDS, held_out=True)
+    assert best is judged.arms[1] and "Not confirmed on the held-out windows, so not applied: overfit" in said
+    judged = judge([base, overfit])
+    assert report.decide_best(judged, WORDS, held_out=True)[0] is None
+    unscored = judge([arm("base", [(100, 6.0), (100, 6.01), (100, 5.99)], None),
+                      arm("b", [(100, 5.8), (100, 5.81), (100, 5.79)])])
+    assert compare.confirm(unscored.arms[1]) == "not scored on held-out windows"
+    (best, _), said = report.decide_best(unscored, WORDS, held_out=False)  # the report says what --apply would do
+    assert best is unscored.arms[1] and "`--apply` first scores the runs on held-out val windows" in said
+    fast = judge([arm("base", [(100,), (101,), (99,)], None), arm("fast", [(150,), (151,), (149,)])])
+    assert compare.confirm(fast.arms[1]) == "" and report.decide_best(fast, WORDS, held_out=True)[0][0] is fast.arms[1]

@@ -108,3 +108,21 @@ def test_the_val_set_is_the_same_whatever_the_micro_batch_and_the_ranks(tokens, 
         scores["2 ranks"] = evaluator.estimate_loss(s, s.val_data)
     assert (partial[0] != 0).sum() == 11 and (partial[1] != 0).sum() == 10  # each rank scored its share
     assert len(set(scores.values())) == 1, scores
+
+
+def test_held_out_windows_are_scored_after_the_last_step_on_text_no_val_window_covers(tmp_path, tokens):
+    """train.holdout_windows: text no verdict reads, where a comparison's --apply confirms a quality win."""
+    import numpy as np
+
+    from gpt2.train.evaluator import holdout_windows, val_windows
+
+    taken = val_windows(5000, 16, 40, 1337)
+    held = holdout_windows(5000, 16, 40, 1337, taken)
+    assert len(held) == 40 and min(abs(int(h) - int(t)) for h in held for t in taken) > 16  # no token shared
+    assert np.array_equal(held, holdout_windows(5000, 16, 40, 1337, taken))  # the same text in every run
+    summary = run(tmp_path, tokens, micro_params(max_steps=4, eval_interval=2, holdout_windows=6))
+    assert summary["val"]["holdout_loss"] > 0 and summary["val"]["holdout_loss_se"] > 0
+    compared = json.loads((tmp_path / "run/reports/metrics.json").read_text())  # dvc exp show's columns: unchanged
+    assert "holdout_loss" not in compared["val"]
+    assert summary["val"]["holdout_loss"] != summary["val"]["loss"]
+    assert "holdout_loss" not in run(tmp_path, tokens, micro_params(max_steps=4, eval_interval=2), "off")["val"]

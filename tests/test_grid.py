@@ -189,3 +189,28 @@ def test_a_setting_an_earlier_experiment_left_in_params_yaml_is_named_before_a_c
     (tmp_path / "params.yaml").write_text(edited)
     assert uncommitted_params(tmp_path, tmp_path / "params.yaml") == "compile=true"
     assert uncommitted_params(tmp_path / "nowhere", tmp_path / "params.yaml") == ""  # no repository: nothing said
+
+
+def test_apply_scores_held_out_windows_and_refuses_a_win_that_does_not_hold_there(tmp_path, monkeypatch):
+    """The verdict's windows picked the winner; --apply writes it only where it holds on windows no verdict read."""
+    import subprocess
+
+    from conftest import environment
+
+    def results(name, sets):
+        lower = sets["train.lr"] == 0.003
+        exp = run(name, 100 + sets["train.seed"], loss=(5.7 if lower else 6.0) + 0.01 * (sets["train.seed"] % 3),
+                  se=0.01)
+        exp.files[paths.TRAIN_SUMMARY] = {"val": {"holdout_loss": 6.1 + 0.01 * (sets["train.seed"] % 2),
+                                                  "holdout_loss_se": 0.01}}  # the same for both: it did not hold
+        return exp
+
+    planned = fake_grid(monkeypatch, tmp_path, results)
+    for command in (["git", "init", "-q"], ["git", "add", "params.yaml"], ["git", "commit", "-qm", "params"]):
+        subprocess.run(command, cwd=tmp_path, check=True, env=environment())
+    before = (tmp_path / "params.yaml").read_text()
+    data = grid.run_grid(("train.lr=1.0e-3,3.0e-3",), name="lr", target="train", repeats=3, apply=True)
+    assert {r.sets["train.holdout_windows"] for r in planned} == {80}  # as much text as the verdict's
+    assert data["rows"][1]["versus"]["loss"]["apart"] and data["apply"] == {}
+    assert "Not confirmed on the held-out windows, so not applied: train.lr=0.003 (held-out val loss" in data["verdict"]
+    assert (tmp_path / "params.yaml").read_text() == before

@@ -89,7 +89,7 @@ def test_a_rung_measured_beside_the_ladder_does_not_reach_the_rungs_below(tmp_pa
     p = ladder.resolve(spec, PARAMS, "cpu")
     runs = [[fake_run(p, i, ms, cpu_runtime), fake_run(p, i, ms + 1, cpu_runtime, repeat=1)]
             for i, ms in enumerate((100, 50, 60))]
-    changes = ladder.decide(judged_of(spec, p, runs), spec, p, False, "ladder.md")
+    changes, _ = ladder.decide(judged_of(spec, p, runs), spec, p, False, "ladder.md")
     assert [(c.key, c.value) for c in changes] == [("train.fused_adamw", True)]
     assert "'preload' also won alone, not applied with it (never measured together)" in changes[0].why
     with pytest.raises(UserError, match="carry must be true, false or a list of devices"):
@@ -455,7 +455,7 @@ def test_rungs_compare_at_the_baseline_s_loss_and_the_winners_are_applied(tmp_pa
     assert pad.reference == 0 and pad.at_quality.vs_baseline.median == pytest.approx(30 / 16.2, rel=0.05)
     assert pad.versus.sooner.inside_noise is False and pad.versus.loss.apart
     assert fused.at_quality.reached == 0 and fused.versus.loss.apart and fused.versus.loss.delta == pytest.approx(0.7)
-    changes = ladder.decide(judged, spec, p, False, "reports/ladder/ladder.md")
+    changes, note = ladder.decide(judged, spec, p, False, "reports/ladder/ladder.md")
     # pad against the baseline (the rung between failed) ran with both changes: both are what won; not fused (worse)
     assert [(c.key, c.value) for c in changes] == [("model.pad_vocab", True), ("train.keep_host_memory", True)]
     assert (changes[0].why.startswith("rung 2 'pad' against the rung above: ")

@@ -198,6 +198,9 @@ class TrainConfig:
                                   "micro-batch and the ranks", ge=1, le=10**8)
     eval_seed: int = param(1337, "which val windows: the same in every run (not train.seed), so runs compare on "
                                  "one text")
+    holdout_windows: int = param(0, "val windows disjoint from eval_windows, scored once after the last step: text "
+                                    "no verdict is read on, where gpt2 grid/ladder --apply confirm a quality win "
+                                    "(0: none)", ge=0, le=10**8)
     log_interval: int = param(10, "a log line and a metrics record every this many steps", ge=1, le=10**9)
     checkpoint_interval: int = param(40, "a checkpoint every this many steps (and at the end)", ge=1, le=10**9)
     save_checkpoint: bool = param(True, "false: write no checkpoint (measurement runs such as `gpt2 ladder`)")

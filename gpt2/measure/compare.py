@@ -85,6 +85,8 @@ class Run:
     val_loss_se: float | None = None
     eval_val_loss: float | None = None  # the evaluate stage's, where the experiment ran it
     eval_val_loss_se: float | None = None
+    holdout_loss: float | None = None  # on windows no verdict reads (train.holdout_windows), after the last step
+    holdout_loss_se: float | None = None
     cost_usd: float | None = None
     device_hours: float | None = None
     price_per_hour: float | None = None  # all its devices together (USD)
@@ -112,6 +114,8 @@ def read_run(name: str, repeat: int, seed: int | None, exp: Any, curve: Curve | 
     run.eval_val_loss, run.eval_val_loss_se = scored.get("val_loss"), scored.get("val_loss_se")
     run.cost_usd, run.device_hours = cost.get("usd"), cost.get("device_hours")
     run.price_per_hour = None if price is None else price * ((summary.get("perf") or {}).get("world_size") or 1)
+    held = summary.get("val") or {}
+    run.holdout_loss, run.holdout_loss_se = held.get("holdout_loss"), held.get("holdout_loss_se")
     run.target, run.curve = metrics.get("target"), curve
     run.runtime = summary.get("runtime") or {}
     return run
@@ -166,6 +170,7 @@ class Versus:
     speed: Ratio  # tokens/s
     sooner: Ratio  # how many times sooner it reaches the higher of the two final val losses
     loss: LossDiff | None = None
+    holdout: LossDiff | None = None  # the same on the held-out windows, where the runs scored them
     time_to_target: float | None = None  # the reference's median time to the target over this arm's
     time_to_target_inside_noise: bool | None = None
 
@@ -325,18 +330,47 @@ def _paired(arm: Arm, other: Arm, figure: Callable[[Run], float | None]) -> list
 def _versus(arm: Arm, index: int, above: Arm, by: str, alpha: float) -> Versus:
     versus = Versus(index, Ratio.of(_paired(arm, above, lambda r: r.tokens_per_s)),
                     _sooner_ratio(above.runs, arm.runs, alpha))
-    pairs = [(final_loss(a, by), final_loss(b, by)) for a, b in zip(arm.runs, above.runs) if a.ok and b.ok]
-    pairs = [(a, b) for a, b in pairs if a[0] is not None and b[0] is not None]
-    if pairs:
-        per_seed = [a[0] - b[0] for a, b in pairs]
-        test = paired_test(per_seed, alpha)
-        text = losses_apart(statistics.median(a[0] for a, _ in pairs), arm.val_loss_se,
-                            statistics.median(b[0] for _, b in pairs), above.val_loss_se)
-        apart = None if test is None else bool(test.significant and text is not False)
-        versus.loss = LossDiff(by, per_seed, statistics.fmean(per_seed), apart, text, test)
+    versus.loss = loss_diff(arm.runs, above.runs, lambda r: final_loss(r, by), by, alpha)
+    versus.holdout = loss_diff(arm.runs, above.runs, lambda r: (r.holdout_loss, r.holdout_loss_se), "held-out",
+                               alpha)
     if arm.target and above.target and arm.target.time_s and above.target.time_s:
         versus.time_to_target = above.target.time_s.median / arm.target.time_s.median
     return versus
+
+
+def loss_diff(runs: list[Run], reference: list[Run], figure: Callable[[Run], tuple[float | None, float | None]],
+              by: str, alpha: float) -> LossDiff | None:
+    """A loss (``figure``: value and standard error) of ``runs`` minus ``reference``'s, seed by seed, tested."""
+    pairs = [(figure(a), figure(b)) for a, b in zip(runs, reference) if a.ok and b.ok]
+    pairs = [(a, b) for a, b in pairs if a[0] is not None and b[0] is not None]
+    if not pairs:
+        return None
+    per_seed = [a[0] - b[0] for a, b in pairs]
+    test = paired_test(per_seed, alpha)
+    mine, theirs = sorted(pairs, key=lambda p: p[0][0])[len(pairs) // 2][0], sorted(
+        pairs, key=lambda p: p[1][0])[len(pairs) // 2][1]  # the median runs', with their standard errors
+    text = losses_apart(mine[0], mine[1], theirs[0], theirs[1])
+    apart = None if test is None else bool(test.significant and text is not False)
+    return LossDiff(by, per_seed, statistics.fmean(per_seed), apart, text, test)
+
+
+def confirm(arm: Arm) -> str:
+    """Why a quality win of ``arm`` does not hold on the held-out windows ("" where it does, or where it claims no
+    quality): a lower val loss must be lower there too, at the level; sooner to the same loss must not end higher
+    there outside noise. "not scored" where the runs scored no held-out windows."""
+    versus = arm.versus
+    lower = bool(versus and versus.loss and versus.loss.apart and versus.loss.delta < 0)
+    sooner_by = bool(versus and versus.sooner.inside_noise is False and versus.sooner.median > 1)
+    if not (lower or sooner_by):
+        return ""
+    held = versus.holdout
+    if held is None or held.test is None:
+        return "not scored on held-out windows"
+    if lower and not (held.delta < 0 and held.test.significant):
+        return f"held-out val loss {held.delta:+.3f} (p = {held.test.p:.2g})"
+    if held.apart and held.delta > 0:
+        return f"held-out val loss {held.delta:+.3f} (p = {held.test.p:.2g}): higher"
+    return ""
 
 
 def _sooner_ratio(reference: list[Run], runs: list[Run], alpha: float) -> Ratio:

@@ -197,6 +197,15 @@ def repeat_seeds(params: dict[str, Any], repeats: int) -> list[int]:
     return [int(base) + 1 + r for r in range(repeats)]
 
 
+def holdout_size(params: dict[str, Any]) -> int:
+    """How many held-out windows a comparison's runs score for ``--apply``: as many as the val windows (params.yaml's
+    train.eval_windows), so the confirmation reads as much text as the verdict; at least params.yaml's own."""
+    from gpt2.core.config import TrainConfig
+
+    train = params.get("train") or {}
+    return max(int(train.get("eval_windows", TrainConfig.eval_windows)), int(train.get("holdout_windows") or 0))
+
+
 def trained_here(root: Path, exps: list[Experiment], names: set[str], what: str) -> dict[str, Experiment]:
     """``exps`` among ``names``, by name, without those whose training figures are the last commit's to the last
     digit: DVC found their train stage unchanged and kept the committed run's figures, measured some other time

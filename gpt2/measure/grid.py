@@ -104,6 +104,8 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
                         "a grid times one experiment at a time: run them (dvc exp run --run-all) or remove them "
                         "(dvc queue remove --queued) first")
     raw = read_yaml(params_path, "params", "--params") or {}
+    if apply:  # text no verdict reads, where a quality win must hold before it is written
+        fixed["train.holdout_windows"] = experiments.holdout_size(raw)
     seeds = [None] * repeats if "train.seed" in grid else experiments.repeat_seeds(raw, repeats)
     checkouts = {c.label: c for c in (revisions.check_out(root, r) for r in revisions.parse_revs(revs))} if revs \
         else {}
@@ -144,7 +146,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
             for i, (combo, exps) in enumerate(zip(combos, names))]
     judged = judge(arms, alpha)
     words = Words("setting", "the baseline", time_budget_s)
-    changes, note = decide(judged, words, out / f"{slug}.md")
+    changes, note = decide(judged, words, out / f"{slug}.md", apply)
     text, data = write_report(out, slug, name, grid, judged, repeats, target, words, changes, note)
     data["revisions"] = {label: c.commit for label, c in checkouts.items()}
     if (raw.get("train") or {}).get("mlflow", True) if mlflow is None else mlflow:
@@ -167,20 +169,20 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
     return data
 
 
-def decide(judged: Judged, words: Words, report: Path | str) -> tuple[list[Change], str]:
+def decide(judged: Judged, words: Words, report: Path | str, held_out: bool) -> tuple[list[Change], str]:
     """The settings to apply: those of the setting that wins against the baseline by the most, outside noise,
-    losing nowhere outside it (``compare.win``); and, where the winner is another code revision, what to say
-    instead: ``--apply`` writes params, never code."""
-    best = decide_best(judged, words)
+    losing nowhere outside it (``compare.win``) and, ``held_out``, holding on the held-out windows; and what to
+    say of it: where the winner is another code revision, ``--apply`` writes params, never code."""
+    best, said = decide_best(judged, words, held_out)
     if best is None:
-        return [], ""
+        return [], said
     arm, why = best
     if arm.setting.get("revision", "") != judged.arms[0].setting.get("revision", ""):
         return [], (f"The winner is {arm.label} ({why}): `--apply` writes params.yaml, never code; merge that "
-                    "revision to keep it.")
+                    f"revision to keep it. {said}").strip()
     when = f" (runs of {words.at_equal_time_s:g} s)" if words.at_equal_time_s else ""
     return [Change(key, value, f"{why}{when} ({report})") for key, value in arm.setting.items()
-            if key != "revision"], ""
+            if key != "revision"], said
 
 
 def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], judged: Judged, repeats: int,

@@ -17,7 +17,8 @@ from gpt2.core import paths
 from gpt2.core.plots import png, pyplot
 from gpt2.measure import experiments
 from gpt2.measure.apply import Change
-from gpt2.measure.compare import ADVICE, TOO_NOISY, AtQuality, Arm, Judged, LossDiff, Ratio, Test, final_loss, win
+from gpt2.measure.compare import (ADVICE, TOO_NOISY, AtQuality, Arm, Judged, LossDiff, Ratio, Test, confirm,
+                                  final_loss, win)
 from gpt2.run.tracking import json_value
 
 
@@ -156,7 +157,7 @@ def table(judged: Judged, own: list[Column], shared: list[Column], last: list[Co
 def verdict(judged: Judged, words: Words, repeats: int, changes: list[Change], label: Callable[[Arm], str],
             note: str = "") -> str:
     """The report's first words: what failed, the noise, the seeds, what is decided and how firmly, and what
-    ``--apply`` writes (``note``: what to say instead)."""
+    ``--apply`` writes (``note``: what more to say of it, or instead where it writes nothing)."""
     what, compared, parts = words.what, judged.compared, []
     if failed := judged.failed:
         total = sum(len(a.runs) for a in judged.arms if not a.skipped)
@@ -170,9 +171,11 @@ def verdict(judged: Judged, words: Words, repeats: int, changes: list[Change], l
     if unshown := [a for a in judged.arms if a.skipped]:
         parts.append("Not run, as this device cannot show them: "
                      + "; ".join(f"{label(a)} ({a.skipped})" for a in unshown) + ".")
-    parts.append(note or ("What `--apply` writes into params.yaml: " + ", ".join(
-        f"{c.key}={json_value(c.value)}" for c in changes) + "." if changes else
-        f"Nothing for `--apply` to write: no {what} wins outside noise without losing elsewhere."))
+    if changes:
+        parts.append("What `--apply` writes into params.yaml: "
+                     + ", ".join(f"{c.key}={json_value(c.value)}" for c in changes) + f". {note}".rstrip())
+    else:
+        parts.append(note or f"Nothing for `--apply` to write: no {what} wins outside noise without losing elsewhere.")
     return "\n\n".join(p for p in parts if p)
 
 
@@ -387,10 +390,19 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def decide_best(judged: Judged, words: Words) -> tuple[Arm, str] | None:
-    """The arm that wins against its reference by the most, and why (``compare.win``); None where none wins."""
+def decide_best(judged: Judged, words: Words, held_out: bool) -> tuple[tuple[Arm, str] | None, str]:
+    """The arm that wins against its reference by the most, and why (``compare.win``), and what to say of the
+    winners left out. ``held_out``: the runs scored held-out windows, and a quality win counts only where it holds
+    there (``compare.confirm``); else a quality win is named as what ``--apply`` would confirm first."""
     scored = [(won, arm) for arm in judged.arms[1:] if (won := win(arm, bool(words.at_equal_time_s)))]
+    failed = [(arm, why) for _, arm in scored if held_out and (why := confirm(arm))]
+    scored = [(won, arm) for won, arm in scored if arm not in [a for a, _ in failed]]
+    said = "".join(f" Not confirmed on the held-out windows, so not applied: {arm.label} ({why})."
+                   for arm, why in failed)
     if not scored:
-        return None
+        return None, said.strip()
     (_, why), best = max(scored, key=lambda pair: pair[0][0])
-    return best, why
+    if not held_out and confirm(best):
+        said += (" A quality win: `--apply` first scores the runs on held-out val windows (train.holdout_windows) and "
+                 "writes it only where it holds there.")
+    return (best, why), said.strip()

@@ -26,16 +26,28 @@ def val_windows(n_tokens: int, seq_len: int, count: int, seed: int) -> np.ndarra
     return np.random.default_rng(seed).integers(0, n_tokens - seq_len, size=count)
 
 
+def holdout_windows(n_tokens: int, seq_len: int, count: int, seed: int, taken: np.ndarray) -> np.ndarray:
+    """Up to ``count`` more windows, none overlapping a window of ``taken`` (the val windows every eval scores):
+    text no verdict was read on. Drawn with ``seed`` + 1 alone, so the same in every run."""
+    used = np.sort(taken)
+    candidates = np.random.default_rng(seed + 1).integers(0, n_tokens - seq_len, size=20 * count)
+    at = np.searchsorted(used, candidates)
+    below, above = used[np.clip(at - 1, 0, len(used) - 1)], used[np.clip(at, 0, len(used) - 1)]
+    return candidates[(np.abs(candidates - below) > seq_len) & (np.abs(above - candidates) > seq_len)][:count]
+
+
 @torch.no_grad()
-def estimate_loss(s: Setup, split: TokenSplit) -> tuple[float, float]:
-    """Mean loss over the ``eval_windows`` val windows, and its standard error over them.
+def estimate_loss(s: Setup, split: TokenSplit, starts: np.ndarray | None = None) -> tuple[float, float]:
+    """Mean loss over the ``eval_windows`` val windows (or the windows at ``starts``), and its standard error over
+    them.
 
     Each rank scores its share of the windows in micro-batches of the training's micro-batch; the
     per-window losses then meet in window order and are summed exactly (``math.fsum``), so neither
     the micro-batch nor the number of ranks moves the figure. The standard error says how much
     another draw of text would move it."""
     cfg = s.params.train
-    starts = val_windows(split.length, s.seq_len, cfg.eval_windows, cfg.eval_seed)
+    if starts is None:
+        starts = val_windows(split.length, s.seq_len, cfg.eval_windows, cfg.eval_seed)
     mine = np.array_split(np.arange(len(starts)), s.dist.world)[s.dist.rank]
     sampler = BatchSampler(split, s.batch.micro, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device)
     losses = torch.zeros(len(starts), device=s.runtime.device, dtype=torch.float64)  # the other ranks' stay 0
@@ -81,16 +93,24 @@ class Evaluator:
         """The target was reached and the run should end there (``train.stop_at_target``)."""
         return self.history.target is not None and self.cfg.stop_at_target
 
-    def evaluate(self, step: int) -> float:
-        """Score the val set at ``step``; return the seconds to leave out of the steady state: the whole eval when
-        it is the session's first under compile (the eval graph compiles, 30-60 s for GPT-2 on a GPU), else 0."""
+    def evaluate(self, step: int, last: bool = False) -> float:
+        """Score the val set at ``step`` (after the ``last`` step, the held-out windows too); return the seconds to
+        leave out of the steady state: the whole eval when it is the session's first under compile (the eval graph
+        compiles, 30-60 s for GPT-2 on a GPU), else 0."""
         started = time.perf_counter()
         with self.s.compile_watch.phase("eval"):
             val, se = estimate_loss(self.s, self.s.val_data)
+            held = self.holdout() if last and self.cfg.holdout_windows else {}
         compiling, self.compiles = self.compiles, False
         # with the training time and tokens so far: the curve a comparison at equal quality reads (measure/compare.py)
         self.history.val.append({"step": step, "val/loss": val, "val/loss_se": se,
-                                 "train_s": round(self.length.spent_s, 3), "tokens": step * self.s.tokens_per_step})
+                                 "train_s": round(self.length.spent_s, 3), "tokens": step * self.s.tokens_per_step,
+                                 **held})
+        if held:
+            self.tracker.log_metrics(held, step=step)
+            logger.info(f"step {self.length.shown(step)} | held-out val loss {held['val/holdout_loss']:.4f} ± "
+                        f"{held['val/holdout_loss_se']:.4f} ({self.cfg.holdout_windows} windows apart from the "
+                        "val windows)")
         best = min(self.history.val, key=lambda r: r["val/loss"])
         # MLflow's runs table shows each metric's last value: the best so far is a metric of its own
         self.tracker.log_metrics({"val/loss": val, "val/loss_se": se, "val/ppl": math.exp(min(val, 50)),
@@ -98,6 +118,16 @@ class Evaluator:
         logger.info(f"step {self.length.shown(step)} | val loss {val:.4f} ± {se:.4f}")
         self.check_target(step, val)
         return time.perf_counter() - started if compiling else 0.0
+
+    def holdout(self) -> dict[str, float]:
+        """The loss on ``holdout_windows`` windows disjoint from the val windows, with its standard error."""
+        split, cfg = self.s.val_data, self.cfg
+        taken = val_windows(split.length, self.s.seq_len, cfg.eval_windows, cfg.eval_seed)
+        starts = holdout_windows(split.length, self.s.seq_len, cfg.holdout_windows, cfg.eval_seed, taken)
+        if len(starts) == 0:
+            return {}
+        loss, se = estimate_loss(self.s, split, starts)
+        return {"val/holdout_loss": loss, "val/holdout_loss_se": se}
 
     def check_target(self, step: int, val: float) -> None:
         """Note when the val loss first reaches ``target_val_loss``: time, tokens and steps."""

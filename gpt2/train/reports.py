@@ -101,7 +101,9 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, th
     return {
         "train": {"loss": history.train[-1].get("train/loss") if history.train else None},
         "val": {"loss": last_val, "loss_se": last.get("val/loss_se"), "ppl": math.exp(last_val) if last else None,
-                "best_loss": best.get("val/loss"), "best_step": best.get("step")},
+                "best_loss": best.get("val/loss"), "best_step": best.get("step"),
+                **({"holdout_loss": last["val/holdout_loss"], "holdout_loss_se": last["val/holdout_loss_se"]}
+                   if "val/holdout_loss" in last else {})},
         "perf": {
             "step_ms": round(1000 * step_s, 3),
             "tokens_per_s": round(tokens_per_s, 1),

@@ -79,7 +79,7 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
             if step_log.due(step, last):
                 step_log.log(step, grad_norm)
             if evaluator.due(step, last):
-                step_log.set_aside(evaluator.evaluate(step))  # a compiled run's first eval compiles: not steady
+                step_log.set_aside(evaluator.evaluate(step, last))  # a compiled run's first eval compiles: not steady
             done = last or evaluator.stop
             summary = finish(step) if done else None
             signals.saving = stopping  # from here a second Ctrl-C waits for the write (checkpointer's exit)

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpt2.core.atomic import write_files
 from gpt2.measure.apply import Change
-from gpt2.measure.compare import Arm, Judged, Run, win
+from gpt2.measure.compare import Arm, Judged, Run, confirm, win
 from gpt2.measure.ladder.spec import Ladder, Resolved, Rung, flat
 from gpt2.measure.report import METHOD, Column, Words, as_data, columns, ratio_shown, render_png, table, verdict
 from gpt2.run.compiled import flag
@@ -76,7 +76,7 @@ def beside(ladder: Ladder, resolved: Resolved, index: int) -> bool:
     return not ladder.rungs[index].carries(resolved.device)
 
 
-def note(ladder: Ladder, resolved: Resolved, arms_: list[Arm], index: int) -> str:
+def rung_note(ladder: Ladder, resolved: Resolved, arms_: list[Arm], index: int) -> str:
     """A rung's note: what it did here where it is not plainly "acts", and on which rung it stands where that is
     not the row above."""
     arm = arms_[index]
@@ -94,11 +94,17 @@ def note(ladder: Ladder, resolved: Resolved, arms_: list[Arm], index: int) -> st
     return "; ".join(filter(None, [*said, flag(arm.runtime)]))
 
 
-def decide(judged: Judged, ladder: Ladder, resolved: Resolved, at_equal_time: bool, report: str) -> list[Change]:
+def decide(judged: Judged, ladder: Ladder, resolved: Resolved, at_equal_time: bool, report: str,
+           held_out: bool = False) -> tuple[list[Change], str]:
     """The changes of the rungs that win against the rung above outside noise and lose nowhere outside it
-    (``compare.win``). Later rungs' values win where two set a key. Of the rungs measured beside the ladder
-    (each alone on the same rung), only the fastest that wins is applied: two were never measured together."""
+    (``compare.win``) and, ``held_out``, whose quality win holds on the held-out windows; and what to say of the
+    rungs left out. Later rungs' values win where two set a key. Of the rungs measured beside the ladder (each
+    alone on the same rung), only the fastest that wins is applied: two were never measured together."""
     won = [(i, w[1]) for i, arm in enumerate(judged.arms) if i and (w := win(arm, at_equal_time))]
+    failed = [(i, why) for i, _ in won if held_out and (why := confirm(judged.arms[i]))]
+    won = [(i, why) for i, why in won if i not in dict(failed)]
+    said = "".join(f" Not confirmed on the held-out windows, so not applied: {ladder.rungs[i].name} ({why})."
+                   for i, why in failed).strip()
     levers = sorted((i for i, _ in won if beside(ladder, resolved, i)),
                     key=lambda i: judged.arms[i].versus.speed.median or 0.0, reverse=True)
     changes: dict[str, Change] = {}
@@ -112,7 +118,10 @@ def decide(judged: Judged, ladder: Ladder, resolved: Resolved, at_equal_time: bo
             full = key if key.startswith("model.") else f"train.{key}"
             changes[full] = Change(full, section[key], f"rung {i} {ladder.rungs[i].name!r} against the rung above: "
                                                        f"{why}{others} ({report})")
-    return list(changes.values())
+    if not held_out and any(confirm(judged.arms[i]) for i, _ in won):
+        said += (" A quality win: `--apply` first scores the runs on held-out val windows (train.holdout_windows) "
+                 "and writes it only where it holds there.")
+    return list(changes.values()), said.strip()
 
 
 def describe(resolved: Resolved, judged: Judged) -> str:
@@ -135,20 +144,20 @@ def describe(resolved: Resolved, judged: Judged) -> str:
                else "."))
 
 
-def write_report(out: Path, judged: Judged, ladder: Ladder, resolved: Resolved, changes: list[Change]
-                 ) -> tuple[str, dict[str, Any]]:
+def write_report(out: Path, judged: Judged, ladder: Ladder, resolved: Resolved, changes: list[Change],
+                 note: str = "") -> tuple[str, dict[str, Any]]:
     """ladder.md, .json and .png, written as one; returns the markdown and the JSON's content."""
     today = datetime.date.today().isoformat()
     budget = resolved.sections[0]["train"].get("time_budget_s")
     words = Words("rung", "the rung above", budget)
-    said = verdict(judged, words, resolved.profile.repeats, changes, lambda a: a.label)
+    said = verdict(judged, words, resolved.profile.repeats, changes, lambda a: a.label, note)
     own = [Column("#", lambda i, a: str(i)), Column("rung", lambda i, a: a.label),
            Column("what ran", lambda i, a: "baseline" if i == 0 else what_ran(
                ladder.rungs[i], flat(resolved.sections[i]), a.runtime) if a.done else "")]
     last = [Column("wall tokens/s", lambda i, a: f"{a.tokens_per_s_wall:,.0f}" if a.tokens_per_s_wall else "")]
     if (target := resolved.profile.target) is not None:
         last += target_columns(target, judged.noise.alpha)
-    last.append(Column("note", lambda i, a: note(ladder, resolved, judged.arms, i)))
+    last.append(Column("note", lambda i, a: rung_note(ladder, resolved, judged.arms, i)))
     text = (f"# Optimization ladder ({today})\n\n{said}\n\n{describe(resolved, judged)}\n\n"
             + table(judged, own, columns(judged, words), last)
             + "\nEach rung adds one change to the rung above (ladder.yaml); a rung \"beside the ladder\" is measured "

@@ -61,8 +61,9 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
                 f"repeat r trains train.seed {', '.join(map(str, seeds))}): {len(todo)} run(s)"
                 + "".join(f"; rung {i} {ladder.rungs[i].name!r} cannot show on {device}: {resolved.cannot_show[i]}"
                           for i in unshown))
+    held = {"train.holdout_windows": resolved.sections[0]["train"]["eval_windows"]} if apply else {}
     experiments.run_in_turn(root, [experiments.Planned(
-        names[i][r], {**resolved.sets[i], "train.seed": seeds[r]},
+        names[i][r], {**resolved.sets[i], "train.seed": seeds[r], **held},
         f"rung {i} {ladder.rungs[i].name!r}, repeat {r + 1}/{repeats}",
         f"ladder · {i:02d} {ladder.rungs[i].name} · run {r + 1}") for i, r in todo], "train", out / "dvc.log", "ladder")
     found = experiments.trained_here(root, experiments.finished(root, (paths.TRAIN_SUMMARY,)),
@@ -71,8 +72,8 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
              for r, n in enumerate(group)] for group in names]
     judged = judge(arms(ladder, resolved, runs), alpha, resolved.profile.target)
     report = str(out / "ladder.md")
-    changes = decide(judged, ladder, resolved, bool(time_budget_s), report)
-    text, data = write_report(out, judged, ladder, resolved, changes)
+    changes, note = decide(judged, ladder, resolved, bool(time_budget_s), report, apply)
+    text, data = write_report(out, judged, ladder, resolved, changes, note)
     if resolved.sections[0]["train"]["mlflow"]:
         log_parent("ladder", f"ladder {device}", judged, [out / f"ladder{s}" for s in (".md", ".json", ".png")], text,
                    resolved.sections[0]["train"]["experiment"], started,
