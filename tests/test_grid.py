@@ -66,10 +66,10 @@ def test_repeat_r_trains_its_own_seed_in_every_setting_and_the_grid_judges_them(
     assert "Lower val loss outside noise: train.lr=0.003 (-0.300, p" in data["verdict"]
     text = (tmp_path / "reports/grid/lr.md").read_text()
     assert "| 0.001 | 3/3 |" in text and "| lr-2-1, lr-2-2, lr-2-3 |" in text
-    assert data["apply"] == {"train.lr": 0.003} and "val loss -0.300 (p = " in data["apply_why"]["train.lr"]
+    assert data["apply"] == {"train.lr": 0.003} and "val loss -0.300 (p < 0.0001)" in data["apply_why"]["train.lr"]
     planned.clear()  # a grid over the seed itself: its values are the settings, the repeats do not change them
-    grid.run_grid(("train.seed=1,2",), name="seeds", target="train", repeats=2, mlflow=False)
-    assert sorted(r.sets["train.seed"] for r in planned) == [1, 1, 2, 2]
+    grid.run_grid(("train.seed=1,2",), name="seeds", target="train", repeats=1, mlflow=False)
+    assert sorted(r.sets["train.seed"] for r in planned) == [1, 2]
 
 
 def test_a_run_that_kept_the_committed_figures_did_not_run_in_the_comparison(tmp_path, monkeypatch, caplog):
@@ -214,3 +214,27 @@ def test_apply_scores_held_out_windows_and_refuses_a_win_that_does_not_hold_ther
     assert data["rows"][1]["versus"]["loss"]["apart"] and data["apply"] == {}
     assert "Not confirmed on the held-out windows, so not applied: train.lr=0.003 (held-out val loss" in data["verdict"]
     assert (tmp_path / "params.yaml").read_text() == before
+
+
+def test_a_revision_trains_the_workspace_s_params_where_it_knows_them(tmp_path):
+    """--rev: the same params for every revision, except keys an older revision's code does not know (said)."""
+    from pathlib import Path
+
+    from gpt2.measure import revisions
+
+    old = revisions.Checkout("main", "a" * 40, Path("x"), {"train": {"lr": 0.001, "seed": 1}, "eval": {"seed": 3}})
+    workspace = {"train": {"lr": 0.002, "seed": 1, "new_flag": True}, "eval": {"seed": 4}}
+    params = revisions.params_for(old, workspace, {"train.seed": 1339, "train.max_steps": 5})
+    assert params == {"train": {"lr": 0.002, "seed": 1339, "max_steps": 5}, "eval": {"seed": 4}}
+    assert revisions.unknown_keys(old, workspace) == ["train.new_flag"]
+    assert old.label == "main (aaaaaaa)"
+    with pytest.raises(UserError, match=r"names a revision twice; to compare a commit with itself, give it two"):
+        revisions.parse_revs("main,main")
+    with pytest.raises(UserError, match=r"give two or more git revisions"):
+        revisions.parse_revs("main")
+
+
+def test_a_grid_over_the_seed_refuses_repeats_that_would_train_a_seed_again(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"-S train.seed makes the seeds the settings: .* give --repeats 1"):
+        grid.run_grid(("train.seed=1,2",), repeats=3)

@@ -1,7 +1,8 @@
 """The one judge of a comparison: each arm's runs against its reference arm's, run paired with run of the same repeat.
 
 An *arm* is what a comparison measures: a grid's setting, a ladder's rung. Each arm runs once
-per repeat, in alternating order, and repeat r trains seed r for every arm, so an arm's run and
+per repeat, in alternating order, and repeat r trains one seed for every arm (experiments.repeat_seeds), so an
+arm's run and
 its reference's run of the same repeat are neighbours in time and start from the same draw of
 weights and batches. The grid and the ladder build their arms from DVC experiments
 (:func:`read_run`), give each its reference (the grid: the first setting; the ladder: the carried
@@ -367,9 +368,9 @@ def confirm(arm: Arm) -> str:
     if held is None or held.test is None:
         return "not scored on held-out windows"
     if lower and not (held.delta < 0 and held.test.significant):
-        return f"held-out val loss {held.delta:+.3f} (p = {held.test.p:.2g})"
+        return f"held-out val loss {held.delta:+.3f} ({p_text(held.test.p)})"
     if held.apart and held.delta > 0:
-        return f"held-out val loss {held.delta:+.3f} (p = {held.test.p:.2g}): higher"
+        return f"held-out val loss {held.delta:+.3f} ({p_text(held.test.p)}): higher"
     return ""
 
 
@@ -443,7 +444,7 @@ def paired_test(differences: list[float], alpha: float = ALPHA) -> Test | None:
     from scipy import stats
 
     n = len(differences)
-    if n < 2:
+    if n < 2 or not all(math.isfinite(d) for d in differences):
         return None
     mean, sd = statistics.fmean(differences), statistics.stdev(differences)
     error = sd / math.sqrt(n)
@@ -473,6 +474,11 @@ def below_test(losses: list[float], target: float) -> float:
     if error == 0:
         return 0.0 if mean < target else 1.0
     return float(stats.t.cdf((mean - target) / error, n - 1))
+
+
+def p_text(p: float) -> str:
+    """``p = 0.0031``, or ``p < 0.0001`` where it rounds to nothing."""
+    return f"p = {p:.2g}" if p >= 1e-4 else "p < 0.0001"
 
 
 def typical_disagreement(paired: list[list[float]]) -> float:
@@ -550,12 +556,12 @@ def win(arm: Arm, at_equal_time: bool) -> tuple[tuple[float, float], str] | None
         return None
     reasons = []
     if sooner_by is not None and sooner_by > 1:
-        reasons.append(f"{sooner_by:.2f}× sooner to the reference's val loss (p = {versus.sooner.test.p:.2g})")
+        reasons.append(f"{sooner_by:.2f}× sooner to the reference's val loss ({p_text(versus.sooner.test.p)})")
     if not at_equal_time and faster is not None and faster > 1:
         reasons.append(f"{faster:.2f}× the tokens/s")
     if lower:
         reasons.append(f"val loss {loss.delta:+.3f}" + (" at equal time" if at_equal_time else "")
-                       + f" (p = {loss.test.p:.2g})")
+                       + f" ({p_text(loss.test.p)})")
     if not reasons:
         return None
     score = sooner_by if sooner_by is not None and sooner_by > 1 else faster if not at_equal_time and faster else 1.0

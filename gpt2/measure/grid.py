@@ -94,6 +94,9 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
              if time_budget_s else {})
     if clash := [k for k in grid if k in fixed]:
         raise UserError(f"-S {clash[0]} and --time-budget both set the run's length; give one")
+    if "train.seed" in grid and repeats > 1:
+        raise UserError("-S train.seed makes the seeds the settings: with --repeats above 1 a repeat would train a "
+                        "seed again and pass for another; give --repeats 1 (or leave the seed to the repeats)")
     experiments.check_repo(root)
     if changed := experiments.uncommitted_params(root, params_path):
         logger.warning(f"grid: {params_path} differs from the last commit ({changed}), and every experiment starts "
@@ -107,34 +110,33 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
     if apply:  # text no verdict reads, where a quality win must hold before it is written
         fixed["train.holdout_windows"] = experiments.holdout_size(raw)
     seeds = [None] * repeats if "train.seed" in grid else experiments.repeat_seeds(raw, repeats)
-    checkouts = {c.label: c for c in (revisions.check_out(root, r) for r in revisions.parse_revs(revs))} if revs \
-        else {}
-    if checkouts:
-        grid = {"revision": list(checkouts), **grid}
     name = name or "grid " + time.strftime("%m-%d %H:%M")
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "grid"
-    combos = settings(grid)
-    order = experiments.alternating(len(combos), repeats)
-    taken = {e.name for e in experiments.finished(root)}
-    names = [[_free(f"{slug}-{i + 1}-{r + 1}", taken) for r in range(repeats)] for i in range(len(combos))]
-    logger.info(f"grid {name!r}: {len(combos)} settings × {repeats} run(s) ({', '.join(grid)}), one at a time; "
-                f"the first, {describe(combos[0])}, is the baseline"
-                + (f"; repeat r trains train.seed {', '.join(map(str, seeds))}" if seeds[0] is not None else ""))
     out = Path(out)
-    planned = []
-    for i, r in order:
-        sets_ = {**{k: v for k, v in combos[i].items() if k != "revision"}, **fixed,
-                 **({"train.seed": seeds[r]} if seeds[r] is not None else {})}
-        checkout = checkouts.get(combos[i].get("revision"))
-        planned.append(experiments.Planned(
-            names[i][r], sets_, f"{describe(combos[i])}, run {r + 1}",
-            f"{name} · {describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else ""), checkout,
-            revisions.with_sets(raw, sets_) if checkout else None))
     collected: dict[str, Any] = {}
-    try:
+    with revisions.checked_out(root, revs) as checkouts:
+        if checkouts:
+            grid = {"revision": list(checkouts), **grid}
+        combos = settings(grid)
+        taken = {e.name for e in experiments.finished(root)}
+        names = [[_free(f"{slug}-{i + 1}-{r + 1}", taken) for r in range(repeats)] for i in range(len(combos))]
+        logger.info(f"grid {name!r}: {len(combos)} settings × {repeats} run(s) ({', '.join(grid)}), one at a time; "
+                    f"the first, {describe(combos[0])}, is the baseline"
+                    + (f"; repeat r trains train.seed {', '.join(map(str, seeds))}" if seeds[0] is not None else ""))
+        for checkout in checkouts.values():
+            if left := revisions.unknown_keys(checkout, raw):
+                logger.warning(f"grid: revision {checkout.label} has no {', '.join(left)} in its params.yaml: its "
+                               "runs train without them")
+        planned = []
+        for i, r in experiments.alternating(len(combos), repeats):
+            sets_ = {**{k: v for k, v in combos[i].items() if k != "revision"}, **fixed,
+                     **({"train.seed": seeds[r]} if seeds[r] is not None else {})}
+            checkout = checkouts.get(combos[i].get("revision"))
+            planned.append(experiments.Planned(
+                names[i][r], sets_, f"{describe(combos[i])}, run {r + 1}",
+                f"{name} · {describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else ""), checkout,
+                revisions.params_for(checkout, raw, sets_) if checkout else None))
         experiments.run_in_turn(root, planned, target, out / "dvc.log", "grid", collected=collected)
-    finally:
-        revisions.remove(root, list(checkouts.values()))
     if checkouts:
         found, curves = {n: e for n, (e, _) in collected.items()}, {n: c for n, (_, c) in collected.items()}
     else:
@@ -147,15 +149,15 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
     judged = judge(arms, alpha)
     words = Words("setting", "the baseline", time_budget_s)
     changes, note = decide(judged, words, out / f"{slug}.md", apply)
-    text, data = write_report(out, slug, name, grid, judged, repeats, target, words, changes, note)
-    data["revisions"] = {label: c.commit for label, c in checkouts.items()}
+    text, data = write_report(out, slug, name, grid, judged, repeats, target, words, changes, note,
+                              {label: c.commit for label, c in checkouts.items()})
     if (raw.get("train") or {}).get("mlflow", True) if mlflow is None else mlflow:
         log_parent("grid", name, judged, [out / f"{slug}{s}" for s in (".md", ".json", ".png")], text,
                    (raw.get("train") or {}).get("experiment", "gpt2"), started,
                    {f"grid.{k}": ",".join(map(str, v)) for k, v in grid.items()} | {"grid.repeats": repeats},
                    {"grid.baseline": describe(combos[0])},
                    {run.name: {"grid.setting": arm.label, "grid.run": str(run.repeat + 1)}
-                    for arm in arms for run in arm.runs}, lambda a: a.label)
+                    for arm in arms for run in arm.runs}, lambda a: a.label, {p.name: p.run_name for p in planned})
     logger.info(f"grid: {out / (slug + '.md')}\n{text}")
     if as_json:
         print(json.dumps(data, indent=2), flush=True)
@@ -172,21 +174,27 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "eval
 def decide(judged: Judged, words: Words, report: Path | str, held_out: bool) -> tuple[list[Change], str]:
     """The settings to apply: those of the setting that wins against the baseline by the most, outside noise,
     losing nowhere outside it (``compare.win``) and, ``held_out``, holding on the held-out windows; and what to
-    say of it: where the winner is another code revision, ``--apply`` writes params, never code."""
+    say of it. ``--apply`` writes params, never code: where another revision wins, it is named, and the best
+    winner of the baseline's revision, if any, is what ``--apply`` writes."""
+    base = judged.arms[0].setting.get("revision")
     best, said = decide_best(judged, words, held_out)
     if best is None:
         return [], said
+    if best[0].setting.get("revision") != base:
+        said = (f"The winner is {best[0].label} ({best[1]}): `--apply` writes params.yaml, never code; merge that "
+                f"revision to keep it. {said}").strip()
+        best, _ = decide_best(judged, words, held_out, lambda a: a.setting.get("revision") == base)
+        if best is None:
+            return [], said
     arm, why = best
-    if arm.setting.get("revision", "") != judged.arms[0].setting.get("revision", ""):
-        return [], (f"The winner is {arm.label} ({why}): `--apply` writes params.yaml, never code; merge that "
-                    f"revision to keep it. {said}").strip()
     when = f" (runs of {words.at_equal_time_s:g} s)" if words.at_equal_time_s else ""
     return [Change(key, value, f"{why}{when} ({report})") for key, value in arm.setting.items()
             if key != "revision"], said
 
 
 def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], judged: Judged, repeats: int,
-                 target: str, words: Words, changes: list[Change], note: str = "") -> tuple[str, dict[str, Any]]:
+                 target: str, words: Words, changes: list[Change], note: str = "",
+                 commits: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     """``<slug>.md`` (verdict and table), ``<slug>.json`` and ``<slug>.png``, written as one; returns the markdown
     and the JSON's content (what ``--json`` prints)."""
     said = verdict(judged, words, repeats, changes, lambda a: a.label, note)
@@ -199,7 +207,7 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ju
             f"stage as a DVC experiment; {length}; the first setting is the baseline. {METHOD}\n\n"
             + table(judged, keys, columns(judged, words), ran))
     data = {"name": name, "report": str(out / f"{slug}.md"), "grid": grid, "repeats": repeats, "target": target,
-            "time_budget_s": words.at_equal_time_s, **as_data(judged, said, changes)}
+            "time_budget_s": words.at_equal_time_s, "revisions": commits or {}, **as_data(judged, said, changes)}
     write_files(out, {f"{slug}.md": text, f"{slug}.json": json.dumps(data, indent=2) + "\n",
                       f"{slug}.png": render_png(judged, name, said, lambda a: a.label)})
     return text, data

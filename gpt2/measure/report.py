@@ -18,21 +18,21 @@ from gpt2.core.plots import png, pyplot
 from gpt2.measure import experiments
 from gpt2.measure.apply import Change
 from gpt2.measure.compare import (ADVICE, TOO_NOISY, AtQuality, Arm, Judged, LossDiff, Ratio, Test, confirm,
-                                  final_loss, win)
+                                  final_loss, p_text, win)
 from gpt2.run.tracking import json_value
 
 
-METHOD = ("A speed ratio is the median of each run's tokens/s over its reference's run of the same repeat. Repeat r "
-          "trains the same seed for every arm, its own: a val loss difference is the mean over the seeds of each run's "
-          "final val loss minus its reference's run of the same seed, ± its interval, with a paired t-test's p-value; "
-          "it counts (is outside noise) where p is under the level and the two losses are also more than "
-          "2 × √(se₁² + se₂²) apart, the standard errors over the scored windows (evaluate's val loss where every "
-          "run has it). Time to the baseline's loss: the training time (compile included, evals not) at which a "
-          "run's val curve first reaches the val loss its repeat's baseline run ends with, interpolated between "
-          "evals; a ratio at equal loss compares two runs of the same repeat at the higher of their final val "
-          "losses (a loss both reach), and counts where its paired runs are outside the speed noise and the t-test "
-          "on their logarithms holds. Speeds and times: median (min–max) over the runs; costs at each run's price "
-          "per device-hour (train.price_per_hour).")
+METHOD = ("A speed ratio is the median of each run's tokens/s over its reference's run of the same repeat. Repeat r"
+          " trains the same seed for every arm, its own: a val loss difference is the mean over the seeds of each "
+          "run's final val loss minus its reference's run of the same seed, ± its interval, with a paired t-test's "
+          "p-value; it counts (is outside noise) where p is under the level and the two losses are also more than 2"
+          " × √(se₁² + se₂²) apart where the runs give them, the standard errors over the scored windows "
+          "(evaluate's val loss where every run has it). Time to the baseline's loss: the training time (compile "
+          "included, evals not) at which a run's val curve first reaches the val loss its repeat's baseline run "
+          "ends with, interpolated between evals; a ratio at equal loss compares two runs of the same repeat at the"
+          " higher of their final val losses (a loss both reach), and counts where its paired runs are outside the "
+          "speed noise and the t-test on their logarithms holds. Speeds and times: median (min–max) over the runs; "
+          "costs at each run's price per device-hour (train.price_per_hour).")
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def usd_shown(value: float | None) -> str:
 
 
 def p_shown(test: Test | None) -> str:
-    return "" if test is None else f"p = {test.p:.2g}" if test.p >= 1e-4 else "p < 0.0001"
+    return "" if test is None else p_text(test.p)
 
 
 def loss_diff_shown(loss: LossDiff | None) -> str:
@@ -207,7 +207,8 @@ def seeds_sentence(judged: Judged, words: Words, repeats: int) -> str:
     level = f"p < {noise.alpha:g}"
     said = (f"Quality noise: repeat r trains seed {', '.join(map(str, seeds))} (train.seed) for every {words.what}, "
             f"so each {words.what}'s val loss is compared with {words.against}'s seed by seed, by a paired t-test "
-            f"at {level}, and must also be more than 2 standard errors of the scored text apart.")
+            f"at {level}, and must also be more than 2 standard errors of the scored text apart (where the runs "
+            "give their standard errors).")
     if noise.loss is not None:
         said += (f" The baseline's final val loss ({judged.by}'s) moves by {noise.loss_sd:.4f} (standard deviation) "
                  f"from seed to seed ({noise.loss.low:.4f}–{noise.loss.high:.4f})")
@@ -330,7 +331,7 @@ def _bars(ax: Any, arms: list[Arm], figures: Callable[[Arm], tuple[Ratio | None,
 
 def log_parent(kind: str, name: str, judged: Judged, files: list[Path], described: str, experiment: str,
                started: float, params: dict[str, Any], tags: dict[str, str], children: dict[str, dict[str, str]],
-               label: Callable[[Arm], str]) -> None:
+               label: Callable[[Arm], str], run_names: dict[str, str] | None = None) -> None:
     """One MLflow run for the comparison, lasting from its first run to its report: each arm's figures as metrics
     (the arm's index is the step), the dataset, the report; every experiment's run becomes its child, carrying
     its arm's verdict as metrics so the runs list and the compare page show them. It ends FAILED where a run
@@ -351,8 +352,8 @@ def log_parent(kind: str, name: str, judged: Judged, files: list[Path], describe
         tracker.describe(described, files[0].name)
         verdicts = {run.name: {f"vs_reference/{k}": _round(v) for k, v in arm_metrics(i, arm).items()
                                if k in VERDICT_METRICS}
-                    for i, arm in enumerate(judged.arms) for run in arm.runs}
-        adopt(tracker, list(children), children, verdicts, since=started)
+                    for i, arm in enumerate(judged.arms) for run in arm.runs if run.ok}
+        adopt(tracker, list(children), children, verdicts, since=started, run_names=run_names)
     except BaseException:
         tracker.end("FAILED")
         raise
@@ -390,11 +391,12 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def decide_best(judged: Judged, words: Words, held_out: bool) -> tuple[tuple[Arm, str] | None, str]:
+def decide_best(judged: Judged, words: Words, held_out: bool,
+                among: Callable[[Arm], bool] = lambda arm: True) -> tuple[tuple[Arm, str] | None, str]:
     """The arm that wins against its reference by the most, and why (``compare.win``), and what to say of the
     winners left out. ``held_out``: the runs scored held-out windows, and a quality win counts only where it holds
     there (``compare.confirm``); else a quality win is named as what ``--apply`` would confirm first."""
-    scored = [(won, arm) for arm in judged.arms[1:] if (won := win(arm, bool(words.at_equal_time_s)))]
+    scored = [(won, arm) for arm in judged.arms[1:] if among(arm) and (won := win(arm, bool(words.at_equal_time_s)))]
     failed = [(arm, why) for _, arm in scored if held_out and (why := confirm(arm))]
     scored = [(won, arm) for won, arm in scored if arm not in [a for a, _ in failed]]
     said = "".join(f" Not confirmed on the held-out windows, so not applied: {arm.label} ({why})."

@@ -3,9 +3,10 @@ params.
 
 A code revision is not a params experiment: DVC bases its experiments on the workspace's commit,
 so these runs are not DVC experiments. Each revision is checked out once (a detached git worktree
-under ``.dvc/tmp/gpt2-revisions/``), the workspace's token folder linked into it and the
-workspace's params.yaml (with the run's settings and seed) written over the revision's own, so
-every revision trains on the same data and params and only the code differs. A run is that
+under ``.dvc/tmp/gpt2-revisions/``), the workspace's token folder linked into it, and its own
+params.yaml given the workspace's value of every key both know (then the run's settings and seed),
+so every revision trains on the same data and params and only the code differs; a key the
+revision does not know is left out, and said. A run is that
 revision's train stage (then its evaluate stage, for ``--target evaluate``) in its checkout, its
 output appended to the comparison's log, its reports read back as soon as it ends (the next run
 of that revision replaces them). It logs to the workspace's MLflow store, where its ``git_commit``
@@ -22,7 +23,8 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +40,13 @@ COMPARISON_RUN_ENV = "GPT2_COMPARISON_RUN"  # the run's name in its comparison: 
 
 @dataclass(frozen=True)
 class Checkout:
-    """A revision as given (``main``, ``HEAD~1``), the commit it names, and the folder its code is checked out in."""
+    """A revision as given (``main``, ``HEAD~1``), the commit it names, the folder its code is checked out in,
+    and its own params.yaml."""
 
     rev: str
     commit: str
     path: Path
+    params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -53,7 +57,24 @@ def parse_revs(text: str) -> list[str]:
     revs = [r.strip() for r in text.split(",") if r.strip()]
     if len(revs) < 2:
         raise UserError(f"--rev {text!r}: give two or more git revisions, the baseline first (--rev main,my-branch)")
+    if len(set(revs)) < len(revs):
+        raise UserError(f"--rev {text!r} names a revision twice; to compare a commit with itself, give it two names "
+                        "(--rev main,HEAD)")
     return revs
+
+
+@contextlib.contextmanager
+def checked_out(root: Path, revs: str | None) -> Iterator[dict[str, Checkout]]:
+    """Every revision of ``revs`` checked out, by label (none without ``revs``); removed on the way out, whatever
+    the way (a bad revision, Ctrl-C)."""
+    made: dict[str, Checkout] = {}
+    try:
+        for rev in parse_revs(revs) if revs else []:
+            checkout = check_out(root, rev)
+            made[checkout.label] = checkout
+        yield made
+    finally:
+        remove(root, list(made.values()))
 
 
 def commit_of(root: Path, rev: str) -> str:
@@ -84,7 +105,9 @@ def check_out(root: Path, rev: str) -> Checkout:
     if not link.exists():
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(tokens.resolve(), target_is_directory=True)
-    return Checkout(rev, commit, path)
+    shown = subprocess.run(["git", "show", f"{commit}:{paths.PARAMS}"], cwd=root, capture_output=True, text=True)
+    own = yaml.safe_load(shown.stdout) if shown.returncode == 0 else None
+    return Checkout(rev, commit, path, own if isinstance(own, dict) else {})
 
 
 def remove(root: Path, checkouts: list[Checkout]) -> None:
@@ -144,10 +167,20 @@ def collect(checkout: Checkout, name: str) -> tuple[Experiment, Any] | None:
                        {paths.TRAIN_SUMMARY: read(paths.TRAIN_SUMMARY)}), curve)
 
 
-def with_sets(params: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
-    """``params`` (params.yaml's content) with dotted ``section.key`` settings applied."""
-    out = {section: dict(values) if isinstance(values, dict) else values for section, values in params.items()}
+def params_for(checkout: Checkout, workspace: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
+    """The revision's own params.yaml with the workspace's value of every key both know, then ``sets`` (dotted
+    ``section.key``: the run's settings, seed and length)."""
+    out = {section: dict(values) if isinstance(values, dict) else values for section, values in checkout.params.items()}
+    for section, values in workspace.items():
+        if isinstance(values, dict) and isinstance(out.get(section), dict):
+            out[section].update({k: v for k, v in values.items() if k in out[section]})
     for key, value in sets.items():
         section, _, name = key.partition(".")
         out.setdefault(section, {})[name] = value
     return out
+
+
+def unknown_keys(checkout: Checkout, workspace: dict[str, Any]) -> list[str]:
+    """The workspace's params the revision's params.yaml does not have (a key added since): left out of its runs."""
+    return [f"{section}.{key}" for section, values in workspace.items() if isinstance(values, dict)
+            for key in values if key not in (checkout.params.get(section) or {})]

@@ -572,12 +572,15 @@ MODEL_TYPE = "gpt2 checkpoint (weights in DVC's cache)"
 
 
 def adopt(parent: MlflowTracker, names: list[str], tags: dict[str, dict[str, str]] | None = None,
-          metrics: dict[str, dict[str, float | None]] | None = None, since: float = 0.0) -> int:
+          metrics: dict[str, dict[str, float | None]] | None = None, since: float = 0.0,
+          run_names: dict[str, str] | None = None) -> int:
     """Make the MLflow runs of a comparison's runs (their tag ``comparison_run``: a grid or a ladder names each run
     it starts, ``GPT2_COMPARISON_RUN``) children of ``parent``: the UI nests them under it.
 
     ``tags`` and ``metrics``: more of them per run name (a comparison's verdict on the run). ``since``: the
     comparison's start (epoch seconds): an earlier comparison's run of the same name is not this one's.
+    ``run_names``: each run's MLflow name, to find it by where its training code sets no such tag (an older
+    revision's).
     Returns how many runs were found (0 when tracking failed)."""
     found: list[str] = []
 
@@ -585,8 +588,12 @@ def adopt(parent: MlflowTracker, names: list[str], tags: dict[str, dict[str, str
         client = parent.mlflow.tracking.MlflowClient()
         found.clear()
         for name in names:
-            for run in client.search_runs([parent.experiment_id], f"tags.comparison_run = '{name}' and "
-                                          f"attributes.start_time >= {int(since * 1000)}"):
+            after = f"attributes.start_time >= {int(since * 1000)}"
+            runs = client.search_runs([parent.experiment_id], f"tags.comparison_run = '{name}' and {after}")
+            titled = (run_names or {}).get(name, "")
+            if not runs and titled and "'" not in titled:
+                runs = client.search_runs([parent.experiment_id], f"attributes.run_name = '{titled}' and {after}")
+            for run in runs:
                 for key, value in {"mlflow.parentRunId": parent.run_id, **(tags or {}).get(name, {})}.items():
                     client.set_tag(run.info.run_id, key, value)
                 for key, value in (metrics or {}).get(name, {}).items():

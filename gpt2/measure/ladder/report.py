@@ -91,6 +91,11 @@ def rung_note(ladder: Ladder, resolved: Resolved, arms_: list[Arm], index: int) 
     elif arm.reference is not None and any(beside(ladder, resolved, j) and arms_[j].done
                                            for j in range(arm.reference + 1, index)):
         said.append(f"on rung {arm.reference} (the rungs between are beside the ladder)")
+    elif arm.reference is not None and arm.reference != index - 1:
+        failed = [str(j) for j in range(arm.reference + 1, index) if not arms_[j].skipped and not arms_[j].done]
+        said.append(f"on rung {arm.reference}" + (f" (rung {', '.join(failed)} between failed: its change is "
+                                                  "measured here too)" if failed else
+                                                  " (the rungs between cannot run here)"))
     return "; ".join(filter(None, [*said, flag(arm.runtime)]))
 
 
