@@ -101,7 +101,7 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert steps == [1, 2, 4, 6]  # step 1, every log_interval, the last step; none twice
     for name in ("train/lr", "train/grad_norm", "perf/step_ms", "perf/tokens_per_s", "mem/rss_gb", "val/loss",
-                 "val/loss_se", "val/best_loss", "val/best_step"):
+                 "val/loss_se", "val/best_loss", "val/best_step", "val/train_s", "val/tokens"):
         assert client.get_metric_history(run.info.run_id, name), name
     # the warm-up step (compilation) is its own figure, not a point of the speed series
     assert [m.step for m in client.get_metric_history(run.info.run_id, "perf/step_ms")] == [2, 4, 6]

@@ -7,13 +7,13 @@ run, the evaluate stage and ``gpt2 replay`` send what the run lacks, step by ste
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
 
 from gpt2.core import log
 from gpt2.run.tracking import MlflowTracker
+from gpt2.train.history import val_metrics
 
 logger = log.get("train")
 
@@ -39,9 +39,7 @@ def missing(client: Any, run_id: str, history: dict[str, Any], summary: dict[str
     for r in history.get("val", []):  # as the evaluator logged them: with the best so far
         best = r if best is None or r["val/loss"] < best["val/loss"] else best
         if r["step"] not in have_val:
-            figures.append(({"val/loss": r["val/loss"], "val/loss_se": r["val/loss_se"],
-                             "val/ppl": math.exp(min(r["val/loss"], 50)), "val/best_loss": best["val/loss"],
-                             "val/best_step": best["step"]}, r["step"]))
+            figures.append((val_metrics(r, best), r["step"]))
     target = history.get("target")
     if target and "target/time_s" not in present:
         figures.append(({f"target/{k}": v for k, v in target.items()}, target.get("steps", 0)))

@@ -15,7 +15,7 @@ from gpt2.train import distributed
 from gpt2.train.build import Setup
 from gpt2.train.length import Budget, Steps
 from gpt2.train.loader import BatchSampler, TokenSplit
-from gpt2.train.history import History
+from gpt2.train.history import History, val_metrics
 
 logger = log.get("train")
 
@@ -107,14 +107,11 @@ class Evaluator:
                                  "train_s": round(self.length.spent_s, 3), "tokens": step * self.s.tokens_per_step,
                                  **held})
         if held:
-            self.tracker.log_metrics(held, step=step)
             logger.info(f"step {self.length.shown(step)} | held-out val loss {held['val/holdout_loss']:.4f} ± "
                         f"{held['val/holdout_loss_se']:.4f} ({self.cfg.holdout_windows} windows apart from the "
                         "val windows)")
         best = min(self.history.val, key=lambda r: r["val/loss"])
-        # MLflow's runs table shows each metric's last value: the best so far is a metric of its own
-        self.tracker.log_metrics({"val/loss": val, "val/loss_se": se, "val/ppl": math.exp(min(val, 50)),
-                                  "val/best_loss": best["val/loss"], "val/best_step": best["step"]}, step=step)
+        self.tracker.log_metrics(val_metrics(self.history.val[-1], best), step=step)
         logger.info(f"step {self.length.shown(step)} | val loss {val:.4f} ± {se:.4f}")
         self.check_target(step, val)
         return time.perf_counter() - started if compiling else 0.0
