@@ -91,7 +91,7 @@ def test_two_seeds_rarely_decide_and_the_verdict_says_how_many_would():
     loss = judged.arms[1].versus.loss
     assert loss.beyond_text_noise and not loss.test.significant and loss.apart is False
     said = report.verdict(judged, WORDS, 2, [], label)
-    assert f"Too few seeds to decide the val loss of: b (-0.055, p = {loss.test.p:.2g}; about " in said
+    assert f"Too few seeds to decide the val loss of: b (-0.055, {compare.p_text(loss.test.p)}; about " in said
     assert compare.win(judged.arms[1], at_equal_time=False) is None
 
 

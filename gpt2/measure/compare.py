@@ -159,7 +159,7 @@ class LossDiff:
     per_seed: list[float]
     delta: float  # their mean
     apart: bool | None  # the verdict: significant at alpha and beyond the scored text's noise; None: cannot tell
-    beyond_text_noise: bool | None = None  # more than 2 × √(se₁² + se₂²) apart (the median runs')
+    beyond_text_noise: bool | None = None  # |delta| more than 2 × √(se₁² + se₂²), the runs' median errors
     test: Test | None = None
 
 
@@ -348,11 +348,12 @@ def loss_diff(runs: list[Run], reference: list[Run], figure: Callable[[Run], tup
         return None
     per_seed = [a[0] - b[0] for a, b in pairs]
     test = paired_test(per_seed, alpha)
-    mine, theirs = sorted(pairs, key=lambda p: p[0][0])[len(pairs) // 2][0], sorted(
-        pairs, key=lambda p: p[1][0])[len(pairs) // 2][1]  # the median runs', with their standard errors
-    text = losses_apart(mine[0], mine[1], theirs[0], theirs[1])
+    delta = statistics.fmean(per_seed)
+    errors = [median_known([a[1] for a, _ in pairs]), median_known([b[1] for _, b in pairs])]
+    text = (abs(delta) > 2 * math.hypot(*errors) if None not in errors and all(map(math.isfinite, errors))
+            else None)  # the mean difference against the scored text's noise (the runs' median standard errors)
     apart = None if test is None else bool(test.significant and text is not False)
-    return LossDiff(by, per_seed, statistics.fmean(per_seed), apart, text, test)
+    return LossDiff(by, per_seed, delta, apart, text, test)
 
 
 def confirm(arm: Arm) -> str:
@@ -477,8 +478,9 @@ def below_test(losses: list[float], target: float) -> float:
 
 
 def p_text(p: float) -> str:
-    """``p = 0.0031``, or ``p < 0.0001`` where it rounds to nothing."""
-    return f"p = {p:.2g}" if p >= 1e-4 else "p < 0.0001"
+    """``p = 0.00312`` (three figures below 0.1, so one just under a level never reads as the level itself), or
+    ``p < 0.0001``."""
+    return "p < 0.0001" if p < 1e-4 else f"p = {p:.3g}" if p < 0.1 else f"p = {p:.2g}"
 
 
 def typical_disagreement(paired: list[list[float]]) -> float:
@@ -495,14 +497,6 @@ def ratio_inside_noise(paired: list[float], floor: float) -> bool:
     return min(paired) <= 1 <= max(paired) or abs(ratio - 1) <= floor
 
 
-def losses_apart(loss: float | None, se: float | None, other: float | None, other_se: float | None) -> bool | None:
-    """Whether two val losses differ by more than twice the standard error of their difference; None when
-    a figure or its error is missing (one window has none)."""
-    if None in (loss, se, other, other_se) or not all(math.isfinite(x) for x in (loss, se, other, other_se)):
-        return None
-    return abs(loss - other) > 2 * math.hypot(se, other_se)
-
-
 def median_known(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
@@ -510,11 +504,15 @@ def median_known(values: list[float | None]) -> float | None:
 
 def reaches(curve: Curve, loss: float) -> tuple[float, float] | None:
     """The training time and tokens at which a val curve first reaches ``loss``: interpolated linearly between
-    the two evals around it (the first eval's figures when it is already there); None when it never does."""
+    the two evals around it; None when it never does, or when its first eval is already below it (it got there
+    some time before, unknown: the run evaluates too seldom). A first eval exactly at ``loss`` (the mark a run's
+    own last eval sets) is read there."""
     before = None
     for time_s, tokens, value in curve:
         if value <= loss:
-            if before is None or before[2] <= value:
+            if before is None:
+                return (time_s, tokens) if value == loss else None
+            if before[2] <= value:
                 return time_s, tokens
             share = (before[2] - loss) / (before[2] - value)
             return before[0] + share * (time_s - before[0]), before[1] + share * (tokens - before[1])

@@ -50,6 +50,11 @@ class Column:
     cell: Callable[[int, Arm], str]
 
 
+def counted(n: int, word: str) -> str:
+    """``1 setting``, ``3 settings``."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def ratio_shown(value: float | None, inside_noise: bool | None = False) -> str:
     if value is None:
         return ""
@@ -164,6 +169,11 @@ def verdict(judged: Judged, words: Words, repeats: int, changes: list[Change], l
         parts.append(f"**{len(failed)} of {total} runs failed** ({', '.join(failed)}; their output is in dvc.log): "
                      + ("the verdict covers only the runs that finished." if compared else
                         f"no {what} could be compared, so there is no verdict."))
+    evals = [len(r.curve) for a in judged.arms for r in a.done if r.curve]
+    if evals and min(evals) < 3:
+        parts.append(f"Some runs evaluated only {min(evals)} time(s): too few to read when a run reached the "
+                     "baseline's val loss, so the figures at equal loss are missing or rough. Evaluate more often "
+                     "(-S train.eval_interval=N, a few evals per run).")
     if compared or not judged.failed:
         parts.append(noise_sentence(judged, words, repeats))
         parts.append(seeds_sentence(judged, words, repeats))
@@ -190,13 +200,13 @@ def noise_sentence(judged: Judged, words: Words, repeats: int) -> str:
         return (f"**Too noisy to read speed:** a {what}'s paired runs disagree by {100 * spread:.0f}% (median)"
                 + (f" and a {what} that changed nothing here moved tokens/s by {100 * floor:.0f}%" if floor > spread
                    else "")
-                + f"; {noisy} of {len(compared)} {what}s' speed gains are inside that noise, and no speed verdict "
-                  f"below is firmer than it. To read it, {ADVICE[what]}.")
+                + f"; the speed gains of {noisy} of {counted(len(compared), what)} are inside that noise, and no "
+                  f"speed verdict below is firmer than it. To read it, {ADVICE[what]}.")
     shown = f"; {what}s that changed nothing here moved it by up to {100 * floor:.1f}%" if floor > spread else ""
     return (f"Speed noise: each {what}'s runs, paired with {words.against}'s of the same repeat, agree on its tokens/s "
             f"ratio within {100 * spread:.1f}% (median over the {what}s){shown}. A gain whose paired runs disagree "
             f"on its direction, or no larger than {100 * floor:.1f}%, is marked *inside noise*: it buys nothing this "
-            f"machine can measure ({noisy} of {len(compared)} {what}s).")
+            f"machine can measure ({noisy} of {counted(len(compared), what)}).")
 
 
 def seeds_sentence(judged: Judged, words: Words, repeats: int) -> str:
@@ -249,7 +259,7 @@ def decided(judged: Judged, words: Words, label: Callable[[Arm], str]) -> str:
     parts = [f"{head}: " + "; ".join(f"{label(a)} ({how(a)})" for a in group) for head, group, how in groups if group]
     said = ". ".join(parts) + "." if parts else (
         f"No {words.what} differs from {words.against} outside noise, in speed or val loss "
-        f"({len(judged.compared)} {words.what}s compared).")
+        f"({counted(len(judged.compared), words.what)} compared).")
     undecided = [a for a in compared if a.versus.loss and a.versus.loss.test and not a.versus.loss.test.significant
                  and a.versus.loss.beyond_text_noise]
     if undecided:
