@@ -108,17 +108,23 @@ def run_now(root: Path, name: str, sets: dict[str, Any], target: str, log: Path,
                                    env={**_env(), "GPT2_COMPARISON_RUN": name,
                                         **({"GPT2_RUN_NAME": run_name} if run_name else {})},
                                    start_new_session=True)
+        return wait_or_stop(process)
+
+
+def wait_or_stop(process: subprocess.Popen) -> int:
+    """The exit status of ``process`` (started in a session of its own); on Ctrl-C or SIGTERM (Terminated) its
+    group gets SIGINT, so DVC and a stage stop as on Ctrl-C (SIGKILL after 60 s), and the interrupt goes on."""
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGINT)
         try:
-            return process.wait()
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (Terminated): DVC and its stage stop as on Ctrl-C
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-            raise
+                os.killpg(process.pid, signal.SIGKILL)
+        raise
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ import yaml
 
 from gpt2.core import paths
 from gpt2.core.errors import UserError
-from gpt2.measure.experiments import Experiment, parse_val_curve
+from gpt2.measure.experiments import Experiment, parse_val_curve, wait_or_stop
 
 CHECKOUTS = Path(".dvc") / "tmp" / "gpt2-revisions"
 COMPARISON_RUN_ENV = "GPT2_COMPARISON_RUN"  # the run's name in its comparison: its MLflow run's tag comparison_run
@@ -133,18 +132,7 @@ def run(checkout: Checkout, name: str, params: dict[str, Any], target: str, log:
             sink.flush()
             process = subprocess.Popen([sys.executable, "-m", f"stages.{stage}"], cwd=checkout.path, stdout=sink,
                                        stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            try:
-                code = process.wait()
-            except KeyboardInterrupt:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGINT)
-                try:
-                    process.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(process.pid, signal.SIGKILL)
-                raise
-            if code:
+            if code := wait_or_stop(process):
                 return code
     return 0
 
