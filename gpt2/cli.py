@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from gpt2.core import entry
 from gpt2.core.cli import validate
 from gpt2.data.cli import download, stats, tokenize
 from gpt2.eval.cli import evaluate, export, sample
@@ -27,5 +28,10 @@ for command in (validate, download, tokenize, stats, train, replay, evaluate, ex
     main.add_command(command)
 
 
+def run() -> None:
+    """The ``gpt2`` command's entry point: ``main``, ended as soon as its work is done (core/entry.py)."""
+    entry.run(main)
+
+
 if __name__ == "__main__":
-    main()
+    run()

@@ -1,6 +1,7 @@
 """DVC stage `download` (see dvc.yaml): `gpt2 download` with the default paths."""
 
+from gpt2.core.entry import run
 from gpt2.data.cli import download
 
 if __name__ == "__main__":
-    download([], prog_name="stages.download")
+    run(download, [], "stages.download")

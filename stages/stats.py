@@ -1,6 +1,7 @@
 """DVC stage `stats` (see dvc.yaml): `gpt2 stats` with the default paths."""
 
+from gpt2.core.entry import run
 from gpt2.data.cli import stats
 
 if __name__ == "__main__":
-    stats([], prog_name="stages.stats")
+    run(stats, [], "stages.stats")

@@ -53,7 +53,9 @@ def _withdraw(evaluation: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    train()
+    from gpt2.core.entry import run
+
+    run(train)
 
 
 @click.command()

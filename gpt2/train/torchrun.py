@@ -52,4 +52,6 @@ def killed_ranks(failures: dict[int, Any]) -> list[tuple[int, int, int]]:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from gpt2.core.entry import end
+
+    end(main(sys.argv[1:]))

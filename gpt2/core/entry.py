@@ -1,0 +1,46 @@
+"""A process's entry point (a DVC stage, the ``gpt2`` command) that ends the process once its work is done.
+
+Python's own shutdown frees every module and object one by one. With torch and MLflow loaded that
+takes seconds (3.4 s after a training on a 2-core AMD EPYC), paid by every stage of every run and
+by every run of a grid. What a shutdown must do still happens here, in Python's order: the threads
+that are not daemons are joined, the exit handlers run (MLflow's, multiprocessing's, logging's), the
+standard streams are flushed. Only the freeing of memory the OS takes back anyway is skipped.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from typing import NoReturn
+
+import click
+
+
+def run(command: click.Command, args: list[str] | None = None, prog_name: str | None = None) -> NoReturn:
+    """Run ``command`` with ``args`` (None: the process's own) as click does, then end the process with its
+    exit status. An exception other than an exit (a bug's traceback) ends it the usual way."""
+    try:
+        command.main(args, prog_name=prog_name)
+        code: int | str | None = 0
+    except SystemExit as exc:
+        code = exc.code
+    end(code)
+
+
+def end(code: int | str | None) -> NoReturn:
+    """Exit with ``code`` as ``sys.exit`` would (a text is printed and exits 1), after what a shutdown must do."""
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing left to flush into
+            pass
+    os._exit(code or 0)
