@@ -49,7 +49,7 @@ def test_background_checkpoint_is_the_state_at_save_time_and_errors_surface(tmp_
     saver.wait()
     state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert state["step"] == 1 and state["model"]["w"].sum() == 0 and state["nested"][0].sum() == 0
-
+    assert state["model"]["w"].data_ptr() == state["nested"][0].data_ptr()  # one tensor, stored once
 
     def disk_full(path, state):
         raise UserError(f"disk full while writing {path}")

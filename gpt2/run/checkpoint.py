@@ -114,14 +114,20 @@ def save(path: str | os.PathLike, state: dict[str, Any]) -> None:
         torch.save({"format": FORMAT, **state}, tmp)
 
 
-def to_cpu(obj: Any) -> Any:
-    """A copy of ``obj`` whose tensors are CPU copies: what the next optimizer step cannot change."""
+def to_cpu(obj: Any, copies: dict[tuple, torch.Tensor] | None = None) -> Any:
+    """A copy of ``obj`` whose tensors are CPU copies: what the next optimizer step cannot change. Tensors that
+    view the same memory (a tied embedding and LM head) share one copy, so the file holds it once, as
+    ``torch.save`` of the live state would."""
+    copies = {} if copies is None else copies
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        key = (obj.device, obj.data_ptr(), obj.dtype, tuple(obj.shape), obj.stride())
+        if key not in copies:
+            copies[key] = obj.detach().to("cpu", copy=True)
+        return copies[key]
     if isinstance(obj, dict):
-        return {k: to_cpu(v) for k, v in obj.items()}
+        return {k: to_cpu(v, copies) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return type(obj)(to_cpu(v) for v in obj)
+        return type(obj)(to_cpu(v, copies) for v in obj)
     return obj
 
 
