@@ -66,7 +66,7 @@ def settings(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
 MAX_NAME = 100  # a grid's name, in bytes: its report files and experiment names add a suffix to it
 
 
-def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "evaluate",
+def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "train",
              out: str | Path = paths.GRID_REPORTS,
              mlflow: bool | None = None, params_path: str | Path = paths.PARAMS, repeats: int = 1,
              time_budget_s: float | None = None, apply: bool = False, as_json: bool = False,
