@@ -238,3 +238,20 @@ def test_a_grid_over_the_seed_refuses_repeats_that_would_train_a_seed_again(tmp_
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match=r"-S train.seed makes the seeds the settings: .* give --repeats 1"):
         grid.run_grid(("train.seed=1,2",), repeats=3)
+
+
+def test_what_a_comparison_will_cost_is_said_before_it_starts(tmp_path):
+    """Each run's training at the pace of the workspace's last training (its ms per step, its evals' share), plus
+    the start and save of each; without a pace or a budget, it says the cost is measured after the first run."""
+    from gpt2.measure.experiments import RUN_START_S, Planned, expected_cost
+
+    (tmp_path / "params.yaml").write_text("train:\n  max_steps: 100\n")
+    budget = Planned("a", {"train.time_budget_s": 60, "train.max_steps": None}, "a", "a")
+    steps = Planned("b", {"train.lr": 0.1}, "b", "b")
+    assert "measured once the first ends" in expected_cost(tmp_path, [steps], "grid")  # no training here yet
+    assert "about 0:01:30 in all: 60 s" in expected_cost(tmp_path, [budget], "grid")  # a budget needs no pace
+    summary = tmp_path / paths.TRAIN_SUMMARY
+    summary.parent.mkdir(parents=True)
+    summary.write_text(json.dumps({"perf": {"step_ms": 500.0}, "train_s": 100.0, "wall_s": 110.0}))
+    said = expected_cost(tmp_path, [budget, steps], "grid")  # 66 s + 55 s of training and evals, two starts
+    assert RUN_START_S == 30 and "2 run(s), about 0:03:01 in all" in said

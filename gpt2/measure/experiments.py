@@ -140,12 +140,59 @@ class Planned:
     params: dict[str, Any] | None = None
 
 
+RUN_START_S = 30.0  # a run's cost beside its training and evals (DVC's temporary workspace, the stages' start,
+# the saves): 25-30 s for the tiny model on a 2-core CPU (docs/benchmarks.md); the ETA after each run is measured
+
+
+def run_seconds(train: dict[str, Any], pace: dict[str, Any] | None) -> float | None:
+    """About how long a run with train section ``train`` trains, evals included: its time budget or its steps, at
+    ``pace`` (the summary.json of a training on this machine: its seconds per step, the share its evals added);
+    None where it cannot be told."""
+    perf = (pace or {}).get("perf") or {}
+    evals = pace["wall_s"] / pace["train_s"] if pace and pace.get("wall_s") and pace.get("train_s") else 1.0
+    if train.get("time_budget_s"):
+        return float(train["time_budget_s"]) * evals
+    if train.get("max_steps") and perf.get("step_ms"):
+        return int(train["max_steps"]) * perf["step_ms"] / 1000 * evals
+    return None
+
+
+def expected_cost(root: Path, planned: list[Planned], what: str) -> str:
+    """What ``planned`` will cost in all, said before the first run: each run's training at the pace of the last
+    training in the workspace (reports/train/summary.json), plus ``RUN_START_S`` a run."""
+    from gpt2.core.progress import clock
+    from gpt2.core.schema import read_yaml
+
+    pace = _json_file(root / paths.TRAIN_SUMMARY)
+    base = (read_yaml(root / paths.PARAMS, "params", "--params") or {}).get("train") or {}
+    seconds = []
+    for run in planned:
+        train = (run.params or {}).get("train") if run.params else {
+            **base, **{k.split(".", 1)[1]: v for k, v in run.sets.items() if k.startswith("train.")}}
+        seconds.append(run_seconds(train or {}, pace))
+    if any(s is None for s in seconds):
+        return (f"{what}: {len(planned)} run(s); what they cost is measured once the first ends (a run has neither a "
+                f"time budget nor steps that {paths.TRAIN_SUMMARY}, a training here, can pace)")
+    total = sum(seconds) + RUN_START_S * len(planned)
+    return (f"{what}: {len(planned)} run(s), about {clock(total)} in all: {statistics.median(seconds):.0f} s of "
+            f"training and evals a run (at the pace of {paths.TRAIN_SUMMARY}), and about {RUN_START_S:.0f} s to "
+            "start and save it (a 2-core CPU's); the ETA after each run is measured")
+
+
+def _json_file(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what: str, kept: str = "",
                 collected: dict[str, Any] | None = None) -> None:
     """Run ``planned`` one at a time, in its order, with a progress line and an ETA; DVC's output goes to ``log``.
-    A failed experiment is said and skipped (it is missing from :func:`finished`); Ctrl-C or SIGTERM stops the
-    running one and ends with a UserError that says what is kept. ``what``: the command (``grid``). A run in a
-    revision's checkout is read back into ``collected`` (name → (Experiment, val curve)) as soon as it ends."""
+    What it will cost in all is said first. A failed experiment is said and skipped (it is missing from
+    :func:`finished`); Ctrl-C or SIGTERM stops the running one and ends with a UserError that says what is kept.
+    ``what``: the command (``grid``). A run in a revision's checkout is read back into ``collected``
+    (name → (Experiment, val curve)) as soon as it ends."""
     from gpt2.measure import revisions
 
     from gpt2.core import log as logs
@@ -153,9 +200,11 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what
 
     logger = logs.get(what)
     log.unlink(missing_ok=True)
+    logger.info(expected_cost(root, planned, what))
     durations: list[float] = []
     for done, run in enumerate(planned):
-        eta = f", ETA {clock(statistics.median(durations) * (len(planned) - done))}" if durations else ""
+        left = statistics.median(durations) * (len(planned) - done) if durations else 0.0
+        eta = f", the last took {durations[-1]:.0f} s, ETA {clock(left)}" if durations else ""
         logger.info(f"{what}: [{done + 1}/{len(planned)}] {run.label} ({run.name}){eta}")
         started = time.perf_counter()
         try:
