@@ -240,13 +240,13 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, t
     done = run(root, sys.executable, "-m", "gpt2.cli", "grid", "-S", f"train.lr={lr},3.0e-2", "--name", "lr",
                "--json")
     assert "grid: [2/2] train.lr=0.03, run 1 (lr-2-1)" in done.stderr
-    assert "repeat r trains train.seed 1338" in done.stderr
+    assert "repeat r trains train.seed 1338" in done.stderr and "grid: 2 run(s), about " in done.stderr
     table = (root / "reports/grid/lr.md").read_text()
     assert table.splitlines()[2].startswith("**One run per setting: no interval")
     assert "| train.lr | runs | ms/step median (min–max) | tokens/s median (min–max) | speed vs baseline |" in table
     assert "| 0.03 | 1/1 |" in table and " ± " in table and "× (inside noise) |" in table
     said = json.loads(done.stdout)  # the comparison alone on stdout, for a script or an agent
-    assert said["apply"] == {} and said["failed"] == [] and said["judged_by"] == "evaluate's val loss"
+    assert said["apply"] == {} and said["failed"] == [] and said["judged_by"] == "training's val loss"
     assert said["rows"][0]["at_quality"]["vs_baseline"]["median"] == 1.0 and said["rows"][1]["at_quality"]["runs"] == 1
     exps = {e.name: e for e in experiments.finished(root)}
     assert sorted(exps) == ["lr-1-1", "lr-2-1"]
@@ -274,19 +274,24 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, t
     assert other.info.run_name == "lr · train.lr=0.03" and other.data.tags["grid.setting"] == "train.lr=0.03"
     assert other.data.metrics["vs_reference/speedup"] > 0 and other.data.metrics["vs_reference/speed_inside_noise"] == 1
     assert "One run per setting" in parent.data.tags["mlflow.note.content"]  # the report, as its description
-    for child in children:  # evaluate logged into each training run; both name the exact data and weights
-        assert "eval/val_loss" in child.data.metrics
+    view = json.loads(client.get_experiment(parent.info.experiment_id)
+                      .tags[f"mlflow.sharedViewState.gpt2-grid-{parent.info.run_id}"])  # its runs, by setting
+    assert view["searchFilter"] == f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "grid.setting"}]
+    assert f"viewStateShareKey=gpt2-grid-{parent.info.run_id}" in done.stderr
+    for child in children:  # each training run names the exact data and weights
+        assert "eval/val_loss" not in child.data.metrics  # the grid ran to the train stage
         lock = yaml.safe_load(run(root, "git", "show", f"{exps[child.data.tags['dvc_exp_name']].rev}:dvc.lock").stdout)
         outs = {o["path"]: o["md5"] for stage in lock["stages"].values() for o in stage.get("outs", [])}
         assert child.data.tags["checkpoint_dvc_hash"] == outs["checkpoints"]
         inputs = {i.tags[0].value: i.dataset for i in child.inputs.dataset_inputs}
-        assert set(inputs) == {"training", "evaluation"} and inputs["evaluation"].name.endswith(" (val)")
+        assert set(inputs) == {"training"}
         assert {d.digest for d in inputs.values()} == {outs["data/tokens"].removesuffix(".dir")}
     assert not list((root / ".dvc" / "tmp").rglob("mlflow.db"))  # nothing landed in the temp copies
     # every model traceable: from the MLflow model of a run to its exact checkpoint (docs/experiments.md)
     models = client.search_logged_models([parent.info.experiment_id])
     [model] = [m for m in models if m.source_run_id == other.info.run_id]
-    assert {m.key for m in model.metrics} >= {"summary/val.loss", "eval/val_loss"}  # evaluate's figures are its too
+    assert "summary/val.loss" in {m.key for m in model.metrics}
     assert model.tags["get_weights"] == f"dvc exp apply {other.data.tags['dvc_exp_name']}"
     run(root, sys.executable, "-m", "dvc", *shlex.split(model.tags["get_weights"].removeprefix("dvc ")))
     assert hashlib.md5((root / model.tags["checkpoint_path"]).read_bytes()).hexdigest() == model.tags["checkpoint_md5"]

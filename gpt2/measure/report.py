@@ -346,7 +346,7 @@ def log_parent(kind: str, name: str, judged: Judged, files: list[Path], describe
     (the arm's index is the step), the dataset, the report; every experiment's run becomes its child, carrying
     its arm's verdict as metrics so the runs list and the compare page show them. It ends FAILED where a run
     failed."""
-    from gpt2.run.tracking import MlflowTracker, adopt
+    from gpt2.run.tracking import MlflowTracker, adopt, comparison_view
 
     tracker = MlflowTracker(experiment, run_name=name, kept_in=str(files[0].parent), started_at=started)
     try:
@@ -364,6 +364,10 @@ def log_parent(kind: str, name: str, judged: Judged, files: list[Path], describe
                                if k in VERDICT_METRICS}
                     for i, arm in enumerate(judged.arms) for run in arm.runs if run.ok}
         adopt(tracker, list(children), children, verdicts, since=started, run_names=run_names)
+        arm_tag = next(iter(next(iter(children.values()), {})), None)  # each child's first tag names its arm
+        if tracker.run_id and arm_tag:
+            tracker.share_view(f"gpt2-{kind}-{tracker.run_id}", comparison_view(tracker.run_id, arm_tag),
+                               f"this {kind}'s runs, grouped by {arm_tag.split('.')[1]}")
     except BaseException:
         tracker.end("FAILED")
         raise

@@ -64,8 +64,23 @@ COMPARE_VIEW = {
     ],
     "orderByKey": "attributes.start_time",
     "orderByAsc": False,
+    "runsHiddenMode": "SHOW_ALL",  # every run in the charts, not MLflow's first 10
 }
 COMPARE_VIEW["columnOrder"] = COMPARE_VIEW["selectedColumns"]  # as listed: the loss first, not alphabetical
+
+
+def comparison_view(parent_run_id: str, arm_tag: str) -> dict[str, Any]:
+    """The runs of one grid or ladder (the children of ``parent_run_id``), grouped by their arm (the tag
+    ``arm_tag``: its setting or rung): a row per arm with its runs under it, the charts drawing each arm's mean
+    over its seeds with their min–max band."""
+    return {**COMPARE_VIEW, "searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'",
+            "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": arm_tag}]},
+            "useGroupedValuesInCharts": True}
+
+
+def view_page(experiment_id: str, key: str) -> str:
+    """The runs page opened on the shared view ``key``, as a URL fragment."""
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
 
 
 def where_to_see(uri: str, experiment_id: str, run_id: str) -> str:
@@ -74,7 +89,7 @@ def where_to_see(uri: str, experiment_id: str, run_id: str) -> str:
     import shlex
 
     page = f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
-    compared = f"#/experiments/{experiment_id}/runs?viewStateShareKey={COMPARE_VIEW_KEY}&workflowType=machine_learning"
+    compared = view_page(experiment_id, COMPARE_VIEW_KEY)
     if uri.startswith(("http://", "https://")):
         return f"open {uri.rstrip('/')}/{page} (every run compared: {uri.rstrip('/')}/{compared})"
     return (f"see it with `mlflow ui --backend-store-uri {shlex.quote(uri)}`, then open http://127.0.0.1:5000/{page} "
@@ -508,6 +523,18 @@ class MlflowTracker(Tracker):
         """The run's description, the first thing its page shows (a grid's or a ladder's verdict and table). Past
         MLflow's limit on a tag it is cut at a line, and says that ``whole`` (an artifact) holds the rest."""
         self.set_tags({"mlflow.note.content": fitted(markdown, DESCRIPTION_CHARS, whole)})
+
+    def share_view(self, key: str, view: dict[str, Any], what: str) -> None:
+        """Keep ``view`` as the experiment's shared view ``key`` and say where to open it (``what`` it shows)."""
+        def share() -> None:
+            self.mlflow.MlflowClient().set_experiment_tag(self.experiment_id, f"mlflow.sharedViewState.{key}",
+                                                          json.dumps(view))
+            page = view_page(self.experiment_id, key)
+            where = (f"{self.uri.rstrip('/')}/{page}" if self.uri.startswith(("http://", "https://"))
+                     else f"http://127.0.0.1:5000/{page} (with `mlflow ui` running)")
+            logger.info(f"mlflow: {what}: {where}")
+
+        self.call("share a view of the runs", share)
 
     def log_model(self, name: str, tags: dict[str, str], params: dict[str, Any]) -> None:
         """This run's model as an MLflow logged model whose weights stay outside MLflow (in DVC's cache): its
