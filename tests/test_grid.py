@@ -255,3 +255,44 @@ def test_what_a_comparison_will_cost_is_said_before_it_starts(tmp_path):
     summary.write_text(json.dumps({"perf": {"step_ms": 500.0}, "train_s": 100.0, "wall_s": 110.0}))
     said = expected_cost(tmp_path, [budget, steps], "grid")  # 66 s + 55 s of training and evals, two starts
     assert RUN_START_S == 30 and "2 run(s), about 0:03:01 in all" in said
+
+
+def test_an_agent_loop_keeps_only_what_holds_on_held_out_text(tmp_path, monkeypatch, capsys):
+    """docs/experiments.md's loop, scripted: measure the noise (an A/A grid), then propose learning rates one at a
+    time, each against the current one at a fixed budget, reading the JSON and committing what --apply wrote. In
+    this made-up world 3e-3 is better everywhere, 1e-2 only on the windows the verdict read: the loop keeps 3e-3
+    and discards 1e-2, which a loop without held-out text would have kept."""
+    import subprocess
+
+    from conftest import environment
+
+    val = {0.001: 6.0, 0.003: 5.7, 0.01: 5.5}
+    held_out = {0.001: 6.0, 0.003: 5.72, 0.01: 6.1}
+
+    def results(name, sets):
+        lr, seed = sets["train.lr"] if "train.lr" in sets else current(), sets["train.seed"]
+        exp = run(name, 100 + seed % 2, loss=val[lr] + 0.01 * (seed % 3), se=0.01)
+        exp.files[paths.TRAIN_SUMMARY] = {"val": {"holdout_loss": held_out[lr] + 0.01 * (seed % 3),
+                                                  "holdout_loss_se": 0.01}}
+        return exp
+
+    def current():
+        import yaml
+
+        return yaml.safe_load((tmp_path / "params.yaml").read_text())["train"]["lr"]
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, env=environment(), capture_output=True, text=True)
+
+    fake_grid(monkeypatch, tmp_path, results, params="train:\n  mlflow: false\n  seed: 7\n  lr: 1.0e-3\n")
+    git("init", "-q"), git("add", "params.yaml"), git("commit", "-qm", "baseline")
+    kept = []
+    for proposal in ("train.log_interval=10,12", "train.lr={current},3.0e-3", "train.lr={current},1.0e-2"):
+        grid.run_grid((proposal.format(current=current()),), repeats=3, time_budget_s=60.0, apply=True, as_json=True)
+        verdict = json.loads(capsys.readouterr().out)
+        if git("diff", "--quiet", "params.yaml").returncode:
+            git("commit", "-qam", f"keep: {verdict['apply']}")
+            kept.append(verdict["apply"])
+    assert kept == [{"train.lr": 0.003}]  # the A/A grid and the overfit 1e-2 wrote nothing
+    assert current() == 0.003 and git("rev-list", "--count", "HEAD").stdout.strip() == "2"
+    assert "Not confirmed on the held-out windows" in verdict["verdict"]
