@@ -144,4 +144,6 @@ def main(sets: tuple[str, ...], steps: int, tokens: str | None, json_path: str |
 
 
 if __name__ == "__main__":
-    main()
+    from gpt2.core.entry import run
+
+    run(main)  # a child ends once its result is out: no seconds of module teardown per row

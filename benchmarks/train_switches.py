@@ -168,4 +168,6 @@ def main(sets: tuple[str, ...], variants: str | None, steps: int, tokens: str | 
 
 
 if __name__ == "__main__":
-    main()
+    from gpt2.core.entry import run
+
+    run(main)  # a child ends once its result is out: no seconds of module teardown per row
