@@ -72,4 +72,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gpt2.core.entry import end
+
     main()
+    end(0)  # a rank ends as the train stage's ranks do: no module teardown (gpt2/core/entry.py)
