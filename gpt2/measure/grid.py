@@ -157,7 +157,8 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                    {f"grid.{k}": ",".join(map(str, v)) for k, v in grid.items()} | {"grid.repeats": repeats},
                    {"grid.baseline": describe(combos[0])},
                    {run.name: {"grid.setting": arm.label, "grid.run": str(run.repeat + 1)}
-                    for arm in arms for run in arm.runs}, lambda a: a.label, {p.name: p.run_name for p in planned})
+                    for arm in arms for run in arm.runs}, "grid.setting", lambda a: a.label,
+                   {p.name: p.run_name for p in planned})
     logger.info(f"grid: {out / (slug + '.md')}\n{text}")
     if as_json:
         print(json.dumps(data, indent=2), flush=True)

@@ -341,10 +341,11 @@ def _bars(ax: Any, arms: list[Arm], figures: Callable[[Arm], tuple[Ratio | None,
 
 def log_parent(kind: str, name: str, judged: Judged, files: list[Path], described: str, experiment: str,
                started: float, params: dict[str, Any], tags: dict[str, str], children: dict[str, dict[str, str]],
-               label: Callable[[Arm], str], run_names: dict[str, str] | None = None) -> None:
+               arm_tag: str, label: Callable[[Arm], str], run_names: dict[str, str] | None = None) -> None:
     """One MLflow run for the comparison, lasting from its first run to its report: each arm's figures as metrics
     (the arm's index is the step), the dataset, the report; every experiment's run becomes its child, carrying
-    its arm's verdict as metrics so the runs list and the compare page show them. It ends FAILED where a run
+    its arm's verdict as metrics so the runs list and the compare page show them, and a shared view groups the
+    children by ``arm_tag`` (the tag of ``children`` that names each one's arm). It ends FAILED where a run
     failed."""
     from gpt2.run.tracking import MlflowTracker, adopt, comparison_view
 
@@ -364,8 +365,7 @@ def log_parent(kind: str, name: str, judged: Judged, files: list[Path], describe
                                if k in VERDICT_METRICS}
                     for i, arm in enumerate(judged.arms) for run in arm.runs if run.ok}
         adopt(tracker, list(children), children, verdicts, since=started, run_names=run_names)
-        arm_tag = next(iter(next(iter(children.values()), {})), None)  # each child's first tag names its arm
-        if tracker.run_id and arm_tag:
+        if tracker.run_id:
             tracker.share_view(f"gpt2-{kind}-{tracker.run_id}", comparison_view(tracker.run_id, arm_tag),
                                f"this {kind}'s runs, grouped by {arm_tag.split('.')[1]}")
     except BaseException:

@@ -83,17 +83,23 @@ def view_page(experiment_id: str, key: str) -> str:
     return f"#/experiments/{experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
 
 
+def page_url(uri: str, page: str) -> str:
+    """A UI page's address: a tracking server serves it at its own address, a local store at `mlflow ui`'s."""
+    server = uri.startswith(("http://", "https://"))
+    return f"{uri.rstrip('/') if server else 'http://127.0.0.1:5000'}/{page}"
+
+
 def where_to_see(uri: str, experiment_id: str, run_id: str) -> str:
     """How to open a run, and the runs compared: a tracking server serves them at its own address; a local
     store needs `mlflow ui`."""
     import shlex
 
-    page = f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
-    compared = view_page(experiment_id, COMPARE_VIEW_KEY)
+    page = page_url(uri, f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning")
+    compared = page_url(uri, view_page(experiment_id, COMPARE_VIEW_KEY))
     if uri.startswith(("http://", "https://")):
-        return f"open {uri.rstrip('/')}/{page} (every run compared: {uri.rstrip('/')}/{compared})"
-    return (f"see it with `mlflow ui --backend-store-uri {shlex.quote(uri)}`, then open http://127.0.0.1:5000/{page} "
-            f"(every run compared: http://127.0.0.1:5000/{compared})")
+        return f"open {page} (every run compared: {compared})"
+    return (f"see it with `mlflow ui --backend-store-uri {shlex.quote(uri)}`, then open {page} "
+            f"(every run compared: {compared})")
 
 
 @contextlib.contextmanager
@@ -529,10 +535,8 @@ class MlflowTracker(Tracker):
         def share() -> None:
             self.mlflow.MlflowClient().set_experiment_tag(self.experiment_id, f"mlflow.sharedViewState.{key}",
                                                           json.dumps(view))
-            page = view_page(self.experiment_id, key)
-            where = (f"{self.uri.rstrip('/')}/{page}" if self.uri.startswith(("http://", "https://"))
-                     else f"http://127.0.0.1:5000/{page} (with `mlflow ui` running)")
-            logger.info(f"mlflow: {what}: {where}")
+            local = "" if self.uri.startswith(("http://", "https://")) else " (with `mlflow ui` running)"
+            logger.info(f"mlflow: {what}: {page_url(self.uri, view_page(self.experiment_id, key))}{local}")
 
         self.call("share a view of the runs", share)
 
