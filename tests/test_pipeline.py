@@ -56,18 +56,20 @@ def test_second_repro_does_nothing(project):
 
 
 def test_a_code_change_reruns_exactly_the_stages_that_run_it(project):
-    """Deps are folders: a change anywhere in gpt2/model re-runs train and evaluate, not the data stages."""
-    model = project / "gpt2" / "model" / "gpt.py"
-    original = model.read_text()
+    """Deps are folders: a change anywhere in gpt2/model re-runs train and evaluate, not the data stages; a change
+    to the training loop re-runs train alone (evaluate scores the checkpoint, whatever code wrote it)."""
     bytecode = project / "gpt2" / "core" / "__pycache__"
     bytecode.mkdir(exist_ok=True)
     (bytecode / "stray.pyc").write_bytes(b"bytecode")  # not code: ignored
     assert "Data and pipelines are up to date" in dvc(project, "status").stdout
-    try:
-        model.write_text(original + "\n# an edit\n")
-        assert changed_stages(project) == {"train", "evaluate"}
-    finally:
-        model.write_text(original)
+    for edited, stages in (("model/gpt.py", {"train", "evaluate"}), ("train/step.py", {"train"})):
+        code = project / "gpt2" / edited
+        original = code.read_text()
+        try:
+            code.write_text(original + "\n# an edit\n")
+            assert changed_stages(project) == stages, edited
+        finally:
+            code.write_text(original)
     assert "Data and pipelines are up to date" in dvc(project, "status").stdout
 
 

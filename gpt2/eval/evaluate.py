@@ -276,7 +276,7 @@ def score_hellaswag(loaded: Loaded, cfg: EvalConfig) -> dict[str, Any]:
 def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Path, scored: dict[str, Any]) -> None:
     """Evaluate's figures, samples and the split it scored, in the MLflow run of the training it scored."""
     from gpt2.run.tracking import MlflowTracker
-    from gpt2.train.catch_up import catch_up
+    from gpt2.run.catch_up import catch_up
 
     experiment = state.get("params", {}).get("train", {}).get("experiment", "gpt2")
     name = f"evaluate {state['pretrained']}" if state.get("pretrained") else f"evaluate step {state['step']}"

@@ -69,7 +69,7 @@ def replay(checkpoint: str) -> None:
     from gpt2.core.errors import UserError
     from gpt2.run import checkpoint as checkpoints
     from gpt2.run.tracking import MlflowTracker
-    from gpt2.train.catch_up import catch_up
+    from gpt2.run.catch_up import catch_up
 
     state = checkpoints.load(checkpoint)
     if "history" not in state:

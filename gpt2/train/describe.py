@@ -19,13 +19,14 @@ from gpt2.core import log
 from gpt2.core.config import Params, TrainConfig, to_dict
 from gpt2.core.provenance import checkpoint_hashes, describe_tokens, model_tags, training_code_digest
 from gpt2.model import onednn
+from gpt2.run.catch_up import catch_up, replay_hint
 from gpt2.run.device import sdpa_backend
+from gpt2.run.figures import tracked_summary
 from gpt2.run.tracking import MlflowTracker, Tracker, experiment_run_name, flatten, git_commit
 from gpt2.train.build import Setup
-from gpt2.train.catch_up import catch_up, replay_hint
 from gpt2.train.history import History
 from gpt2.train.muon import FP32Muon
-from gpt2.train.reports import tracked_summary, write_reports
+from gpt2.train.reports import write_reports
 from gpt2.train.resume import Start
 
 logger = log.get("train")

@@ -10,12 +10,13 @@ import numpy as np
 import torch
 
 from gpt2.core import log
+from gpt2.run.figures import val_metrics
 from gpt2.run.tracking import Tracker
 from gpt2.train import distributed
 from gpt2.train.build import Setup
 from gpt2.train.length import Budget, Steps
 from gpt2.train.loader import BatchSampler, TokenSplit
-from gpt2.train.history import History, val_metrics
+from gpt2.train.history import History
 
 logger = log.get("train")
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import math
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass
@@ -45,15 +43,3 @@ class History:
         """The step times the medians read: every step but the warm-up steps (all of them if none is left)."""
         timed = [t for t, warm in zip(self.step_s, self.warm(warmup_steps)) if not warm]
         return timed or self.step_s
-
-
-def val_metrics(record: dict[str, Any], best: dict[str, Any]) -> dict[str, float]:
-    """What MLflow gets of an eval's record (``History.val``), with the best so far beside it (the runs table shows
-    each metric's last value), and the training time and tokens at it (a chart's x-axis "metric" draws the val loss
-    against either). The evaluator logs it; a resumed run's catch-up replays it."""
-    loss = record["val/loss"]
-    out = {"val/loss": loss, "val/loss_se": record["val/loss_se"], "val/ppl": math.exp(min(loss, 50)),
-           "val/best_loss": best["val/loss"], "val/best_step": best["step"]}
-    out.update({f"val/{k}": record[k] for k in ("train_s", "tokens") if record.get(k) is not None})
-    out.update({k: record[k] for k in ("val/holdout_loss", "val/holdout_loss_se") if k in record})
-    return out

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core import log
-from gpt2.run.tracking import flatten
 from gpt2.core.atomic import json_text, write_files
 from gpt2.core.plots import png, pyplot
 from gpt2.run.cost import cost_figures, price_per_hour
 from gpt2.run.device import memory_gb
+from gpt2.run.figures import compared_figures, rounded
 from gpt2.run.flops import Throughput
 from gpt2.train.build import Setup, above_peak
 from gpt2.train.history import History
@@ -33,31 +33,6 @@ PLOT_COLUMNS = {
     "val.tsv": {"step": ("step",), "val_loss": ("val/loss",), "val_loss_se": ("val/loss_se",),
                 "train_s": ("train_s",), "tokens": ("tokens",)},
 }
-
-# What metrics.json (DVC metrics: `dvc exp show`, `dvc metrics show`) keeps: the figures people compare.
-# Everything else about the run (steps, tokens, world size, what really ran) goes to summary.json.
-COMPARED = {"train": ("loss",), "val": ("loss", "loss_se", "ppl"),
-            "perf": ("step_ms", "step_ms_iqr", "tokens_per_s", "tokens_per_s_iqr", "tokens_per_s_steady",
-                     "tokens_per_s_wall", "mfu"),
-            "mem": ("peak_gb",), "target": ("reached", "time_s", "tokens", "steps"), "cost": ("device_hours", "usd"),
-            "wall_s": None, "train_s": None}
-
-
-# The compared figures MLflow keeps as metrics (``summary/perf.tokens_per_s`` …): what the runs list and the
-# compare page show side by side, and the run's logged model carries. Every other figure of the summary is a
-# tag (``summary.train.loss``), so a run's charts are its curves, not a page of one-point charts.
-TRACKED = ("val.loss", "val.loss_se", "perf.tokens_per_s", "perf.tokens_per_s_iqr", "perf.step_ms", "perf.mfu",
-           "mem.peak_gb", "target.time_s", "target.tokens", "cost.device_hours", "cost.usd")
-
-
-def tracked_summary(summary: dict[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
-    """A finished run's figures for MLflow: the compared ones as metrics (the runs list's columns), the rest as
-    tags (no one-point charts)."""
-    figures = {k: v for k, v in flatten(compared_figures(summary)).items()
-               if isinstance(v, int | float) and not isinstance(v, bool)}
-    return ({f"summary/{k}": v for k, v in figures.items() if k in TRACKED},
-            {f"summary.{k}": v for k, v in figures.items() if k not in TRACKED})
-
 
 def warmup_s(history: History, steps: int) -> float:
     """Seconds spent in the untimed first steps of every session: compilation and autotuning, mostly."""
@@ -95,9 +70,9 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, th
     last = history.val[-1] if history.val else {}
     last_val = last.get("val/loss")
     best = min(history.val, key=lambda r: r["val/loss"]) if history.val else {}
-    utilization = {"mfu": _round(throughput.mfu(tokens_per_s), 5)}
+    utilization = {"mfu": rounded(throughput.mfu(tokens_per_s), 5)}
     if throughput.dtype_peak_flops:
-        utilization["mfu_dtype"] = _round(throughput.mfu_dtype(tokens_per_s), 5)
+        utilization["mfu_dtype"] = rounded(throughput.mfu_dtype(tokens_per_s), 5)
     return {
         "train": {"loss": history.train[-1].get("train/loss") if history.train else None},
         "val": {"loss": last_val, "loss_se": last.get("val/loss_se"), "ppl": math.exp(last_val) if last else None,
@@ -159,20 +134,6 @@ def target_figures(target: float, reached: dict[str, float] | None) -> dict[str,
     """Time, tokens and steps to the target val loss; a target never reached has no numbers, only ``reached: false``."""
     figures = reached or {"time_s": None, "tokens": None, "steps": None}
     return {"val_loss": target, "reached": reached is not None, **figures}
-
-
-def compared_figures(summary: dict[str, Any]) -> dict[str, Any]:
-    """The compared figures, rounded to what is worth reading (4 decimals of loss, 2 of perplexity). A
-    finished run's summary written by an older version (its reports rebuilt from the checkpoint) keeps
-    the figures it has."""
-    figures = {key: summary[key] if keys is None else {k: summary[key][k] for k in keys if k in summary[key]}
-               for key, keys in COMPARED.items() if key in summary}  # a summary from an older version lacks some
-    return {key: {k: _round(v, 2 if k == "ppl" else 4) for k, v in value.items()} if isinstance(value, dict) else value
-            for key, value in figures.items()}
-
-
-def _round(value: Any, digits: int) -> Any:
-    return round(value, digits) if isinstance(value, float) else value
 
 
 def write_reports(report_dir: Path, summary: dict[str, Any], history: History) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core import log
+from gpt2.run.figures import tracked_summary, val_metrics
 from gpt2.run.tracking import MlflowTracker
-from gpt2.train.history import val_metrics
 
 logger = log.get("train")
 
@@ -28,8 +28,6 @@ def replay_hint(ckpt_path: str | Path) -> str:
 def missing(client: Any, run_id: str, history: dict[str, Any], summary: dict[str, Any] | None
             ) -> tuple[list[tuple[dict[str, float], int]], dict[str, Any]]:
     """(metrics by step, tags) that ``history`` and ``summary`` hold and run ``run_id`` does not."""
-    from gpt2.train.reports import tracked_summary
-
     have_train = {m.step for m in client.get_metric_history(run_id, "train/loss")}
     have_val = {m.step for m in client.get_metric_history(run_id, "val/loss")}
     present = client.get_run(run_id).data.metrics
