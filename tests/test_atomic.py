@@ -1,3 +1,6 @@
+"""Outputs are written all or none: atomic files and folders, a full disk or an unwritable target as one line,
+progress lines with rate and ETA."""
+
 from __future__ import annotations
 
 import errno

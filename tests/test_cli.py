@@ -1,3 +1,6 @@
+"""The `gpt2` command line: every stage's command, one-line user errors with exit 2, `-S key=value`, and commands
+run from a subfolder of the project."""
+
 from __future__ import annotations
 
 import json

@@ -1,3 +1,6 @@
+"""params.yaml into checked dataclasses: defaults, unknown keys and sections, types, ranges, and the one-line
+message for each mistake."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,3 +1,6 @@
+"""The tokenize stage: GPT-2 BPE ids, documents cut into blocks without changing a token, the train/val split,
+invalid UTF-8."""
+
 from __future__ import annotations
 
 import json

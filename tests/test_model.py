@@ -1,3 +1,6 @@
+"""GPT-2's model: parameter count, FLOPs per token and MFU, initialisation, attention paths, padded vocabulary,
+generation."""
+
 from __future__ import annotations
 
 import math

@@ -9,7 +9,8 @@ import pytest
 import yaml
 from conftest import make_tokens
 
-from gpt2.core.provenance import checkpoint_hashes, describe_tokens, dvc_hash, file_md5, source_uri
+from gpt2.core.digest import file_md5
+from gpt2.core.provenance import checkpoint_hashes, describe_tokens, dvc_hash, source_uri
 
 
 def lock(root, path, md5, size, nfiles=None):

@@ -1,3 +1,6 @@
+"""The README and docs say what the code does: CI's test command, the layout of modules, params.md, the memory
+table, the quoted default run, the pins."""
+
 from __future__ import annotations
 
 import re

@@ -18,7 +18,7 @@ from gpt2.train.trainer import TrainingInterrupted
 def test_a_new_run_never_overwrites_a_finished_model(tmp_path, tokens, capsys, monkeypatch):
     """Other params onto a finished checkpoint start a new run, and the finished model is kept beside it; so is
     any checkpoint that train.resume: never replaces. Under DVC a model its cache holds is not copied again."""
-    from gpt2.core.provenance import file_md5
+    from gpt2.core.digest import file_md5
     from gpt2.run import checkpoint
     from gpt2.train import resume
 

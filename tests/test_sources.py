@@ -1,3 +1,6 @@
+"""The download stage's sources: folders, files, globs, JSONL, archives; empty or binary files; failures that write
+nothing."""
+
 from __future__ import annotations
 
 import gzip

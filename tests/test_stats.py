@@ -1,3 +1,6 @@
+"""The stats stage: figures equal to a direct count, its plot files, and a token file that does not match its
+meta.json refused."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
-"""The sha256 of a file, read in 1 MB blocks (corpora and checkpoints are larger than memory)."""
+"""A file's hash, read in blocks (corpora and checkpoints are larger than memory): sha256 for what is downloaded or
+checked against a pinned value, MD5 for DVC's hash of a file (``md5:`` of a file output in dvc.lock)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,14 @@ import hashlib
 import os
 
 
-def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
+def file_digest(path: str | os.PathLike, algorithm: str) -> str:
     with open(path, "rb") as handle:
-        while chunk := handle.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, algorithm).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    return file_digest(path, "sha256")
+
+
+def file_md5(path: str | os.PathLike) -> str:
+    return file_digest(path, "md5")

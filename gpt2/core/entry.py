@@ -1,7 +1,7 @@
 """A process's entry point (a DVC stage, the ``gpt2`` command) that ends the process once its work is done.
 
 Python's own shutdown frees every module and object one by one. With torch and MLflow loaded that
-takes seconds (3.4 s after a training on a 2-core AMD EPYC), paid by every stage of every run and
+takes seconds (docs/benchmarks.md measures it), paid by every stage of every run and
 by every run of a grid. What a shutdown must do still happens here, in Python's order: the threads
 that are not daemons are joined, the exit handlers run (MLflow's, multiprocessing's, logging's), the
 standard streams are flushed. Only the freeing of memory the OS takes back anyway is skipped.

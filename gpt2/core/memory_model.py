@@ -10,8 +10,8 @@ backward pass, tensor by tensor, per token and layer (h = n_embd, a = n_head, T 
   are 16-bit copies: 38·h bytes; manual attention 34·h + 6·a·T (an fp32 softmax and its 16-bit copy).
 * The head: ln_f's input and lm_head's input (8·h fp32, 6·h AMP), and the logits: the peak of the
   loss's backward holds about four vocabulary-wide tensors per token (16·V bytes fp32, 14·V AMP).
-  The FP8 head (``train.fp8_head``) adds 2·V bytes per token: compiled on an H100 it held every
-  chunk's e5m2 loss gradient and its transposed copy at once (6.3 GB more at 64 × 1024 tokens).
+  The FP8 head (``train.fp8_head``) adds 2·V bytes per token: compiled, it holds every chunk's
+  e5m2 loss gradient and its transposed copy at once.
 * Weights, gradients and AdamW's two moments in fp32 (16 bytes per parameter), plus autocast's
   16-bit weight copies under AMP (2 bytes per parameter). Muon keeps one momentum buffer for the
   hidden matrices (12·L·h² parameters, 4 bytes each) and AdamW's two for the rest.

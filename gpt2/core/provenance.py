@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from gpt2.core import paths
+from gpt2.core.digest import file_md5
 
 PYPI_PROJECT = "https://pypi.org/project/{name}/{version}/"
 
@@ -36,15 +37,6 @@ def training_code_digest() -> str:
     for part in TRAINING_CODE:
         for path in [package / part] if part.endswith(".py") else sorted((package / part).rglob("*.py")):
             digest.update(f"{path.relative_to(package).as_posix()}\0".encode() + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def file_md5(path: str | Path) -> str:
-    """A file's MD5, which is also its DVC hash (``md5:`` of a file output in dvc.lock)."""
-    digest = hashlib.md5()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
     return digest.hexdigest()
 
 

@@ -52,12 +52,6 @@ def _withdraw(evaluation: str, out: str) -> None:
                               "this one")
 
 
-if __name__ == "__main__":
-    from gpt2.core.entry import run
-
-    run(train)
-
-
 @click.command()
 @click.argument("checkpoint", default=paths.CHECKPOINT, callback=paths.default_in_project)
 @user_errors
@@ -68,8 +62,8 @@ def replay(checkpoint: str) -> None:
     finished training's run FINISHED. A run missing from the store (a new DB) is started again with them all."""
     from gpt2.core.errors import UserError
     from gpt2.run import checkpoint as checkpoints
-    from gpt2.run.tracking import MlflowTracker
     from gpt2.run.catch_up import catch_up
+    from gpt2.run.tracking import MlflowTracker
 
     state = checkpoints.load(checkpoint)
     if "history" not in state:
@@ -84,3 +78,9 @@ def replay(checkpoint: str) -> None:
     if tracker.failed:
         raise UserError(f"the MLflow store {tracker.uri} did not answer: nothing was sent; run this again when it "
                         "does (MLFLOW_TRACKING_URI picks another store)")
+
+
+if __name__ == "__main__":
+    from gpt2.core.entry import run
+
+    run(train)

@@ -2,9 +2,9 @@
 
 ``torch.optim.Muon`` orthogonalizes every update with five Newton-Schulz iterations in bf16. That
 is right where bf16 matmuls are native (CUDA GPUs with bf16, CPUs with AVX512-BF16 or AMX). On a
-CPU without them (AVX2 only, such as the 2-core AMD EPYC VMs) every bf16 matmul is emulated, and
-the ladder's Muon rung cost several times AdamW's step time there (docs/benchmarks.md, "Muon's
-step where bf16 is emulated"). ``FP32Muon`` runs the same iterations in fp32 and is otherwise
+CPU without them (AVX2 only) every bf16 matmul is emulated, and the ladder's Muon rung costs
+several times AdamW's step time there (docs/benchmarks.md, "Muon's step where bf16 is
+emulated"). ``FP32Muon`` runs the same iterations in fp32 and is otherwise
 PyTorch's Muon: the same defaults, checks and ``momentum_buffer`` state, so a checkpoint resumes
 with either. ``train.muon_ns_dtype: auto`` picks PyTorch's own where bf16 is
 native and this one elsewhere.

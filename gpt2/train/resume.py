@@ -30,7 +30,8 @@ import torch
 from gpt2.core import log
 from gpt2.core.config import REUSABLE_TRAIN_FIELDS, ModelParams, TrainConfig, to_dict
 from gpt2.core.errors import UserError
-from gpt2.core.provenance import dvc_cache_file, file_md5, training_code_digest
+from gpt2.core.digest import file_md5
+from gpt2.core.provenance import dvc_cache_file, training_code_digest
 from gpt2.run import checkpoint
 from gpt2.train import sharded
 from gpt2.train.build import Setup
