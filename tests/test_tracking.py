@@ -10,7 +10,7 @@ import signal
 import pytest
 from conftest import micro_params
 
-from gpt2.run import checkpoint, tracking
+from gpt2.run import checkpoint, mlflow_ui, names, tracking
 from gpt2.train import trainer
 from gpt2.train.trainer import TrainingInterrupted, train
 
@@ -27,11 +27,11 @@ def test_default_uri_is_an_absolute_sqlite_db_at_the_dvc_root(monkeypatch, tmp_p
 
 
 def test_the_printed_link_opens_the_run_where_it_is_and_the_runs_compared():
-    server = tracking.where_to_see("http://mlflow.lab:8080/", "3", "abc")
+    server = mlflow_ui.where_to_see("http://mlflow.lab:8080/", "3", "abc")
     assert server.startswith("open http://mlflow.lab:8080/#/experiments/3/runs/abc?workflowType=machine_learning "
                              "(every run compared: http://mlflow.lab:8080/#/experiments/3/runs?viewStateShareKey="
                              "gpt2-compare&workflowType=machine_learning)")
-    local = tracking.where_to_see("sqlite:////p/my runs/mlflow.db", "1", "abc")
+    local = mlflow_ui.where_to_see("sqlite:////p/my runs/mlflow.db", "1", "abc")
     assert local.startswith("see it with `mlflow ui --backend-store-uri 'sqlite:////p/my runs/mlflow.db'`, then open "
                             "http://127.0.0.1:5000/#/experiments/1/runs/abc")
 
@@ -39,15 +39,15 @@ def test_the_printed_link_opens_the_run_where_it_is_and_the_runs_compared():
 def test_a_run_is_named_after_what_it_changes_and_never_twice_the_same(tmp_path, monkeypatch):
     before = {"train.lr": 0.001, "train.seed": 1, "eval.seed": 1, "model.attention": "flash", "train.compile": False}
     after = {**before, "train.lr": 0.002, "train.seed": 2, "model.attention": "manual"}
-    assert tracking.changes_name(before, after) == "lr=0.002 · train.seed=2 · attention=manual"
-    assert tracking.changes_name(before, {**after, "train.compile": True}, most=2) == ("lr=0.002 · train.seed=2 · "
+    assert names.changes_name(before, after) == "lr=0.002 · train.seed=2 · attention=manual"
+    assert names.changes_name(before, {**after, "train.compile": True}, most=2) == ("lr=0.002 · train.seed=2 · "
                                                                                         "+2 more")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    names = []
+    titles = []
     for _ in range(3):  # the same change run again is another run, and reads as one
         with tracking.MlflowTracker("gpt2", run_name="lr=0.002") as tracker:
-            names.append(tracker.run.info.run_name)
-    assert names == ["lr=0.002", "lr=0.002 (2)", "lr=0.002 (3)"]
+            titles.append(tracker.run.info.run_name)
+    assert titles == ["lr=0.002", "lr=0.002 (2)", "lr=0.002 (3)"]
     import mlflow
 
     experiment = mlflow.MlflowClient().get_experiment_by_name("gpt2")
@@ -58,7 +58,7 @@ def test_a_run_is_named_after_what_it_changes_and_never_twice_the_same(tmp_path,
 
 
 def test_flatten():
-    assert tracking.flatten({"train": {"lr": 1.0, "betas": (0.9, 0.95)}, "x": 1}) == {
+    assert names.flatten({"train": {"lr": 1.0, "betas": (0.9, 0.95)}, "x": 1}) == {
         "train.lr": 1.0, "train.betas": (0.9, 0.95), "x": 1}
 
 

@@ -14,7 +14,7 @@ from training import losses, run
 
 from gpt2.core.errors import UserError
 from gpt2.run import checkpoint
-from gpt2.run.tracking import flatten
+from gpt2.run.names import flatten
 from gpt2.train import trainer
 from gpt2.train.reports import PLOT_COLUMNS
 from gpt2.train.trainer import train

@@ -56,7 +56,7 @@ def _env() -> dict[str, str]:
 def uncommitted_params(root: Path, params_path: str | Path) -> str:
     """The params the workspace's params.yaml changes from the last commit (``compile=True``), or "": every
     experiment starts from the workspace, so a setting an earlier ``dvc exp run -S`` left there is in all of them."""
-    from gpt2.run.tracking import changes_since
+    from gpt2.run.names import changes_since
 
     path = Path(params_path).resolve()
     try:

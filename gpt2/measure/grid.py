@@ -28,9 +28,10 @@ from gpt2.core.errors import UserError
 from gpt2.measure import experiments, revisions
 from gpt2.measure.apply import Change
 from gpt2.measure.compare import ALPHA, Arm, Judged, judge, read_run
-from gpt2.measure.report import (METHOD, Column, Words, as_data, columns, decide_best, log_parent, render_png, table,
+from gpt2.measure.parent_run import log_parent
+from gpt2.measure.report import (METHOD, Column, Words, as_data, columns, decide_best, render_png, table,
                                  verdict)
-from gpt2.run.tracking import json_value
+from gpt2.run.names import json_value
 
 logger = log.get("grid")
 

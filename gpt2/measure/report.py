@@ -10,16 +10,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
-from gpt2.core import paths
 from gpt2.core.plots import png, pyplot
-from gpt2.measure import experiments
 from gpt2.measure.apply import Change
 from gpt2.measure.compare import (ADVICE, TOO_NOISY, AtQuality, Arm, Judged, LossDiff, Ratio, Test, confirm,
                                   final_loss, p_text, win)
-from gpt2.run.tracking import json_value
+from gpt2.run.names import json_value
 
 
 METHOD = ("A speed ratio is the median of each run's tokens/s over its reference's run of the same repeat. Repeat r"
@@ -337,72 +334,6 @@ def _bars(ax: Any, arms: list[Arm], figures: Callable[[Arm], tuple[Ratio | None,
             note += " (inside noise)"
         ax.annotate(note, (high, y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
     ax.set_xlim(0, 1.5 * max(highest))
-
-
-def log_parent(kind: str, name: str, judged: Judged, files: list[Path], described: str, experiment: str,
-               started: float, params: dict[str, Any], tags: dict[str, str], children: dict[str, dict[str, str]],
-               arm_tag: str, label: Callable[[Arm], str], run_names: dict[str, str] | None = None) -> None:
-    """One MLflow run for the comparison, lasting from its first run to its report: each arm's figures as metrics
-    (the arm's index is the step), the dataset, the report; every experiment's run becomes its child, carrying
-    its arm's verdict as metrics so the runs list and the compare page show them, and a shared view groups the
-    children by ``arm_tag`` (the tag of ``children`` that names each one's arm). It ends FAILED where a run
-    failed."""
-    from gpt2.run.tracking import MlflowTracker, adopt, comparison_view
-
-    tracker = MlflowTracker(experiment, run_name=name, kept_in=str(files[0].parent), started_at=started)
-    try:
-        tracker.set_tags({"kind": kind, **tags, **({"failed_runs": ", ".join(judged.failed)} if judged.failed else {})})
-        tracker.log_params(params)
-        for i, arm in enumerate(judged.arms):
-            if arm.done:
-                tracker.log_metrics({f"{kind}/{k}": _round(v) for k, v in arm_metrics(i, arm).items()}, step=i)
-        if dataset := experiments.workspace_dataset(paths.root()):
-            tracker.log_dataset(dataset, context="training")
-        for path in files:
-            tracker.log_artifact(path)
-        tracker.describe(described, files[0].name)
-        verdicts = {run.name: {f"vs_reference/{k}": _round(v) for k, v in arm_metrics(i, arm).items()
-                               if k in VERDICT_METRICS}
-                    for i, arm in enumerate(judged.arms) for run in arm.runs if run.ok}
-        adopt(tracker, list(children), children, verdicts, since=started, run_names=run_names)
-        if tracker.run_id:
-            tracker.share_view(f"gpt2-{kind}-{tracker.run_id}", comparison_view(tracker.run_id, arm_tag),
-                               f"this {kind}'s runs, grouped by {arm_tag.split('.')[1]}")
-    except BaseException:
-        tracker.end("FAILED")
-        raise
-    tracker.end("FAILED" if judged.failed else "FINISHED")
-
-
-VERDICT_METRICS = ("speedup", "speed_inside_noise", "val_loss_delta", "val_loss_p", "speedup_at_equal_loss",
-                   "speedup_vs_baseline")
-
-
-def arm_metrics(index: int, arm: Arm) -> dict[str, float | None]:
-    """An arm's figures as MLflow metrics: its own, and against its reference (1 and 0 for the baseline)."""
-    versus = arm.versus
-    base = index == 0
-
-    def flag(value: bool | None) -> float | None:
-        return None if value is None else float(value)
-
-    return {"tokens_per_s": arm.tokens_per_s.median if arm.tokens_per_s else None,
-            "step_ms": arm.step_ms.median if arm.step_ms else None, "peak_mem_gb": arm.peak_mem_gb, "mfu": arm.mfu,
-            "val_loss": arm.val_loss.median if arm.val_loss else None,
-            "speedup": 1.0 if base else versus.speed.median if versus else None,
-            "speed_inside_noise": flag(versus.speed.inside_noise) if versus else None,
-            "speedup_vs_baseline": arm.vs_baseline.median,
-            "val_loss_delta": 0.0 if base else versus.loss.delta if versus and versus.loss else None,
-            "val_loss_p": versus.loss.test.p if versus and versus.loss and versus.loss.test else None,
-            "time_to_baseline_loss_s": (arm.at_quality.time_s.median if arm.at_quality and arm.at_quality.time_s
-                                        else None),
-            "speedup_at_equal_loss": versus.sooner.median if versus else 1.0 if base and arm.at_quality else None,
-            "time_to_target_s": arm.target.time_s.median if arm.target and arm.target.time_s else None,
-            "cost_usd": arm.cost_usd}
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
 
 
 def decide_best(judged: Judged, words: Words, held_out: bool,

@@ -118,7 +118,8 @@ def remove(root: Path, checkouts: list[Checkout]) -> None:
 def run(checkout: Checkout, name: str, params: dict[str, Any], target: str, log: Path, run_name: str) -> int:
     """One run of the revision: its train stage (and evaluate) on ``params``, from nothing (no checkpoint or report
     of the run before). Returns the exit status; Ctrl-C or SIGTERM stops it as ``experiments.run_now`` does."""
-    from gpt2.run.tracking import RUN_NAME_ENV, tracking_uri
+    from gpt2.run.names import RUN_NAME_ENV
+    from gpt2.run.tracking import tracking_uri
 
     for old in ("checkpoints", "reports/train", "reports/eval"):
         shutil.rmtree(checkout.path / old, ignore_errors=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpt2.run.tracking import flatten
+from gpt2.run.names import flatten
 
 # What metrics.json (DVC metrics: `dvc exp show`, `dvc metrics show`) keeps: the figures people compare.
 # Everything else about the run (steps, tokens, world size, what really ran) goes to summary.json.

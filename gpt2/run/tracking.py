@@ -1,11 +1,12 @@
-"""Where measures go: MLflow (one run per training) and DVC's metrics/plots files.
+"""MLflow tracking: the store a run logs to, and a tracker that never costs the run its work.
 
 MLflow is imported only here and only when tracking is on: the import takes
 seconds, and the library must run on machines without it (GPU boxes, CI).
 The default store is an absolute SQLite DB at the project root, found through
 ``DVC_ROOT`` so that ``dvc exp run --queue/--temp`` (which run in a temporary
 copy of the repo) write to the same DB as a plain ``dvc repro``, and from a
-subfolder as DVC finds the project (gpt2.core.paths).
+subfolder as DVC finds the project (gpt2.core.paths). What a run is called
+is gpt2/run/names.py's; a comparison's parent run is gpt2/measure/parent_run.py's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import contextlib
 import json
 import logging
 import os
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,8 +23,10 @@ from typing import Any
 from gpt2.core import log, paths
 from gpt2.core.errors import Stopped, UserError
 from gpt2.core.net import reachable
+from gpt2.run.mlflow_ui import COMPARE_VIEW, COMPARE_VIEW_KEY, page_url, view_page, where_to_see
+from gpt2.run.names import who
 
-logger = log.get("train")
+logger = log.get("mlflow")
 
 
 def tracking_uri() -> str:
@@ -42,64 +44,6 @@ def artifact_location() -> str | None:
     if not uri.startswith("sqlite:///"):
         return None  # a server or another store: its own default
     return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
-
-
-# The runs list as a comparison opens it: a view of MLflow's own "Share" kind, kept as an experiment tag
-# (mlflow.sharedViewState.<key>) that the runs page loads from ``?viewStateShareKey=<key>``. Its columns are
-# the compared figures with their noise, the verdicts of a grid or a ladder, and the params people vary;
-# the run names say what each experiment changed. MLflow's own default shows no metric or param at all.
-COMPARE_VIEW_KEY = "gpt2-compare"
-COMPARE_VIEW = {
-    "selectedColumns": [
-        *(f"metrics.`{m}`" for m in ("val/loss", "val/loss_se", "eval/val_loss", "eval/val_loss_se",
-                                     "summary/perf.tokens_per_s", "summary/perf.tokens_per_s_iqr",
-                                     "summary/perf.step_ms",
-                                     "vs_reference/speedup", "vs_reference/speed_inside_noise",
-                                     "vs_reference/val_loss_delta", "vs_reference/val_loss_p",
-                                     "vs_reference/speedup_vs_baseline", "summary/perf.mfu", "summary/mem.peak_gb",
-                                     "summary/target.time_s")),
-        *(f"params.`{p}`" for p in ("model.size", "train.max_steps", "train.lr", "train.optimizer", "train.dtype",
-                                    "train.compile", "model.attention", "train.micro_batch_size")),
-        *(f"tags.`{t}`" for t in ("dvc_exp_name", "git_commit", "host")),
-    ],
-    "orderByKey": "attributes.start_time",
-    "orderByAsc": False,
-    "runsHiddenMode": "SHOW_ALL",  # every run in the charts, not MLflow's first 10
-}
-COMPARE_VIEW["columnOrder"] = COMPARE_VIEW["selectedColumns"]  # as listed: the loss first, not alphabetical
-
-
-def comparison_view(parent_run_id: str, arm_tag: str) -> dict[str, Any]:
-    """The runs of one grid or ladder (the children of ``parent_run_id``), grouped by their arm (the tag
-    ``arm_tag``: its setting or rung): a row per arm with its runs under it, the charts drawing each arm's mean
-    over its seeds with their min–max band."""
-    return {**COMPARE_VIEW, "searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'",
-            "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": arm_tag}]},
-            "useGroupedValuesInCharts": True}
-
-
-def view_page(experiment_id: str, key: str) -> str:
-    """The runs page opened on the shared view ``key``, as a URL fragment."""
-    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
-
-
-def page_url(uri: str, page: str) -> str:
-    """A UI page's address: a tracking server serves it at its own address, a local store at `mlflow ui`'s."""
-    server = uri.startswith(("http://", "https://"))
-    return f"{uri.rstrip('/') if server else 'http://127.0.0.1:5000'}/{page}"
-
-
-def where_to_see(uri: str, experiment_id: str, run_id: str) -> str:
-    """How to open a run, and the runs compared: a tracking server serves them at its own address; a local
-    store needs `mlflow ui`."""
-    import shlex
-
-    page = page_url(uri, f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning")
-    compared = page_url(uri, view_page(experiment_id, COMPARE_VIEW_KEY))
-    if uri.startswith(("http://", "https://")):
-        return f"open {page} (every run compared: {compared})"
-    return (f"see it with `mlflow ui --backend-store-uri {shlex.quote(uri)}`, then open {page} "
-            f"(every run compared: {compared})")
 
 
 @contextlib.contextmanager
@@ -125,110 +69,6 @@ def store_lock(uri: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"lr": 1e-3}}`` → ``{"train.lr": 1e-3}``."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=paths.tracking_root(), capture_output=True, text=True,
-                             timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
-
-
-RUN_NAME_ENV = "GPT2_RUN_NAME"  # set by gpt2 grid and gpt2 ladder for each experiment they run
-
-
-def experiment_run_name(params_path: str | Path = paths.PARAMS) -> str | None:
-    """What a DVC experiment's MLflow run is called: what its params change from its baseline commit's
-    (``lr=0.02 · max_steps=40``), where DVC alone would show a random name (``dusky-oast``, kept as the
-    tag ``dvc_exp_name``). ``GPT2_RUN_NAME`` (a grid's or a ladder's name for the run) comes first.
-    DVC's name where the params cannot be read; None outside ``dvc exp``."""
-    if os.environ.get(RUN_NAME_ENV):
-        return os.environ[RUN_NAME_ENV]
-    rev, dvc_name = os.environ.get("DVC_EXP_BASELINE_REV"), os.environ.get("DVC_EXP_NAME")
-    if not dvc_name or not rev:
-        return dvc_name
-    changed = changes_since(rev, paths.PARAMS, params_path, paths.tracking_root())
-    return dvc_name if changed is None else changed or "params as committed"
-
-
-def changes_since(rev: str, committed: str, params_path: str | Path, repo: Path) -> str | None:
-    """What ``params_path`` changes from the params file ``committed`` (its path in ``repo``) at ``rev``, as
-    runs are named (``lr=0.02``; "" for nothing); None where either cannot be read."""
-    import yaml
-
-    try:
-        out = subprocess.run(["git", "show", f"{rev}:{committed}"], cwd=repo, capture_output=True, text=True,
-                             timeout=10)
-        before = yaml.safe_load(out.stdout) if out.returncode == 0 else None
-        after = yaml.safe_load(Path(params_path).read_text())
-    except (OSError, subprocess.TimeoutExpired, ValueError, yaml.YAMLError):
-        return None
-    if not isinstance(before, dict) or not isinstance(after, dict):
-        return None
-    return changes_name(flatten(_checked(before)), flatten(_checked(after)))
-
-
-def _checked(raw: dict[str, Any]) -> dict[str, Any]:
-    """Params as the stages read them (DVC rewrites ``"off"`` as a bare ``off``, which YAML reads as false)."""
-    from gpt2.core.config import Params, build, to_dict
-
-    try:
-        return to_dict(build(Params, raw, ""))
-    except UserError:
-        return raw
-
-
-def changes_name(before: dict[str, Any], after: dict[str, Any], most: int = 4) -> str:
-    """``lr=0.02 · model.attention=manual``: the dotted keys whose values differ, a key shown without its
-    section where no other section has it; past ``most`` keys, how many more."""
-    changed = [k for k in after if k in before and before[k] != after[k]]
-    leaves = [k.rsplit(".", 1)[-1] for k in after]
-
-    def shown(key: str) -> str:
-        leaf = key.rsplit(".", 1)[-1]
-        value = after[key]
-        text = f"{value:g}" if isinstance(value, float) else json_value(value)
-        return f"{leaf if leaves.count(leaf) == 1 else key}={text}"
-
-    parts = [shown(k) for k in changed[:most]] + ([f"+{len(changed) - most} more"] if len(changed) > most else [])
-    return " · ".join(parts)
-
-
-def json_value(value: Any) -> str:
-    """A param's value as people write it: text bare, the rest as JSON (``true``, ``0.002``, ``[0.9, 0.95]``)."""
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def who() -> dict[str, str]:
-    """Who ran it and where: the git user (not the login, ``root`` on every container) and the host."""
-    import re
-    import socket
-
-    tags = {"host": socket.gethostname()}
-    try:  # git's own answer: GIT_AUTHOR_NAME/EMAIL, then the config
-        out = subprocess.run(["git", "var", "GIT_AUTHOR_IDENT"], cwd=paths.tracking_root(), capture_output=True,
-                             text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return tags
-    found = re.match(r"(.*?) <(.*?)> \d+ [+-]\d+$", out.stdout.strip()) if out.returncode == 0 else None
-    if found:
-        name, email = found.groups()
-        tags |= {"mlflow.user": name or email, "git_user": f"{name} <{email}>"}
-    return tags
 
 
 class Tracker:
@@ -600,41 +440,6 @@ class MlflowTracker(Tracker):
 
 
 MODEL_TYPE = "gpt2 checkpoint (weights in DVC's cache)"
-
-
-def adopt(parent: MlflowTracker, names: list[str], tags: dict[str, dict[str, str]] | None = None,
-          metrics: dict[str, dict[str, float | None]] | None = None, since: float = 0.0,
-          run_names: dict[str, str] | None = None) -> int:
-    """Make the MLflow runs of a comparison's runs (their tag ``comparison_run``: a grid or a ladder names each run
-    it starts, ``GPT2_COMPARISON_RUN``) children of ``parent``: the UI nests them under it.
-
-    ``tags`` and ``metrics``: more of them per run name (a comparison's verdict on the run). ``since``: the
-    comparison's start (epoch seconds): an earlier comparison's run of the same name is not this one's.
-    ``run_names``: each run's MLflow name, to find it by where its training code sets no such tag (an older
-    revision's).
-    Returns how many runs were found (0 when tracking failed)."""
-    found: list[str] = []
-
-    def nest() -> None:
-        client = parent.mlflow.tracking.MlflowClient()
-        found.clear()
-        for name in names:
-            after = f"attributes.start_time >= {int(since * 1000)}"
-            runs = client.search_runs([parent.experiment_id], f"tags.comparison_run = '{name}' and {after}")
-            titled = (run_names or {}).get(name, "")
-            if not runs and titled and "'" not in titled:
-                runs = client.search_runs([parent.experiment_id], f"attributes.run_name = '{titled}' and {after}")
-            for run in runs:
-                for key, value in {"mlflow.parentRunId": parent.run_id, **(tags or {}).get(name, {})}.items():
-                    client.set_tag(run.info.run_id, key, value)
-                for key, value in (metrics or {}).get(name, {}).items():
-                    if value is not None:
-                        client.log_metric(run.info.run_id, key, value)
-                found.append(run.info.run_id)
-
-    if parent.run_id is not None:
-        parent.call("nest the experiments' runs under it", nest)
-    return 0 if parent.failed else len(found)
 
 
 def token_dataset(dataset: dict[str, Any]) -> Any:

@@ -22,7 +22,8 @@ from gpt2.model import onednn
 from gpt2.run.catch_up import catch_up, replay_hint
 from gpt2.run.device import sdpa_backend
 from gpt2.run.figures import tracked_summary
-from gpt2.run.tracking import MlflowTracker, Tracker, experiment_run_name, flatten, git_commit
+from gpt2.run.names import experiment_run_name, flatten, git_commit
+from gpt2.run.tracking import MlflowTracker, Tracker
 from gpt2.train.build import Setup
 from gpt2.train.history import History
 from gpt2.train.muon import FP32Muon

@@ -14,7 +14,7 @@ from gpt2.measure import experiments
 from gpt2.measure.compare import ALPHA, Judged, judge, read_run
 from gpt2.measure.ladder.report import LADDER_FILES, arms, decide, write_report
 from gpt2.measure.ladder.spec import EXP_PREFIX, resolve, load_ladder
-from gpt2.measure.report import log_parent
+from gpt2.measure.parent_run import log_parent
 
 logger = log.get("ladder")
 
