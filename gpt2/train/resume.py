@@ -25,15 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from gpt2.core import log
 from gpt2.core.config import REUSABLE_TRAIN_FIELDS, ModelParams, TrainConfig, to_dict
-from gpt2.core.errors import UserError
 from gpt2.core.digest import file_md5
+from gpt2.core.errors import UserError
 from gpt2.core.provenance import dvc_cache_file, training_code_digest
 from gpt2.run import checkpoint
-from gpt2.train import sharded
+from gpt2.train import run_state
 from gpt2.train.build import Setup
 from gpt2.train.history import History
 from gpt2.train.interrupted import interrupted_dir, kept_interrupted, tidy_interrupted
@@ -197,42 +195,7 @@ def _normal(value: Any) -> Any:
 
 
 def restore(s: Setup, state: dict[str, Any]) -> tuple[int, History, str | None]:
-    """Put the checkpoint's weights, optimizer, scaler, data stream and RNGs in place; return
-    (step, history, MLflow run id)."""
-    if s.dist.sharded:  # each rank keeps its shard of the full state
-        sharded.load_model_state(s.model, state["model"])
-    else:
-        s.model.load_state_dict(state["model"])
-    for optimizer, optimizer_state in zip(s.optimizers, state["optimizer"], strict=True):
-        load_optimizer(s, optimizer, optimizer_state)
-    if s.scaler.is_enabled() and not state["scaler"]:
-        logger.info(f"train: the checkpoint trained in {state['params']['train'].get('dtype')}, with no fp16 loss "
-                    "scale; GradScaler starts at its initial scale")
-    else:
-        s.scaler.load_state_dict(state["scaler"])
-    s.sampler.load_state(state["sampler"])  # the global-batch stream: the same on every rank
-    if state["world_size"] == s.dist.world:
-        checkpoint.restore_rng_states(state["rng_per_rank"][s.dist.rank])
-    else:
-        logger.info(f"train: the checkpoint was written by {state['world_size']} process(es), this run has "
-                    f"{s.dist.world}: weights, optimizer, step and data stream continue; dropout RNG starts afresh")
+    """Put the checkpoint's restored parts in place (train/run_state.py: weights, optimizers, scaler, data stream,
+    RNGs); return (step, history, MLflow run id)."""
+    run_state.load(s, state)
     return state["step"], History(**state["history"]), state["mlflow_run_id"]
-
-
-def load_optimizer(s: Setup, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
-    """The checkpoint's optimizer state (moments, step counts) under this run's hyperparameters.
-
-    ``load_state_dict`` takes every param-group value from the file: the old peak learning rate, weight
-    decay and betas would go on training while the log and MLflow show the new ones."""
-    configured = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-    if s.dist.sharded:
-        sharded.load_optimizer_state(s.model, optimizer, saved)
-    else:
-        optimizer.load_state_dict(saved)
-    for group, values in zip(optimizer.param_groups, configured, strict=True):
-        group.update(values)
-        on_device = group.get("fused") or group.get("capturable")  # where torch.optim keeps the step count
-        for p in group["params"]:
-            step = optimizer.state.get(p, {}).get("step")
-            if isinstance(step, torch.Tensor):
-                optimizer.state[p]["step"] = step.to(p.device if on_device else "cpu", torch.float32)

@@ -21,7 +21,7 @@ from gpt2.core.errors import Diverged, UserError
 from gpt2.core.provenance import training_code_digest
 from gpt2.run import checkpoint
 from gpt2.run.tracking import Tracker
-from gpt2.train import distributed, sharded
+from gpt2.train import run_state
 from gpt2.train.build import Setup
 from gpt2.train.history import History
 from gpt2.train.step_log import what_helps
@@ -46,14 +46,13 @@ class Checkpointer:
         """Save this step (every rank takes part); ``summary`` marks a finished run, whose reports
         can then be rebuilt from the checkpoint without training again. Called on the steps ``due`` names."""
         self.history.elapsed_s = self.elapsed_s()
-        rngs = distributed.gather(checkpoint.rng_states(), self.s.dist)
-        weights, optimizers = full_state(self.s)
+        parts = run_state.states(self.s)
         if self.s.dist.main:
-            refuse_non_finite(weights, step, self.last_good, what_helps(self.s))
+            refuse_non_finite(parts["model"], step, self.last_good, what_helps(self.s))
             self.settle(block=True)  # the previous write first: one at a time
             self.writing = step
-            self.saver.save(self.path, state(self.s, step, self.history, self.tracker.run_id, rngs, summary,
-                                             weights, optimizers))
+            self.saver.save(self.path, {**records(self.s, step, self.history, self.tracker.run_id, summary),
+                                        **parts})
             if not self.saver.enabled:
                 self.settle(block=True)
         else:
@@ -110,28 +109,16 @@ def refuse_non_finite(weights: dict[str, Any], step: int, last_good: Callable[[]
                        f"diverged and this step was not saved; last good checkpoint: {last_good()}; {advice}")
 
 
-def full_state(s: Setup) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The whole model's weights and optimizer states, on rank 0 (under FSDP every rank must call it)."""
-    if s.dist.sharded:
-        return sharded.full_model_state(s.model), [sharded.full_optimizer_state(s.model, o) for o in s.optimizers]
-    if not s.dist.main:
-        return {}, []
-    return checkpoint.clean_state_dict(s.model.state_dict()), [optimizer.state_dict() for optimizer in s.optimizers]
-
-
-def state(s: Setup, step: int, history: History, run_id: str | None, rngs: list[Any],
-          summary: dict[str, Any] | None, weights: dict[str, Any], optimizers: list[dict[str, Any]]) -> dict[str, Any]:
+def records(s: Setup, step: int, history: History, run_id: str | None,
+            summary: dict[str, Any] | None) -> dict[str, Any]:
+    """What a checkpoint says of its run beside the parts a resume restores (train/run_state.py): where it
+    stands, what it was made of and by which code, its history."""
     return {
         "metrics": summary,  # set once the run is finished: its reports can be rebuilt without training
-        "model": weights,  # full, without torch.compile's prefix, whatever the distribution
-        "optimizer": optimizers,  # each in torch.optim's own layout, as one process holds it
-        "scaler": s.scaler.state_dict(),
         "step": step,
         "total_steps": s.total_steps,
         "seq_len": s.seq_len,  # the positions trained: evaluation, sampling and export stop there
-        "rng_per_rank": rngs,  # restored rank by rank when the world size matches
         "world_size": s.dist.world,
-        "sampler": s.sampler.state(),
         "model_config": dataclasses.asdict(s.model_cfg),
         "params": {"model": to_dict(s.params.model), "train": to_dict(s.params.train)},
         "data": s.data_identity,
