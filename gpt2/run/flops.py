@@ -57,6 +57,7 @@ class Throughput:
     world: int
     peak_flops: float | None  # per device: MFU's yardstick, the bf16 peak where bf16 is native
     dtype_peak_flops: float | None  # per device: the run's own dtype's peak where it differs (fp32, tf32)
+    mfu_against: str = ""  # where the peaks come from (gpt2/run/mfu.py)
 
     def tokens_per_s(self, step_s: float) -> float:
         return self.tokens_per_step / step_s

@@ -6,7 +6,6 @@ import dataclasses
 import inspect
 import math
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,8 @@ from gpt2.model import fp8, onednn
 from gpt2.model.loss import chunk_rows, liger_loss
 from gpt2.run.compiled import CompileWatch, compile_options
 from gpt2.run.device import Runtime, resolve
-from gpt2.run.flops import Throughput, dtype_peak_flops, flops_per_token, yardstick_flops
-from gpt2.run.peak import cache_path, cpu_peaks
+from gpt2.run.flops import Throughput, flops_per_token
+from gpt2.run.mfu import mfu_peaks
 from gpt2.train import distributed, sharded
 from gpt2.train.batch import Batch, Recipe, model_shape, resolve_batch
 from gpt2.train.distributed import Dist
@@ -57,8 +56,7 @@ class Setup:
     seq_len: int
     tokens_per_step: int  # of the whole job: micro-batch × seq_len × accumulation × world size
     total_steps: int | None  # None: the run ends when train.time_budget_s is spent (train/length.py)
-    throughput: Throughput  # tokens/s and MFU, from the step time
-    mfu_against: str  # where MFU's peaks come from
+    throughput: Throughput  # tokens/s and MFU, from the step time; the step log keeps it, raised past a low peak
     meta: dict[str, Any]
     tokens_dir: Path
     compile_watch: CompileWatch  # graph breaks and recompilations of this run
@@ -152,80 +150,11 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         seq_len=seq_len, tokens_per_step=tokens_per_step, total_steps=total,
         throughput=Throughput(tokens_per_step, sum(flops_per_token(
             model.num_params(exclude_position_embedding=True), model_cfg.n_layer, model_cfg.n_embd, seq_len)),
-            dist_info.world, peaks["peak_flops"], peaks["dtype_peak_flops"]),
-        mfu_against=peaks["mfu_against"], meta=meta,
+            dist_info.world, peaks["peak_flops"], peaks["dtype_peak_flops"], peaks["mfu_against"]),
+        meta=meta,
         tokens_dir=Path(tokens_dir),
         compile_watch=CompileWatch(cfg.compile), init=init, fp8_layers=fp8_layers,
     )
-
-
-def mfu_peaks(runtime: Runtime, peak_tflops: float | None, main: bool = True) -> dict[str, Any]:
-    """What MFU divides by: ``train.peak_tflops`` if set, a GPU's data sheet, or a CPU's measured matmul
-    peak (gpt2/run/peak.py; measured by the ``main`` rank only, the others read it if it is kept). The
-    yardstick is the bf16 peak where bf16 is native, whatever the run's dtype, so fp32 and bf16 runs
-    compare on one scale; ``dtype_peak_flops`` is the run's own dtype's."""
-    if peak_tflops is not None or runtime.device.type != "cpu":
-        return {"peak_flops": yardstick_flops(runtime.device_name, peak_tflops),
-                "dtype_peak_flops": dtype_peak_flops(runtime.device_name, runtime.dtype, runtime.tf32, peak_tflops),
-                "mfu_against": "train.peak_tflops" if peak_tflops is not None else "the data sheet's dense peak"}
-    started = time.perf_counter()
-    peaks, fresh = cpu_peaks(may_measure=main)
-    if peaks is None:
-        return {"peak_flops": None, "dtype_peak_flops": None, "mfu_against": "rank 0's measured CPU peak"}
-    figures = cpu_peak_figures(peaks, runtime.dtype)
-    if fresh:
-        logger.info(f"train: measured this CPU's matmul peak in {time.perf_counter() - started:.1f} s: "
-                    f"{figures['mfu_against'].removeprefix(CPU_PEAK)} (kept in {cache_path()}; `gpt2 peak` measures "
-                    "it again)")
-    if peaks.get("under_load"):
-        logger.warning(f"the CPU's matmul peak was measured under load ({100 * peaks.get('load', 0):.0f}% of the "
-                       "cores busy with other work): it may read low and MFU high; the next run on a quiet machine "
-                       "measures it again, and a run faster than it raises it")
-    return figures
-
-
-CPU_PEAK = "this CPU's measured matmul peak "
-
-
-def cpu_peak_figures(peaks: dict[str, Any], dtype: str) -> dict[str, Any]:
-    """MFU's yardstick (bf16's peak where native, else fp32's) and the run's own dtype's where it differs."""
-    shown = ", ".join(f"{kind} {peaks[kind] / 1e12:.2f} TFLOP/s" for kind in ("bf16", "fp32") if peaks.get(kind))
-    yardstick = max(peaks.get("bf16") or 0.0, peaks["fp32"])
-    own = peaks.get(dtype)
-    return {"peak_flops": yardstick, "dtype_peak_flops": own if own and own != yardstick else None,
-            "mfu_against": f"{CPU_PEAK}({shown})"}
-
-
-def above_peak(s: Setup, tokens_per_s: float) -> str | None:
-    """Raise the peak MFU divides by to this rate where the run goes faster than it, and say so.
-
-    Model FLOP/s above a peak mean the peak is wrong: a CPU's measured beside other work, or a
-    ``train.peak_tflops`` set too low. A CPU's kept peak is raised for later runs too. So MFU is never
-    above 100%. Returns the warning, or None when the rate is within the peak."""
-    t = s.throughput
-    achieved = t.flops_per_token * tokens_per_s / t.world
-    own = t.dtype_peak_flops or t.peak_flops
-    if own is None or achieved <= own:
-        return None
-    if s.mfu_against.startswith(CPU_PEAK):
-        from gpt2.run.peak import raise_to_run
-
-        kind = s.runtime.dtype if s.runtime.dtype in ("fp32", "bf16") else "fp32"
-        figures = cpu_peak_figures(raise_to_run(kind, achieved), s.runtime.dtype)
-        s.throughput = dataclasses.replace(t, peak_flops=figures["peak_flops"],
-                                           dtype_peak_flops=figures["dtype_peak_flops"])
-        s.mfu_against = figures["mfu_against"]
-        return (f"this run reached {achieved / 1e12:.3f} TFLOP/s in {kind}, above the kept CPU matmul peak of "
-                f"{own / 1e12:.3f} (measured beside other work, most likely): the peak is raised to this run's rate "
-                f"for this and later runs (kept in {cache_path()}; `gpt2 peak` on a quiet machine measures it again)")
-    which = "dtype_peak_flops" if t.dtype_peak_flops else "peak_flops"
-    raised = {which: achieved}
-    if which == "dtype_peak_flops" and t.peak_flops:
-        raised["peak_flops"] = max(t.peak_flops, achieved)
-    s.throughput = dataclasses.replace(t, **raised)
-    return (f"this run reached {achieved / 1e12:.1f} TFLOP/s, above the peak MFU divides by ({own / 1e12:.1f}, "
-            f"{s.mfu_against}): MFU divides by this run's rate from here; set train.peak_tflops to the device's "
-            "dense bf16 peak")
 
 
 def load_pretrained(model: GPT, source: str, params: Params) -> dict[str, str]:

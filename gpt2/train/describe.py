@@ -106,7 +106,7 @@ def what_runs(s: Setup) -> dict[str, Any]:
         "tf32": s.runtime.tf32, "compile": cfg.compile, "attention": s.model_cfg.attention,
         "residual_stream": "bf16" if s.model.residual_dtype == torch.bfloat16 else "fp32",
         "sdpa_backend": backend if s.model_cfg.attention == "flash" else "manual (no SDPA)",
-        "keep_host_memory": s.runtime.keep_host_memory, "mfu_against": s.mfu_against,
+        "keep_host_memory": s.runtime.keep_host_memory, "mfu_against": s.throughput.mfu_against,
         "threads": torch.get_num_threads(),
         "deterministic": cfg.deterministic, "world_size": s.dist.world,
         "micro_batch_size": s.batch.micro, "grad_accum_steps": s.batch.accum, "loss_chunk": s.model.loss_chunk,

@@ -21,7 +21,8 @@ from gpt2.run.cost import cost_figures, price_per_hour
 from gpt2.run.device import memory_gb
 from gpt2.run.figures import compared_figures, rounded
 from gpt2.run.flops import Throughput
-from gpt2.train.build import Setup, above_peak
+from gpt2.run.mfu import raised
+from gpt2.train.build import Setup
 from gpt2.train.history import History
 
 
@@ -108,14 +109,16 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, th
     }
 
 
-def run_summary(s: Setup, history: History, last_step: int, first_step: int, wall_s: float, run_wall_s: float,
-                info: dict[str, Any]) -> dict[str, Any]:
-    """A session's summary at its last step: ``summarize``'s figures of this device and what really ran."""
+def run_summary(s: Setup, throughput: Throughput, history: History, last_step: int, first_step: int, wall_s: float,
+                run_wall_s: float, info: dict[str, Any]) -> dict[str, Any]:
+    """A session's summary at its last step: ``summarize``'s figures of this device and what really ran.
+    ``throughput``: the step log's, whose peak a run faster than it has raised."""
     cfg = s.params.train
-    if history.step_s and (warning := above_peak(s, s.throughput.tokens_per_s(
-            statistics.median(history.timed_s(cfg.timing_warmup_steps))))):
+    if history.step_s and (faster := raised(throughput, throughput.tokens_per_s(
+            statistics.median(history.timed_s(cfg.timing_warmup_steps))), s.runtime.dtype)):
+        throughput, warning = faster
         log.get("train").warning(warning)  # the median step can be faster than every logged one
-    summary = summarize(history, last_step, wall_s, first_step, throughput=s.throughput,
+    summary = summarize(history, last_step, wall_s, first_step, throughput=throughput,
                         timing_warmup_steps=cfg.timing_warmup_steps, target_val_loss=cfg.target_val_loss,
                         num_params=s.model.num_params(), memory=memory_gb(s.runtime), run_wall_s=run_wall_s,
                         price=price_per_hour(cfg.price_per_hour, s.runtime.device.type, s.runtime.device_name))

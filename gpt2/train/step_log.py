@@ -22,9 +22,10 @@ from gpt2.core import log
 from gpt2.core.errors import Diverged
 from gpt2.core.progress import clock
 from gpt2.run.device import Runtime, memory_gb
+from gpt2.run.mfu import raised
 from gpt2.run.tracking import Tracker
 from gpt2.train import distributed
-from gpt2.train.build import Setup, above_peak
+from gpt2.train.build import Setup
 from gpt2.train.length import Budget, Steps
 from gpt2.train.history import History
 
@@ -85,6 +86,7 @@ class StepLog:
     def __init__(self, s: Setup, history: History, tracker: Tracker, last_checkpoint: Callable[[], str],
                  length: Steps | Budget, first_step: int = 0) -> None:
         self.s, self.cfg, self.history, self.tracker, self.length = s, s.params.train, history, tracker, length
+        self.throughput = s.throughput  # raised where the run goes faster than its peak (gpt2/run/mfu.py)
         self.warm_until = first_step + self.cfg.timing_warmup_steps  # this session's untimed steps end here
         self.session_start = len(history.step_s)
         history.sessions.append(self.session_start)
@@ -165,10 +167,11 @@ class StepLog:
         # warm-up steps (compilation, autotuning) stay out of the speed series: one 30 s step would flatten
         # every plot of step time; their total is its own figure, the tag perf.warmup_s
         dt = self.history.step_s[-1]
-        tokens_per_s = s.throughput.tokens_per_s(dt)
-        if step > self.warm_until and (warning := above_peak(s, tokens_per_s)):
+        tokens_per_s = self.throughput.tokens_per_s(dt)
+        if step > self.warm_until and (faster := raised(self.throughput, tokens_per_s, s.runtime.dtype)):
+            self.throughput, warning = faster
             logger.warning(warning)
-        utilization, own = s.throughput.mfu(tokens_per_s), s.throughput.mfu_dtype(tokens_per_s)
+        utilization, own = self.throughput.mfu(tokens_per_s), self.throughput.mfu_dtype(tokens_per_s)
         if step > self.warm_until:
             record |= {"perf/step_ms": 1000 * dt, "perf/tokens_per_s": tokens_per_s,
                        "perf/tokens_per_s_per_device": tokens_per_s / s.dist.world, "perf/mfu": utilization}

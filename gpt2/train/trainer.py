@@ -28,6 +28,7 @@ from gpt2.core.errors import Stopped, Terminated
 from gpt2.run import checkpoint
 from gpt2.run.compiled import compile_caches
 from gpt2.run.device import reset_memory_peak
+from gpt2.run.flops import Throughput
 from gpt2.run.tracking import Tracker
 from gpt2.train import describe, distributed, resume
 from gpt2.train.build import Setup, build
@@ -50,9 +51,9 @@ __all__ = ["TrainingInterrupted", "train", "fit"]
 
 
 def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, tracker: Tracker,
-        finish: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+        finish: Callable[[int, Throughput], dict[str, Any]]) -> dict[str, Any]:
     """Train from ``step`` to the last step, the end of the time budget or the target loss; return the run's
-    summary, ``finish(step)``."""
+    summary, ``finish(step, the step log's throughput figures)``."""
     cfg = s.params.train
     length = length_of(cfg.time_budget_s, s.total_steps, cfg.warmup_steps, history, step)
     step_log = StepLog(s, history, tracker, checkpointer.last_good, length, first_step=step)
@@ -81,7 +82,7 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
             if evaluator.due(step, last):
                 step_log.set_aside(evaluator.evaluate(step, last))  # a compiled run's first eval compiles: not steady
             done = last or evaluator.stop
-            summary = finish(step) if done else None
+            summary = finish(step, step_log.throughput) if done else None
             signals.saving = stopping  # from here a second Ctrl-C waits for the write (checkpointer's exit)
             if checkpointer.due(step, last=done or stopping):
                 checkpointer.save(step, summary)
@@ -89,7 +90,7 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
                 raise signals.interrupted(length.shown(step), checkpointer.what_was_saved())
             if done:
                 return summary
-    return finish(step)  # resumed past a lowered max_steps: nothing left to train
+    return finish(step, step_log.throughput)  # resumed past a lowered max_steps: nothing left to train
 
 
 def train(params: Params, tokens_dir: str | Path = paths.TOKENS, ckpt_path: str | Path = paths.CHECKPOINT,
@@ -136,9 +137,9 @@ def session(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) 
     def run_wall_s() -> float:
         return earlier_s + time.perf_counter() - started
 
-    def finish(last_step: int) -> dict[str, Any]:
-        return run_summary(s, start.history, last_step, start.step, time.perf_counter() - started, run_wall_s(),
-                           info)
+    def finish(last_step: int, throughput: Throughput) -> dict[str, Any]:
+        return run_summary(s, throughput, start.history, last_step, start.step, time.perf_counter() - started,
+                           run_wall_s(), info)
 
     checkpointer = Checkpointer(s, ckpt_path, start.history, tracker, step=start.step, elapsed_s=run_wall_s)
     with kept_if_interrupted(ckpt_path, s, start.kept_from), tracker:  # the MLflow run ends FINISHED, KILLED or FAILED
