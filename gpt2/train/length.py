@@ -26,6 +26,9 @@ class Steps:
     def __init__(self, total: int, spent_s: float) -> None:
         self.total, self.spent_s = total, spent_s
 
+    def step_begins(self, step: int) -> None:
+        """Nothing to note: the schedule decays over the steps."""
+
     def decay_progress(self, step: int) -> float | None:
         """None: the schedule decays over the steps."""
         return None
@@ -59,13 +62,17 @@ class Budget:
         """The time spent after ``step``: agreed at the last sync point, extrapolated since."""
         return self.spent_s + (step - self.at_step) * self.rate_s
 
+    def step_begins(self, step: int) -> None:
+        """Note where the lr's decay begins: the time spent when the first step after the warm-up begins, kept in
+        the history, so a resumed run decays over the same span."""
+        if step >= self.warmup_steps and self.history.budget_warm_s is None:
+            self.history.budget_warm_s = self.spent_at(step)
+
     def decay_progress(self, step: int) -> float:
         """The share of the budget left after the warm-up that is spent before ``step``: 0 to 1."""
-        if step < self.warmup_steps:
-            return 0.0
-        if self.history.budget_warm_s is None:  # the first step after the warm-up: where the decay begins
-            self.history.budget_warm_s = self.spent_at(step)
         warm = self.history.budget_warm_s
+        if step < self.warmup_steps or warm is None:
+            return 0.0
         return min(1.0, max(0.0, (self.spent_at(step) - warm) / max(self.budget_s - warm, 1e-9)))
 
     def ends(self, step: int) -> bool:

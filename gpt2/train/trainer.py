@@ -63,6 +63,7 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
     with stop_on_signals() as signals, checkpointer:
         vote = StopVote(signals, s.dist.world, step_log.every_step, cfg.dist_timeout_s)
         while not length.ends(step):
+            length.step_begins(step)
             lr = lr_at(step, cfg, s.total_steps, length.decay_progress(step))
             set_lr(s.optimizers, lr / cfg.lr)
             step_log.step_started()
