@@ -1,5 +1,5 @@
-"""A file's hash, read in blocks (corpora and checkpoints are larger than memory): sha256 for what is downloaded or
-checked against a pinned value, MD5 for DVC's hash of a file (``md5:`` of a file output in dvc.lock)."""
+"""A file's hash, read in 1 MB blocks (corpora and checkpoints are larger than memory): sha256 for what is
+downloaded or checked against a pinned value, MD5 for DVC's hash of a file (``md5:`` of a file output in dvc.lock)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import hashlib
 import os
 
 
-def file_digest(path: str | os.PathLike, algorithm: str) -> str:
+def file_digest(path: str | os.PathLike, algorithm: str, block: int = 1 << 20) -> str:
+    digest = hashlib.new(algorithm)
     with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, algorithm).hexdigest()
+        while chunk := handle.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def sha256_file(path: str | os.PathLike) -> str:

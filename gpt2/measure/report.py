@@ -1,5 +1,5 @@
-"""What users read of a judged comparison, for the grid and the ladder alike: the verdict, the table, the PNG, the
-JSON and the MLflow parent run.
+"""What users read of a judged comparison, for the grid and the ladder alike: the verdict, the table, the PNG and the
+JSON (the MLflow parent run is gpt2/measure/parent_run.py's).
 
 Each command names its arms and adds its own columns (a grid's keys, a ladder's rung and what ran);
 everything that judges is written here once, over :class:`gpt2.measure.compare.Judged`.

@@ -16,7 +16,7 @@ from typing import Any
 from gpt2.core import log
 from gpt2.run.device import Runtime
 from gpt2.run.flops import Throughput, dtype_peak_flops, yardstick_flops
-from gpt2.run.peak import cache_path, cpu_peaks
+from gpt2.run.peak import cache_path, cpu_peaks, raise_to_run
 
 logger = log.get("train")
 
@@ -66,8 +66,6 @@ def raised(t: Throughput, tokens_per_s: float, dtype: str) -> tuple[Throughput, 
     if own is None or achieved <= own:
         return None
     if t.mfu_against.startswith(CPU_PEAK):
-        from gpt2.run.peak import raise_to_run
-
         kind = dtype if dtype in ("fp32", "bf16") else "fp32"
         figures = cpu_peak_figures(raise_to_run(kind, achieved), dtype)
         return (dataclasses.replace(t, **figures),

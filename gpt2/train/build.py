@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt2.core import log
 from gpt2.core.config import Params, to_dict
 from gpt2.core.digest import sha256_file
 from gpt2.core.errors import UserError
@@ -31,8 +30,6 @@ from gpt2.train.batch import Batch, Recipe, model_shape, resolve_batch
 from gpt2.train.distributed import Dist
 from gpt2.train.loader import BatchSampler, TokenSplit
 from gpt2.train.optim import build_optimizers
-
-logger = log.get("train")
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 A part that is not in ``PARTS`` is not restored, and a part that is gets saved: the two cannot drift apart.
 Every rank calls each ``state`` in the table's order (under FSDP the weights and the optimizer state are
-gathered from the shards, and every rank's RNG states to rank 0); what rank 0 gets is the file's, in the
-layout one process would write.
+gathered from the shards, and every rank's RNG states by all ranks); what rank 0 gets is the file's, in
+the layout one process would write.
 """
 
 from __future__ import annotations

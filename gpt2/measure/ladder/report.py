@@ -3,8 +3,9 @@
 A rung whose switch resolves to what already ran (TF32 or AMP on a CPU) has no effect on this
 device, read from what the trainer recorded, not from a rule of thumb: it is an *inert* arm, and
 its move is this machine's noise, the floor under every other gain. gpt2/measure/compare.py judges
-the arms, gpt2/measure/report.py writes the verdict, the table's shared columns, the PNG and the
-MLflow parent; this module adds what only a ladder has (the rungs, what ran, a target val loss).
+the arms, gpt2/measure/report.py writes the verdict, the table's shared columns and the PNG,
+gpt2/measure/parent_run.py the MLflow parent; this module adds what only a ladder has (the rungs,
+what ran, a target val loss).
 """
 
 from __future__ import annotations
