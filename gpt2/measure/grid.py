@@ -158,7 +158,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                    {f"grid.{k}": ",".join(map(str, v)) for k, v in grid.items()} | {"grid.repeats": repeats},
                    {"grid.baseline": describe(combos[0])},
                    {run.name: {"grid.setting": arm.label, "grid.run": str(run.repeat + 1)}
-                    for arm in arms for run in arm.runs}, "grid.setting", lambda a: a.label,
+                    for arm in arms for run in arm.runs}, "grid.setting",
                    {p.name: p.run_name for p in planned})
     logger.info(f"grid: {out / (slug + '.md')}\n{text}")
     if as_json:

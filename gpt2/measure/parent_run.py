@@ -5,18 +5,19 @@ runs grouped by arm."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gpt2.core import paths
 from gpt2.measure import experiments
 from gpt2.measure.compare import Arm, Judged
+from gpt2.run.figures import rounded
 from gpt2.run.mlflow_ui import COMPARE_VIEW
 from gpt2.run.tracking import MlflowTracker
 
 
 def log_parent(kind: str, name: str, judged: Judged, files: list[Path], described: str, experiment: str,
                started: float, params: dict[str, Any], tags: dict[str, str], children: dict[str, dict[str, str]],
-               arm_tag: str, label: Callable[[Arm], str], run_names: dict[str, str] | None = None) -> None:
+               arm_tag: str, run_names: dict[str, str] | None = None) -> None:
     """One MLflow run for the comparison, lasting from its first run to its report: each arm's figures as metrics
     (the arm's index is the step), the dataset, the report; every experiment's run becomes its child, carrying
     its arm's verdict as metrics so the runs list and the compare page show them, and a shared view groups the
@@ -28,13 +29,13 @@ def log_parent(kind: str, name: str, judged: Judged, files: list[Path], describe
         tracker.log_params(params)
         for i, arm in enumerate(judged.arms):
             if arm.done:
-                tracker.log_metrics({f"{kind}/{k}": _round(v) for k, v in arm_metrics(i, arm).items()}, step=i)
+                tracker.log_metrics({f"{kind}/{k}": rounded(v, 4) for k, v in arm_metrics(i, arm).items()}, step=i)
         if dataset := experiments.workspace_dataset(paths.root()):
             tracker.log_dataset(dataset, context="training")
         for path in files:
             tracker.log_artifact(path)
         tracker.describe(described, files[0].name)
-        verdicts = {run.name: {f"vs_reference/{k}": _round(v) for k, v in arm_metrics(i, arm).items()
+        verdicts = {run.name: {f"vs_reference/{k}": rounded(v, 4) for k, v in arm_metrics(i, arm).items()
                                if k in VERDICT_METRICS}
                     for i, arm in enumerate(judged.arms) for run in arm.runs if run.ok}
         adopt(tracker, list(children), children, verdicts, since=started, run_names=run_names)
@@ -72,10 +73,6 @@ def arm_metrics(index: int, arm: Arm) -> dict[str, float | None]:
             "speedup_at_equal_loss": versus.sooner.median if versus else 1.0 if base and arm.at_quality else None,
             "time_to_target_s": arm.target.time_s.median if arm.target and arm.target.time_s else None,
             "cost_usd": arm.cost_usd}
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
 
 
 def comparison_view(parent_run_id: str, arm_tag: str) -> dict[str, Any]:

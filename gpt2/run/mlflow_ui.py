@@ -34,10 +34,14 @@ def view_page(experiment_id: str, key: str) -> str:
     return f"#/experiments/{experiment_id}/runs?viewStateShareKey={key}&workflowType=machine_learning"
 
 
+def served(uri: str) -> bool:
+    """A tracking server, which serves the UI at its own address (a local store needs `mlflow ui`)."""
+    return uri.startswith(("http://", "https://"))
+
+
 def page_url(uri: str, page: str) -> str:
     """A UI page's address: a tracking server serves it at its own address, a local store at `mlflow ui`'s."""
-    server = uri.startswith(("http://", "https://"))
-    return f"{uri.rstrip('/') if server else 'http://127.0.0.1:5000'}/{page}"
+    return f"{uri.rstrip('/') if served(uri) else 'http://127.0.0.1:5000'}/{page}"
 
 
 def where_to_see(uri: str, experiment_id: str, run_id: str) -> str:
@@ -47,7 +51,7 @@ def where_to_see(uri: str, experiment_id: str, run_id: str) -> str:
 
     page = page_url(uri, f"#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning")
     compared = page_url(uri, view_page(experiment_id, COMPARE_VIEW_KEY))
-    if uri.startswith(("http://", "https://")):
+    if served(uri):
         return f"open {page} (every run compared: {compared})"
     return (f"see it with `mlflow ui --backend-store-uri {shlex.quote(uri)}`, then open {page} "
             f"(every run compared: {compared})")

@@ -23,7 +23,7 @@ from typing import Any
 from gpt2.core import log, paths
 from gpt2.core.errors import Stopped, UserError
 from gpt2.core.net import reachable
-from gpt2.run.mlflow_ui import COMPARE_VIEW, COMPARE_VIEW_KEY, page_url, view_page, where_to_see
+from gpt2.run.mlflow_ui import COMPARE_VIEW, COMPARE_VIEW_KEY, page_url, served, view_page, where_to_see
 from gpt2.run.names import who
 
 logger = log.get("mlflow")
@@ -184,7 +184,7 @@ class MlflowTracker(Tracker):
         self.keep_duration = keep_duration
         self.ended_at: int | None = None  # the reopened run's end time (ms), where keep_duration keeps it
         opening = lambda: self._open(experiment, run_id, run_name, started_at, run_uid)  # noqa: E731
-        if self.uri.startswith(("http://", "https://")) and not reachable(self.uri):
+        if served(self.uri) and not reachable(self.uri):
             self.backlog.append(("open the run", opening))
             self._go_down("reach the tracking server", ConnectionError("no answer within 3 s"))
             return
@@ -286,7 +286,7 @@ class MlflowTracker(Tracker):
     def _catch_up(self, budget_s: float) -> bool:
         """Send the kept calls in order; False (and the next try in ``RETRY_EVERY_S``) where the store still fails."""
         sent = 0
-        if self.down_since is not None and self.uri.startswith(("http://", "https://")) and not reachable(self.uri):
+        if self.down_since is not None and served(self.uri) and not reachable(self.uri):
             self.retry_at = time.monotonic() + RETRY_EVERY_S  # no answer at all: not worth a request's retries
             return False
         while self.backlog:
@@ -375,7 +375,7 @@ class MlflowTracker(Tracker):
         def share() -> None:
             self.mlflow.MlflowClient().set_experiment_tag(self.experiment_id, f"mlflow.sharedViewState.{key}",
                                                           json.dumps(view))
-            local = "" if self.uri.startswith(("http://", "https://")) else " (with `mlflow ui` running)"
+            local = "" if served(self.uri) else " (with `mlflow ui` running)"
             logger.info(f"mlflow: {what}: {page_url(self.uri, view_page(self.experiment_id, key))}{local}")
 
         self.call("share a view of the runs", share)

@@ -94,8 +94,8 @@ PARTS: dict[str, Part] = {
     "model": Part(model_state, load_model),
     "optimizer": Part(optimizer_states, load_optimizers),
     "scaler": Part(lambda s: s.scaler.state_dict(), load_scaler),
-    "sampler": Part(lambda s: s.sampler.state(), lambda s, saved, _: s.sampler.load_state(saved)),  # the
-    # global-batch stream: the same on every rank
+    # the global-batch stream: the same on every rank
+    "sampler": Part(lambda s: s.sampler.state(), lambda s, saved, _: s.sampler.load_state(saved)),
     "rng_per_rank": Part(lambda s: distributed.gather(checkpoint.rng_states(), s.dist), load_rngs),
 }
 

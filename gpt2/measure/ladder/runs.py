@@ -81,7 +81,7 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
                     "ladder.model": resolved.sections[0]["model"]["size"], "ladder.device": device},
                    {"device": next((a.runtime.get("device_name") for a in judged.arms if a.runtime), device)},
                    {run.name: {"ladder.rung": arm.label, "ladder.index": str(i)}
-                    for i, arm in enumerate(judged.arms) for run in arm.runs}, "ladder.rung", lambda a: a.label)
+                    for i, arm in enumerate(judged.arms) for run in arm.runs}, "ladder.rung")
     if as_json:
         print(json.dumps(data, indent=2), flush=True)
     else:
