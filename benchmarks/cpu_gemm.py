@@ -71,8 +71,9 @@ def step_ab(steps: int, variants: list[tuple[str, int]]) -> str:
     import torch
 
     from gpt2.model.gpt import GPT, gpt_config
+    from gpt2.model.head import Head
     torch.manual_seed(0)
-    model = GPT(gpt_config("tiny", {}, 50257, True, "flash"), loss_chunk=128)
+    model = GPT(gpt_config("tiny", {}, 50257, True, "flash"), Head(128))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     idx = torch.randint(0, 50257, (8, 128))
 
@@ -86,7 +87,8 @@ def step_ab(steps: int, variants: list[tuple[str, int]]) -> str:
     for block in range(max(len(variants), steps // 4)):
         shift = block % len(variants)
         for variant in variants[shift:] + variants[:shift]:
-            model.logits_gemm, model.loss_chunk = variant
+            gemm, chunk = variant
+            model.set_head(Head(chunk, gemm))
             step()  # the first step after a switch is not timed
             for _ in range(4):
                 begun = time.perf_counter()

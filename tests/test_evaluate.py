@@ -18,6 +18,7 @@ from gpt2.core.errors import UserError
 from gpt2.eval.evaluate import evaluate, windows
 from gpt2.eval.sample import SamplingConfig, filter_logits, generate_ids
 from gpt2.model.gpt import GPT, GPTConfig
+from gpt2.model.head import Head
 from gpt2.run import checkpoint
 from gpt2.train.trainer import train
 
@@ -88,7 +89,7 @@ def test_val_loss_matches_a_direct_computation(trained, tmp_path, gemm, monkeypa
     loaded = load_model(trained / "ckpt.pt", eval_runtime("cpu", "fp32"))
     val = np.fromfile(trained / "tokens/val.bin", dtype=np.uint16).astype(np.int64)
     losses, lengths = [], []  # each window's mean loss (the plain path: whole logits, F.cross_entropy)
-    loaded.model.loss_chunk = 0
+    loaded.model.set_head(Head())
     with torch.no_grad():
         for start in range(0, len(val) - 1, 16):  # the 16 positions it trained on, of the model's 32
             chunk = torch.from_numpy(val[start:start + 17])

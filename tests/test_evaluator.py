@@ -10,6 +10,7 @@ import torch
 from conftest import micro_params
 from training import interrupt_at, run
 
+from gpt2.model.head import Head
 from gpt2.run import checkpoint
 from gpt2.train.trainer import TrainingInterrupted
 
@@ -75,7 +76,7 @@ def test_the_val_loss_standard_error_is_the_spread_of_the_scored_windows(tokens)
     mean, se = evaluator.estimate_loss(s, s.val_data)
     cfg = s.params.train
     sampler = BatchSampler(s.val_data, 1, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device)
-    s.model.loss_chunk = 0
+    s.model.set_head(Head())
     with torch.no_grad():
         windows = [s.model(*sampler.at(np.array([start])))[1].item()
                    for start in evaluator.val_windows(s.val_data.length, s.seq_len, 12, cfg.eval_seed)]

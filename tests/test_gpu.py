@@ -52,11 +52,11 @@ def test_memory_estimate_matches_the_cuda_peak(amp, loss_chunk):
     """gpt2 plan's estimate against torch's own count of the peak, GPT-2 124M at batch 4 x 1024."""
     from gpt2.core import memory_model
     from gpt2.model.gpt import GPT, gpt_config
+    from gpt2.model.head import Head
 
     torch.manual_seed(0)
     torch.cuda.reset_peak_memory_stats()
-    model = GPT(gpt_config("gpt2", {}, 50257, True, "flash")).cuda()
-    model.loss_chunk = loss_chunk
+    model = GPT(gpt_config("gpt2", {}, 50257, True, "flash"), Head(loss_chunk)).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     idx = torch.randint(0, 50257, (4, 1024), device="cuda")
     for _ in range(2):

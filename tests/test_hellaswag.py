@@ -45,7 +45,7 @@ def reference(model: torch.nn.Module, item: dict) -> tuple[int, int]:
         ending_ids = encode(" " + ending)
         full = (context + ending_ids)[-(BLOCK + 1):]
         with torch.no_grad():
-            logits, _ = model(torch.tensor([full[:-1]]), torch.tensor([full[1:]]))
+            logits = model.logits(model.hidden_states(torch.tensor([full[:-1]])))
         logp = torch.log_softmax(logits[0].double(), dim=-1)
         n = min(len(ending_ids), len(full) - 1)
         picked = [-float(logp[k - 1, full[k]]) for k in range(len(full) - n, len(full))]  # logits k-1 predict k

@@ -4,6 +4,7 @@ tests/test_gpu.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 
@@ -15,6 +16,7 @@ from conftest import micro_params
 from gpt2.core.errors import UserError
 from gpt2.model import fp8
 from gpt2.model.gpt import GPT, gpt_config
+from gpt2.model.head import Head
 from gpt2.model.loss import liger_loss
 from gpt2.train import describe, trainer
 
@@ -154,12 +156,12 @@ def test_fp8_head_trains_close_to_fp32_and_evaluates_in_full_precision(tokens, t
     assert runs[True]["val"]["loss"] == pytest.approx(runs[False]["val"]["loss"], rel=0.02)
     assert runs[True]["val"]["loss"] != runs[False]["val"]["loss"]  # FP8 really trained
     s = trainer.build(micro_params(fp8_head=True), tokens)
-    assert s.model.fp8_head and any("fp8_head runs on cpu through oneDNN" in w
+    assert s.model.head.fp8 and any("fp8_head runs on cpu through oneDNN" in w
                                     for w in describe.inert_switch_warnings(s))
     idx = torch.randint(0, 50257, (2, 16))
     with torch.no_grad():
         in_fp8 = s.model(idx, idx)[1]
-        s.model.fp8_head = False
+        s.model.set_head(dataclasses.replace(s.model.head, fp8=False))
         assert s.model(idx, idx)[1] == in_fp8  # evaluation never takes the FP8 path
 
 
@@ -195,7 +197,7 @@ def test_a_fused_loss_gets_the_real_vocabulary_only_and_trains_as_the_chunked_lo
     """The fused loss is handed the head's real rows (padding takes no probability, as the mask does): with a
     reference fused loss, the training loss and the gradients equal the chunked path's."""
     torch.manual_seed(0)
-    model = GPT(gpt_config("tiny", {"n_layer": 1}, 50257, True, "flash"), loss_chunk=64)
+    model = GPT(gpt_config("tiny", {"n_layer": 1}, 50257, True, "flash"), Head(64))
     idx = torch.randint(0, 50257, (2, 16))
     _, chunked = model(idx, idx)
     chunked.backward()
@@ -207,7 +209,7 @@ def test_a_fused_loss_gets_the_real_vocabulary_only_and_trains_as_the_chunked_lo
         seen.append(weight.shape[0])
         return F.cross_entropy(hidden @ weight.t(), targets)
 
-    model.fused_loss = reference
+    model.set_head(Head(64, fused=reference))
     _, fused = model(idx, idx)
     fused.backward()
     assert seen == [50257]

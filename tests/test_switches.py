@@ -376,9 +376,9 @@ def test_loss_chunk_auto_runs_cache_sized_chunks_on_a_cpu_and_says_so(tokens):
     from gpt2.model.loss import chunk_rows
 
     auto = setup(tokens)  # params default: auto, 128 positions, or 512 on an AMD CPU
-    assert auto.model.loss_chunk == chunk_rows("auto", "cpu", 50304) in (128, 512)
-    assert describe.what_runs(auto)["loss_chunk"] == auto.model.loss_chunk
-    assert setup(tokens, loss_chunk=0).model.loss_chunk == 0 and setup(tokens, loss_chunk=40).model.loss_chunk == 40
+    assert auto.model.head.chunk == chunk_rows("auto", "cpu", 50304) in (128, 512)
+    assert describe.what_runs(auto)["loss_chunk"] == auto.model.head.chunk
+    assert setup(tokens, loss_chunk=0).model.head.chunk == 0 and setup(tokens, loss_chunk=40).model.head.chunk == 40
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this PyTorch build")
@@ -390,7 +390,7 @@ def test_cpu_gemm_switch_changes_the_head_s_and_the_blocks_kernels(tokens):
     onednn_calls, keys = {}, {}
     for gemm in ("blas", "onednn"):
         s = setup(tokens, cpu_gemm=gemm)
-        assert describe.what_runs(s)["cpu_gemm"] == gemm and s.model.loss_chunk >= 32  # one chunk
+        assert describe.what_runs(s)["cpu_gemm"] == gemm and s.model.head.chunk >= 32  # one chunk
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             s.model(idx, idx)
         onednn_calls[gemm] = sum(e.count for e in prof.key_averages() if e.key == "mkldnn::_linear_pointwise")
@@ -413,7 +413,7 @@ def test_a_run_says_cpu_gemm_onednn_is_inert_where_the_step_is_compiled(tokens):
                for w in describe.inert_switch_warnings(compiled))
     eager = setup(tokens, cpu_gemm="onednn")
     assert not any("cpu_gemm" in w for w in describe.inert_switch_warnings(eager))
-    eager.model.logits_gemm = "blas"  # as the model is built on a GPU, where cpu_gemm picks nothing
+    eager.model.set_head(dataclasses.replace(eager.model.head, gemm="blas"))  # as on a GPU: cpu_gemm picks nothing
     on_gpu = dataclasses.replace(eager, runtime=dataclasses.replace(eager.runtime, device=torch.device("cuda")))
     assert any("train.cpu_gemm onednn is inert: it picks a CPU's matmul library, and this run is on cuda" in w
                for w in describe.inert_switch_warnings(on_gpu))

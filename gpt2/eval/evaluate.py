@@ -34,8 +34,6 @@ from gpt2.core.tokens import (
 )
 from gpt2.eval.loading import Loaded, eval_runtime, load_model, load_pretrained_model
 from gpt2.eval.sample import SamplingConfig, encode_prompts, generate_ids
-from gpt2.model import onednn
-from gpt2.model.loss import chunk_rows
 
 logger = log.get("evaluate")
 
@@ -61,26 +59,19 @@ def val_loss(loaded: Loaded, tokens: Tokens, spans: list[tuple[int, int]], batch
     """Token-weighted mean cross-entropy over the windows, its standard error over the windows, and the
     number of predicted tokens."""
     model, runtime = loaded.model, loaded.runtime
-    # the loss in chunks of positions, as training's: the whole batch's logits (16 x 128 x 50,304 fp32: 0.4 GB,
-    # then as much again for the vocabulary mask and the log-softmax) never exist at once. Only here: HellaSwag
-    # and sampling read the logits themselves
     losses, lengths = [], []  # each window's mean loss, and its predicted tokens
     by_length: dict[int, list[int]] = {}
     for start, length in spans:
         by_length.setdefault(length, []).append(start)
-    previous, model.loss_chunk = model.loss_chunk, chunk_rows("auto", runtime.device.type, model.cfg.padded_vocab_size)
-    try:
-        for length, starts in by_length.items():
-            for lo in range(0, len(starts), batch_size):
-                batch = np.stack([tokens[s:s + length + 1] for s in starts[lo:lo + batch_size]]).astype(np.int64)
-                x = torch.from_numpy(batch[:, :-1]).to(runtime.device)
-                y = torch.from_numpy(batch[:, 1:]).to(runtime.device)
-                with runtime.autocast():
-                    _, window_losses = model(x, y, per_window=True)
-                losses += window_losses.double().tolist()
-                lengths += [length] * len(window_losses)
-    finally:
-        model.loss_chunk = previous
+    for length, starts in by_length.items():
+        for lo in range(0, len(starts), batch_size):
+            batch = np.stack([tokens[s:s + length + 1] for s in starts[lo:lo + batch_size]]).astype(np.int64)
+            x = torch.from_numpy(batch[:, :-1]).to(runtime.device)
+            y = torch.from_numpy(batch[:, 1:]).to(runtime.device)
+            with runtime.autocast():
+                _, window_losses = model(x, y, per_window=True)  # the scoring loss: in chunks (load_model)
+            losses += window_losses.double().tolist()
+            lengths += [length] * len(window_losses)
     mean, se = weighted_mean_and_error(np.array(losses), np.array(lengths, dtype=np.float64))
     return mean, se, int(sum(lengths))
 
@@ -200,8 +191,8 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = paths.CHECKPOINT, tokens_d
              out_dir: str | Path = paths.EVAL_REPORTS) -> dict[str, Any]:
     """Score and sample the checkpoint; write metrics.json and samples.md (each atomically, both or none)."""
     runtime = eval_runtime(cfg.device, cfg.dtype, cfg.keep_host_memory)
-    loaded = load_pretrained_model(cfg.pretrained, runtime) if cfg.pretrained else load_model(ckpt_path, runtime)
-    onednn.use(loaded.model, cfg.cpu_gemm, runtime.device.type, "eval.cpu_gemm")
+    loaded = load_pretrained_model(cfg.pretrained, runtime, cfg.cpu_gemm) if cfg.pretrained else \
+        load_model(ckpt_path, runtime, cfg.cpu_gemm)
     meta = read_meta(tokens_dir)
     model_vocab = loaded.model.cfg.vocab_size
     if model_vocab != meta["vocab_size"]:

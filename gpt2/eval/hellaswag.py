@@ -98,7 +98,7 @@ def score(model: torch.nn.Module, items: list[Item], block: int, device: torch.d
             tokens = tokens.to(device)
             x, y = tokens[:, :-1], tokens[:, 1:]
             with autocast():
-                logits, _ = model(x, y)
+                logits = model.logits(model.hidden_states(x))  # every position's: each ending's tokens are scored
             losses = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view(y.shape).cpu()
             summed = (losses * mask).sum(1).view(-1, 4)
             mean = summed / mask.sum(1).view(-1, 4)

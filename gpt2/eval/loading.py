@@ -10,7 +10,9 @@ from typing import Any
 
 from gpt2.core import log
 from gpt2.core.errors import UserError
+from gpt2.model import loss, onednn
 from gpt2.model.gpt import GPT, GPTConfig
+from gpt2.model.head import Head
 from gpt2.run import checkpoint
 from gpt2.run.device import Runtime, runtime_for
 
@@ -28,12 +30,23 @@ def eval_runtime(device: str, dtype: str, keep_host_memory: bool = True) -> Runt
     return runtime_for(device, dtype, keep_host_memory=keep_host_memory, section="eval")
 
 
-def load_model(ckpt_path: str | Path, runtime: Runtime) -> Loaded:
+def scoring_model(cfg: GPTConfig, runtime: Runtime, cpu_gemm: str) -> GPT:
+    """A model that scores as training does, without its FP8 or fused head: the loss in chunks of positions
+    (the batch's logits, 16 x 128 x 50,304 fp32: 0.4 GB and as much again for the mask and the log-softmax,
+    never exist at once), its matmuls and the linear layers' by ``eval.cpu_gemm`` (``cpu_gemm``)."""
+    gemm = loss.cpu_gemm(cpu_gemm, runtime.device.type, "eval.cpu_gemm")
+    model = GPT(cfg, Head(loss.chunk_rows("auto", runtime.device.type, cfg.padded_vocab_size), gemm))
+    if gemm == "onednn":
+        onednn.convert(model)
+    return model
+
+
+def load_model(ckpt_path: str | Path, runtime: Runtime, cpu_gemm: str = "blas") -> Loaded:
     """Rebuild the model from a checkpoint (compiled or not) on ``runtime.device``."""
     state = checkpoint.load(ckpt_path)
     try:
         config, weights = checkpoint.trained_model(state, ckpt_path)
-        model = GPT(GPTConfig(**config))
+        model = scoring_model(GPTConfig(**config), runtime, cpu_gemm)
         model.load_state_dict(weights)
     except (KeyError, TypeError, RuntimeError) as exc:
         raise UserError(f"checkpoint {ckpt_path} does not hold a model this code can rebuild "
@@ -46,7 +59,7 @@ def load_model(ckpt_path: str | Path, runtime: Runtime) -> Loaded:
     return Loaded(model=model, state=state, runtime=runtime)
 
 
-def load_pretrained_model(source: str, runtime: Runtime) -> Loaded:
+def load_pretrained_model(source: str, runtime: Runtime, cpu_gemm: str = "blas") -> Loaded:
     """OpenAI's GPT-2 (by name) or a Hugging Face GPT-2 directory, scored like a checkpoint."""
     from gpt2.model import hf
 
@@ -58,7 +71,7 @@ def load_pretrained_model(source: str, runtime: Runtime) -> Loaded:
     dims = hf.config_dims(config)
     cfg = GPTConfig(n_layer=dims["n_layer"], n_head=dims["n_head"], n_embd=dims["n_embd"],
                     block_size=dims["block_size"], vocab_size=dims["vocab_size"], padded_vocab_size=dims["vocab_size"])
-    model = GPT(cfg)
+    model = scoring_model(cfg, runtime, cpu_gemm)
     model.load_state_dict(hf.from_hf(state, cfg))
     model.to(runtime.device).eval()
     pseudo = {"step": 0, "model_config": dataclasses.asdict(cfg), "mlflow_run_id": None, "pretrained": source,

@@ -23,7 +23,6 @@ import torch
 from gpt2.core.config import EvalConfig
 from gpt2.core.errors import UserError
 from gpt2.eval.loading import eval_runtime, load_model
-from gpt2.model import onednn
 from gpt2.model.gpt import GPT, KVCache
 
 _EVAL = EvalConfig()  # the defaults live once, in params.yaml's eval section
@@ -145,8 +144,7 @@ def stream_sample(ckpt_path: str | Path, prompt: str, sampling: SamplingConfig, 
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    loaded = load_model(ckpt_path, eval_runtime(device, dtype))
-    onednn.use(loaded.model, cpu_gemm, loaded.runtime.device.type, "eval.cpu_gemm")
+    loaded = load_model(ckpt_path, eval_runtime(device, dtype), cpu_gemm)
     encoding = gpt2_encoding()
     ids = encoding.encode_ordinary(prompt)
     check_prompt(prompt, ids, loaded.model.cfg.block_size)

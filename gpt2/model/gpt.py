@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2.core.sizes import SIZES, pad_vocab
-from gpt2.model.loss import linear_cross_entropy
+from gpt2.model.head import Head
 
 
 @dataclass(frozen=True)
@@ -122,18 +122,14 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig, loss_chunk: int = 0, residual_dtype: torch.dtype | None = None) -> None:
-        """``loss_chunk`` > 0: a forward with targets computes the loss in chunks of this many positions
-        and returns no logits (train.loss_chunk: the training loss never holds all logits at once).
-        ``residual_dtype``: under autocast, the residual stream between blocks in this dtype instead of
-        the weights' (train.residual_stream)."""
+    def __init__(self, cfg: GPTConfig, head: Head | None = None, residual_dtype: torch.dtype | None = None) -> None:
+        """``head``: the losses a forward with targets computes (model/head.py), chosen here; the default holds
+        every logit. ``residual_dtype``: under autocast, the residual stream between blocks in this dtype
+        instead of the weights' (train.residual_stream)."""
         super().__init__()
         self.cfg = cfg
-        self.loss_chunk = loss_chunk
         self.residual_dtype = residual_dtype
-        self.fused_loss = None  # train.loss_kernel liger: model/loss.py's liger_loss, for training only
-        self.logits_gemm = "blas"  # train.cpu_gemm as resolved (model/loss.py's cpu_gemm)
-        self.fp8_head = False  # train.fp8_head: the training loss's head matmuls in FP8 (model/fp8.py's HeadFp8)
+        self.set_head(head or Head())
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg.padded_vocab_size, cfg.n_embd),
             wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
@@ -168,16 +164,30 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if exclude_position_embedding else n
 
+    def set_head(self, head: Head) -> None:
+        """Choose the losses a forward with targets computes, training's and scoring's: where the model is
+        built, or to score the same weights another way (a benchmark's variants, a test's logits)."""
+        self.head = head
+        self.training_loss, self.scoring_loss = head.losses()
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None,
-                per_window: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (all positions with ``targets``, else the last one) and the mean loss; with
-        ``loss_chunk`` set and ``targets`` given, no logits (None) and the loss computed in chunks.
+                per_window: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Without ``targets`` (generation): the last position's logits. With them: the head's loss, training's
+        with gradients, scoring's without, and all logits where that loss holds them (else None).
         ``per_window``: each sequence's mean loss, shape (B,), instead of the batch's (evaluation: the
         spread over windows gives the val loss its standard error).
 
         With ``cache``, ``idx`` holds only the new positions; their keys and values are
         appended to the cache, whose length then advances.
         """
+        x = self.hidden_states(idx, cache)
+        if targets is None:
+            return self.logits(x[:, [-1], :]), None  # generation needs only the last position
+        loss = self.training_loss if torch.is_grad_enabled() else self.scoring_loss
+        return loss(self, x, targets, per_window)
+
+    def hidden_states(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """The final layer norm's output, (B, T, n_embd): what the LM head reads."""
         B, T = idx.shape
         past = cache.length if cache is not None else 0
         if past + T > self.cfg.block_size:
@@ -190,29 +200,12 @@ class GPT(nn.Module):
             x = block(x, cache)
         if cache is not None:
             cache.length += T
-        x = self.transformer.ln_f(x)
-        if targets is not None and self.fused_loss is not None and not per_window and torch.is_grad_enabled():
-            # the real vocabulary's rows only: the padding rows then take no probability, as the mask does
-            loss = self.fused_loss(self.lm_head.weight[:self.cfg.vocab_size], x.reshape(B * T, -1), targets.reshape(-1))
-            return None, loss
-        if targets is not None and self.loss_chunk:  # training: the loss without the logits (model/loss.py)
-            gemm = "fp8" if self.fp8_head and torch.is_grad_enabled() else self.logits_gemm
-            loss = linear_cross_entropy(x.reshape(B * T, -1), self.lm_head.weight, targets.reshape(-1),
-                                        self.cfg.vocab_size, self.loss_chunk, per_row=per_window, gemm=gemm)
-            return None, loss.view(B, T).mean(1) if per_window else loss
-        if targets is None:
-            logits = self.lm_head(x[:, [-1], :])  # generation needs only the last position
-        else:
-            logits = self.lm_head(x)
-        if self.logit_mask is not None:
-            logits = logits + self.logit_mask.to(logits.dtype)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
-                                   reduction="none" if per_window else "mean")
-            loss = loss.view(B, T).mean(1) if per_window else loss
-        return logits, loss
+        return self.transformer.ln_f(x)
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits of ``hidden``, padded columns at -inf."""
+        logits = self.lm_head(hidden)
+        return logits + self.logit_mask.to(logits.dtype) if self.logit_mask is not None else logits
 
 def gpt_config(size: str, overrides: dict[str, int | float | bool | None], vocab_size: int,
                pad_vocab_to_64: bool, attention: str) -> GPTConfig:

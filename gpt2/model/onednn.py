@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gpt2.model.loss import cpu_gemm, onednn_mm
+from gpt2.model.loss import onednn_mm
 
 
 class OnednnLinearFunction(torch.autograd.Function):
@@ -47,23 +47,13 @@ class OnednnLinear(nn.Linear):
 def convert(model: nn.Module) -> list[str]:
     """Make the blocks' ``nn.Linear`` layers and the LM head ``OnednnLinear`` in place; the names of the layers
     converted. The head's own forward serves generation and the plain loss (training's chunked loss calls
-    oneDNN itself): one position's logits take 0.6 ms through oneDNN, 2.6 through MKL, most of a sampled token."""
+    oneDNN itself): on an AMD CPU a sampled token's logits are several times faster through oneDNN than MKL."""
     converted = []
     for name, module in model.named_modules():
         if type(module) is nn.Linear and (name.startswith("transformer.h.") or name == "lm_head"):
             module.__class__ = OnednnLinear
             converted.append(name)
     return converted
-
-
-def use(model: nn.Module, setting: str, device_type: str, key: str = "train.cpu_gemm") -> None:
-    """Route the model's fp32 CPU matmuls through ``cpu_gemm``'s choice for this device (``train.cpu_gemm``,
-    ``eval.cpu_gemm``): the LM head's in the chunked loss (``model.logits_gemm``), and with oneDNN the linear
-    layers ``convert`` takes."""
-    gemm = cpu_gemm(setting, device_type, key)
-    if gemm == "onednn":
-        convert(model)
-    model.logits_gemm = gemm
 
 
 def what_ran(gemm: str, device_type: str, compiled: bool, dtype: str) -> str:

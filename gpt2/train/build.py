@@ -20,7 +20,8 @@ from gpt2.core.sizes import SIZES, sequence_length
 from gpt2.core.tokens import read_meta
 from gpt2.model.gpt import GPT, GPTConfig, gpt_config
 from gpt2.model import fp8, onednn
-from gpt2.model.loss import chunk_rows, liger_loss
+from gpt2.model.head import Head
+from gpt2.model.loss import chunk_rows, cpu_gemm, liger_loss
 from gpt2.run.compiled import CompileWatch, compile_options
 from gpt2.run.device import Runtime, resolve
 from gpt2.run.flops import Throughput, flops_per_token
@@ -87,8 +88,12 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         raise UserError(f"train.block_size {seq_len} exceeds the model's block_size {model_cfg.block_size}; "
                         "lower train.block_size or raise model.block_size")
     loss_chunk = chunk_rows(cfg.loss_chunk, runtime.device.type, model_cfg.padded_vocab_size)
+    if cfg.fp8_head:
+        fp8.require_fp8_device(runtime.device, "train.fp8_head", "train.fp8_head: false")
+    head = Head(loss_chunk, cpu_gemm(cfg.cpu_gemm, runtime.device.type), cfg.fp8_head,
+                liger_loss(runtime.device) if cfg.loss_kernel == "liger" else None)
     residual = torch.bfloat16 if cfg.residual_stream == "bf16" and runtime.dtype == "bf16" else None
-    model = GPT(model_cfg, loss_chunk=loss_chunk, residual_dtype=residual)  # one seed on every rank: the same weights
+    model = GPT(model_cfg, head, residual)  # one seed on every rank: the same weights
     init = load_pretrained(model, cfg.init_from, params) if cfg.init_from != "scratch" else {}
     amp = runtime.dtype in ("bf16", "fp16")
     if dist_info.sharded and runtime.dtype == "fp16":
@@ -98,17 +103,14 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
                     dist_info.world if dist_info.sharded else 1, cfg.fp8_head)
     batch = resolve_batch(cfg, recipe, dist_info.world, runtime.device)  # before the model takes device memory
     fp8_layers = fp8.convert(model, cfg.fp8, runtime.device, runtime.dtype)  # before FSDP shards the layers it swaps
-    onednn.use(model, cfg.cpu_gemm, runtime.device.type)  # before FSDP shards the layers it swaps
+    if head.gemm == "onednn":
+        onednn.convert(model)  # before FSDP shards the layers it swaps
     if dist_info.sharded:
         sharded.shard(model, runtime.device, torch.bfloat16 if runtime.dtype == "bf16" else None)
     model = model.to(runtime.device)  # under FSDP: the unsharded buffer (the logit mask)
-    if cfg.loss_kernel == "liger":
-        model.fused_loss = liger_loss(runtime.device)
     if cfg.fp8_head:
-        fp8.require_fp8_device(runtime.device, "train.fp8_head", "train.fp8_head: false")
         fp8.head_fp8_check(model_cfg.n_embd, model_cfg.padded_vocab_size, batch.micro * seq_len, loss_chunk,
                            cfg.loss_kernel == "liger")
-        model.fp8_head = True
     if dist_info.world > 1:
         torch.manual_seed(cfg.seed + dist_info.rank)  # each rank its own dropout masks
     optimizers = build_optimizers(model, cfg)

@@ -109,9 +109,9 @@ def what_runs(s: Setup) -> dict[str, Any]:
         "keep_host_memory": s.runtime.keep_host_memory, "mfu_against": s.throughput.mfu_against,
         "threads": torch.get_num_threads(),
         "deterministic": cfg.deterministic, "world_size": s.dist.world,
-        "micro_batch_size": s.batch.micro, "grad_accum_steps": s.batch.accum, "loss_chunk": s.model.loss_chunk,
+        "micro_batch_size": s.batch.micro, "grad_accum_steps": s.batch.accum, "loss_chunk": s.model.head.chunk,
         "loss_kernel": cfg.loss_kernel, "cpu_gemm": cpu_gemm_ran(s),
-        "fp8": f"{cfg.fp8} ({len(s.fp8_layers)} layers)" if s.fp8_layers else "off", "fp8_head": s.model.fp8_head,
+        "fp8": f"{cfg.fp8} ({len(s.fp8_layers)} layers)" if s.fp8_layers else "off", "fp8_head": s.model.head.fp8,
         **({"distributed": s.params.train.distributed} if s.dist.grouped else {}),
         "params": s.model.num_params(), "torch": str(torch.__version__), **s.init,
         **({"muon_ns_dtype": "fp32" if isinstance(s.optimizers[0], FP32Muon) else "bf16"}
@@ -123,7 +123,7 @@ def run_name(s: Setup) -> str:
     """What a run outside ``dvc exp`` is called in MLflow: what it trained, how, and when."""
     cfg = s.params.train
     switches = [s.runtime.dtype, s.model_cfg.attention] + ["compile"] * cfg.compile
-    switches += [f"fp8 {cfg.fp8}"] * bool(s.fp8_layers) + ["fp8 head"] * s.model.fp8_head
+    switches += [f"fp8 {cfg.fp8}"] * bool(s.fp8_layers) + ["fp8 head"] * s.model.head.fp8
     switches += ["liger loss"] * (cfg.loss_kernel == "liger")
     if s.dist.world > 1:
         switches.append(f"{cfg.distributed}×{s.dist.world}")
@@ -132,7 +132,7 @@ def run_name(s: Setup) -> str:
 
 
 def cpu_gemm_ran(s: Setup) -> str:
-    return onednn.what_ran(s.model.logits_gemm, s.runtime.device.type, s.params.train.compile, s.runtime.dtype)
+    return onednn.what_ran(s.model.head.gemm, s.runtime.device.type, s.params.train.compile, s.runtime.dtype)
 
 
 CPU_MICRO_BATCHES_WARNING = 64  # micro-batches per step that make a CPU step last minutes
@@ -161,7 +161,7 @@ def inert_switch_warnings(s: Setup) -> list[str]:
     if s.fp8_layers and device != "cuda":
         warnings.append(f"train.fp8 {cfg.fp8} is emulated on {device}: FP8's numerics at a loss of speed (FP8 tensor "
                         "cores are CUDA's)")
-    if s.model.fp8_head and device != "cuda":
+    if s.model.head.fp8 and device != "cuda":
         warnings.append(f"train.fp8_head runs on {device} through oneDNN's FP8 matmul: FP8's numerics at a loss of "
                         "speed (FP8 tensor cores are CUDA's)")
     if not cfg.compile and cfg.compile_mode != "default":
