@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from gpt2.core import log
 from gpt2.core.errors import UserError
 from gpt2.core.progress import Progress
+from gpt2.model.gpt import GPT
 
 logger = log.get("evaluate")
 
@@ -77,7 +78,7 @@ def locate(local: str | None) -> Path:
 
 
 @torch.no_grad()
-def score(model: torch.nn.Module, items: list[Item], block: int, device: torch.device, autocast: Any,
+def score(model: GPT, items: list[Item], block: int, device: torch.device, autocast: Any,
           batch_items: int = 4) -> dict[str, Any]:
     """acc, acc_norm and the number of items, in batches of ``batch_items`` items (4 rows each)."""
     correct = correct_norm = 0

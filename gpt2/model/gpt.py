@@ -207,6 +207,7 @@ class GPT(nn.Module):
         logits = self.lm_head(hidden)
         return logits + self.logit_mask.to(logits.dtype) if self.logit_mask is not None else logits
 
+
 def gpt_config(size: str, overrides: dict[str, int | float | bool | None], vocab_size: int,
                pad_vocab_to_64: bool, attention: str) -> GPTConfig:
     """A named size with non-null ``overrides`` applied (params.yaml ``model`` section)."""

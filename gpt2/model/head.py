@@ -40,8 +40,10 @@ class Head:
         """(training's loss, scoring's)."""
         scoring = Chunked(self.chunk, self.gemm) if self.chunk else AllLogits()
         if self.fused is not None:
-            return Fused(self.fused), scoring
-        return (Chunked(self.chunk, "fp8") if self.fp8 else scoring), scoring
+            # the kernel runs outside a compiled graph (liger_loss), and so does this whole call: one graph break, in
+            # forward, instead of a second graph for the slicing around the kernel
+            return torch.compiler.disable(Fused(self.fused)), scoring
+        return (Chunked(self.chunk, "fp8") if self.fp8 and self.chunk else scoring), scoring  # FP8: chunks only
 
 
 @dataclass(frozen=True)
