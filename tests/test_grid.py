@@ -32,6 +32,24 @@ def test_settings_in_dvcs_order():
     assert grid.describe(grid.settings(words)[0]) == "train.fp8=off · train.compile=true"
 
 
+
+def test_values_with_commas_of_their_own_and_the_mistakes_a_set_can_hold():
+    """A list's commas are its own (DVC's -S reads the list); a key given twice, an empty value and an unclosed
+    bracket are each one line naming the fix, not a silent last-one-wins, a null setting or a YAML traceback."""
+    betas = grid.parse_sets(("train.betas=[0.9,0.95],[0.9, 0.99]", 'eval.prompts=["a, b"],[c]'))
+    assert betas == {"train.betas": [[0.9, 0.95], [0.9, 0.99]], "eval.prompts": [["a, b"], ["c"]]}
+    assert grid.experiments._set_args({"train.betas": [0.9, 0.95]}) == ["-S", "train.betas=[0.9, 0.95]"]  # to DVC
+    with pytest.raises(UserError, match=r"-S train.lr is given twice; give all its values in one -S: "
+                                        r"-S train.lr=0.001,\.\.\."):
+        grid.parse_sets(("train.lr=1.0e-3", "train.lr=2.0e-3"))
+    with pytest.raises(UserError, match=r"value 2 of 3 is empty; remove the extra comma"):
+        grid.parse_sets(("train.lr=1.0e-3,,2.0e-3",))
+    with pytest.raises(UserError, match=r"a bracket or a quote is not closed; quote the whole -S"):
+        grid.parse_sets(("train.betas=[0.9,0.95",))
+    with pytest.raises(UserError, match=r"'@flash' is not a value YAML can read \(found character '@' that cannot"):
+        grid.parse_sets(("model.attention=@flash",))
+
+
 def fake_grid(monkeypatch, tmp_path, results, params="train:\n  mlflow: false\n  seed: 7\n", committed=None):
     """run_grid with DVC replaced: ``results(name, sets)`` gives each planned run's experiment (None: failed)."""
     monkeypatch.chdir(tmp_path)
@@ -88,18 +106,28 @@ def test_the_report_marks_noise_and_failures_and_plots_them(tmp_path, monkeypatc
     rates = {"a-1": 100, "a-2": 100, "b-1": 80, "b-2": 79}
     fake_grid(monkeypatch, tmp_path, lambda name, sets: run(name, rates[name], evaluated=5.9) if name in rates
               else None)
-    monkeypatch.setattr(grid, "_free", lambda name, taken: {"attn-1-1": "a-1", "attn-1-2": "a-2", "attn-2-1": "b-1",
-                                                            "attn-2-2": "b-2"}.get(name, name))
-    with pytest.raises(UserError, match=r"attn-3-1, attn-3-2 did not finish"):
-        grid.run_grid(("model.attention=flash,manual,x",), name="attn", target="evaluate", repeats=2)
-    text = (tmp_path / "reports/grid/attn.md").read_text()
-    assert text.startswith("# attn\n\n**2 of 6 runs failed** (attn-3-1, attn-3-2; their output is in dvc.log)")
-    assert "| manual | 2/2 | " in text and "| 0.80× |" in text and "evaluate's val loss" in text
-    assert "| x | 0/2 | failed |" in text and "Slower outside noise: model.attention=manual (0.80×)" in text
-    assert (tmp_path / "reports/grid/attn.png").read_bytes().startswith(b"\x89PNG")
-    data = json.loads((tmp_path / "reports/grid/attn.json").read_text())
-    assert data["failed"] == ["attn-3-1", "attn-3-2"] and data["apply"] == {}
+    monkeypatch.setattr(grid, "_free", lambda name, taken: {"gemm-1-1": "a-1", "gemm-1-2": "a-2", "gemm-2-1": "b-1",
+                                                            "gemm-2-2": "b-2"}.get(name, name))
+    with pytest.raises(UserError, match=r"gemm-3-1, gemm-3-2 did not finish"):
+        grid.run_grid(("train.cpu_gemm=auto,blas,onednn",), name="gemm", target="evaluate", repeats=2)
+    text = (tmp_path / "reports/grid/gemm.md").read_text()
+    assert text.startswith("# gemm\n\n**2 of 6 runs failed** (gemm-3-1, gemm-3-2; their output is in dvc.log)")
+    assert "| blas | 2/2 | " in text and "| 0.80× |" in text and "evaluate's val loss" in text
+    assert "| onednn | 0/2 | failed |" in text and "Slower outside noise: train.cpu_gemm=blas (0.80×)" in text
+    assert (tmp_path / "reports/grid/gemm.png").read_bytes().startswith(b"\x89PNG")
+    data = json.loads((tmp_path / "reports/grid/gemm.json").read_text())
+    assert data["failed"] == ["gemm-3-1", "gemm-3-2"] and data["apply"] == {}
 
+
+
+def test_a_setting_that_can_only_fail_is_refused_before_the_first_run(tmp_path, monkeypatch):
+    """Every setting is checked as its run's stages will check it: a typo stops the grid at once, not after the
+    settings before it have trained."""
+    planned = fake_grid(monkeypatch, tmp_path, lambda name, sets: run(name, 100))
+    with pytest.raises(UserError, match=r"grid: the setting train.lr=0.001 · model.attention=mnaual cannot run: "
+                                        r"params: model.attention = 'mnaual' is not allowed; expected one of 'flash'"):
+        grid.run_grid(("train.lr=1.0e-3,2.0e-3", "model.attention=flash,mnaual"), name="g")
+    assert planned == []
 
 def test_json_is_printed_before_a_failed_run_is_an_error(tmp_path, monkeypatch, capsys):
     """An agent reads the comparison even when a run failed; the command still ends with one error line."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from gpt2.core import log, paths
 from gpt2.core.atomic import write_files
-from gpt2.core.config import read_yaml
+from gpt2.core.config import load_params, read_yaml
 from gpt2.core.errors import UserError
 from gpt2.measure import experiments, revisions
 from gpt2.measure.apply import Change
@@ -38,22 +38,57 @@ logger = log.get("grid")
 
 
 def parse_sets(sets: tuple[str, ...]) -> dict[str, list[Any]]:
-    """``-S train.lr=1.0e-3,2.0e-3`` → ``{"train.lr": [0.001, 0.002]}``, checked as DVC would expand them."""
+    """``-S train.lr=1.0e-3,2.0e-3`` → ``{"train.lr": [0.001, 0.002]}``, checked as DVC would expand them. A comma
+    inside brackets or quotes is the value's own: ``-S 'train.betas=[0.9,0.95],[0.9,0.99]'`` is two lists."""
     grid: dict[str, list[Any]] = {}
     for item in sets:
         key, sep, values = item.partition("=")
+        key = key.strip()
         if not sep or "." not in key or not values:
             raise UserError(f"-S {item!r}: write section.key=value[,value...], e.g. -S train.lr=1.0e-3,2.0e-3")
-        grid[key.strip()] = [dvc_value(v) for v in values.split(",")]
+        if key in grid:
+            raise UserError(f"-S {key} is given twice; give all its values in one -S: "
+                            f"-S {key}={','.join(map(str, grid[key]))},...")
+        texts = split_values(item, values)
+        if "" in (text.strip() for text in texts):
+            raise UserError(f"-S {item!r}: value {[t.strip() for t in texts].index('') + 1} of {len(texts)} is empty; "
+                            "remove the extra comma")
+        grid[key] = [dvc_value(item, text) for text in texts]
     return grid
 
 
-def dvc_value(text: str) -> Any:
+def split_values(item: str, values: str) -> list[str]:
+    """``values`` cut at its commas outside brackets, braces and quotes."""
+    texts, depth, quote, start = [], 0, "", 0
+    for i, char in enumerate(values):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            texts.append(values[start:i])
+            start = i + 1
+    if depth or quote:
+        raise UserError(f"-S {item!r}: a bracket or a quote is not closed; quote the whole -S in the shell, e.g. "
+                        "-S 'train.betas=[0.9,0.95],[0.9,0.99]'")
+    return texts + [values[start:]]
+
+
+def dvc_value(item: str, text: str) -> Any:
     """A ``-S`` value as DVC reads it (YAML 1.2): only true and false are booleans, so ``train.fp8=off`` stays
     the word it is in params.yaml's docs, in the grid's labels and in the experiment's params."""
     import yaml
 
-    value = yaml.safe_load(text)
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or exc.__class__.__name__
+        raise UserError(f"-S {item!r}: {text.strip()!r} is not a value YAML can read ({problem}); write it as "
+                        "params.yaml would, e.g. 1.0e-3, true, flash or [0.9,0.95]") from None
     if isinstance(value, bool) and text.strip().lower() not in ("true", "false"):
         return text.strip()
     return value
@@ -99,6 +134,12 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
         raise UserError("-S train.seed makes the seeds the settings: with --repeats above 1 a repeat would train a "
                         "seed again and pass for another; give --repeats 1 (or leave the seed to the repeats)")
     experiments.check_repo(root)
+    if not revs:  # each revision checks its own params.yaml; here a setting that can only fail stops the grid now
+        for combo in settings(grid):
+            try:
+                load_params(params_path, tuple(f"{k}={json.dumps(v)}" for k, v in {**combo, **fixed}.items()))
+            except UserError as exc:
+                raise UserError(f"grid: the setting {describe(combo)} cannot run: {exc}") from None
     if changed := experiments.uncommitted_params(root, params_path):
         logger.warning(f"grid: {params_path} differs from the last commit ({changed}), and every experiment starts "
                        "from it, as dvc exp run does; to compare from the committed params: git checkout "
