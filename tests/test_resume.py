@@ -130,18 +130,23 @@ def test_resuming_into_another_optimizer_is_refused_and_fp16_starts_its_scaler(t
     assert "with no fp16 loss scale; GradScaler starts at its initial scale" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "foreign"])
-def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tokens, damage):
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "foreign", b"q", b"h\x80."])
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tokens, damage, recwarn):
+    """Whatever the damage, one error naming the file; a head overwritten with these bytes makes torch.load's
+    unpickler raise an IndexError or a KeyError (and warn of an unknown pickle protocol)."""
     run(tmp_path, tokens, micro_params(max_steps=2))
     path = tmp_path / "run/ckpt.pt"
     if damage == "truncate":
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     elif damage == "garbage":
         path.write_bytes(b"not a checkpoint" * 100)
-    else:
+    elif damage == "foreign":
         torch.save({"weights": torch.zeros(2)}, path)
+    else:
+        path.write_bytes(damage + path.read_bytes()[len(damage):])
     with pytest.raises(UserError, match="corrupt or truncated|not a checkpoint of this pipeline"):
         run(tmp_path, tokens, micro_params(max_steps=2))
+    assert not [w for w in recwarn if "pickle protocol" in str(w.message)]
 
 
 def test_resuming_past_max_steps_is_refused_with_what_would_finish_it(tmp_path, tokens):

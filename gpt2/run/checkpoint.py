@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import random
 import threading
-import zipfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,8 +184,12 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"checkpoint {path} not found; train first (dvc repro train) or pass the right path")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as exc:
+        with warnings.catch_warnings():  # a damaged header reads as an unknown pickle protocol: the error below says it
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except MemoryError:
+        raise
+    except Exception as exc:  # damaged bytes surface as any error of the unpickler's (IndexError, KeyError, ...)
         raise UserError(f"checkpoint {path} is corrupt or truncated (torch.load raised {exc.__class__.__name__}); "
                         "delete it to start over or restore a good copy") from None
     if not isinstance(state, dict) or state.get("format") not in (FORMAT, *OLDER_FORMATS):
