@@ -145,6 +145,8 @@ def test_a_model_switch_in_its_old_train_place_names_the_new_key(tmp_path, key):
     ("train:\n  max_steps: null\n  time_budget_s: 0.0\n", r"train.time_budget_s = 0.0.*a number > 0"),
     ("train:\n  max_steps: null\n", r"train.max_steps = None.*exactly one of"),
     ("train:\n  price_per_hour: -1.0\n", r"train.price_per_hour = -1.0.*a number >= 0"),
+    ("train:\n  price_per_hour: .inf\n", r"train.price_per_hour = inf.*a finite number \(.inf and .nan are YAML's"),
+    ("train:\n  betas: [0.9, .nan]\n", r"train.betas\[1\] = nan.*a finite number"),
 ])
 def test_declared_ranges_and_cross_checks_name_the_key(tmp_path, text, match):
     with pytest.raises(ParamError, match=match):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -190,6 +191,7 @@ def coerce(value: Any, hint: Any, key: str, moved: dict[str, str] | None = None)
             raise ParamError(f"params: {key} = {value!r} is a string, not a number; YAML reads exponents without a "
                              f"dot as text, so write it like {float(value):.1e}")
         require(isinstance(value, int | float) and not isinstance(value, bool), key, value, "a number")
+        require(math.isfinite(value), key, value, "a finite number (.inf and .nan are YAML's, not a setting's)")
         return float(value)
     if hint is str:
         require(isinstance(value, str), key, value, "a string")
