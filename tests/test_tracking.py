@@ -193,6 +193,42 @@ def test_processes_that_open_a_fresh_store_at_once_all_log_their_runs(tmp_path):
     assert sorted(r.info.run_name for r in runs) == ["run0", "run1"]
 
 
+
+def test_a_store_an_older_mlflow_made_is_kept_as_it_was_before_it_is_upgraded(tmp_path, monkeypatch, caplog):
+    """MLflow upgrades such a store in place as it opens it (or refuses it, as here: one migration back, every
+    table there), and the MLflow that made it can then no longer read it: the tracker says so, keeps a copy and
+    upgrades it; the run is logged. `gpt2 plan`, which only reads, leaves it alone."""
+    import mlflow
+    import sqlalchemy
+    from alembic import command
+    from mlflow.store.db import utils
+
+    from gpt2.core import paths
+    from gpt2.measure import plan
+
+    db = tmp_path / paths.MLFLOW_DB
+    uri = f"sqlite:///{db}"
+    mlflow.MlflowClient(uri).search_experiments()  # a current store, then one migration back: an older MLflow's
+    config = utils._get_alembic_config(uri)
+    with sqlalchemy.create_engine(uri).begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "-1")
+    older = tracking.older_store(db)
+    assert older is not None
+    monkeypatch.setattr(plan, "_has_metric", lambda db, key: True)
+    assert plan._mlflow_mfu(None, "tiny", tmp_path) is None and tracking.older_store(db) == older  # untouched
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with tracking.MlflowTracker("gpt2", run_name="first") as tracker:
+        assert tracker.run_id and not tracker.failed
+    kept = db.with_name(f"{db.name}.schema-{older}")
+    assert f"was made by an older MLflow (schema {older}); upgrading it to MLflow {mlflow.__version__}'s" in \
+        caplog.text and f"the store as it was is kept in {kept}" in caplog.text
+    assert tracking.older_store(db) is None and tracking.older_store(kept) == older
+    caplog.clear()
+    with tracking.MlflowTracker("gpt2", run_name="second"):
+        pass
+    assert "older MLflow" not in caplog.text  # said once: the store is current now
+
 @pytest.mark.parametrize("fault", ["locked", "deleted", "unreachable"])
 def test_a_failing_store_never_costs_the_run_its_checkpoint_reports_or_figures(tmp_path, tokens, monkeypatch, capfd,
                                                                               fault):

@@ -96,8 +96,12 @@ def _mlflow_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | No
         return None  # no MFU was ever logged there: no need to import mlflow (seconds)
     try:
         import mlflow
+
+        from gpt2.run.tracking import older_store
     except ImportError:
         return None
+    if older_store(db):
+        return None  # opening it would upgrade a store an older MLflow made: a plan only reads
     mlflow.set_tracking_uri(f"sqlite:///{db}")
     try:
         runs = mlflow.search_runs(search_all_experiments=True, filter_string="attributes.status = 'FINISHED'",

@@ -66,9 +66,55 @@ def store_lock(uri: str) -> Iterator[None]:
     with open(db.with_name(db.name + ".lock"), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
+            upgrade_older_store(db)
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def older_store(db: Path) -> str | None:
+    """The schema revision of a SQLite store an older MLflow made, or None (no store yet, a current one, one from a
+    newer MLflow, not MLflow's)."""
+    import sqlite3
+
+    if not db.is_file():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)) as connection:
+            found = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.Error:
+        return None
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+
+    script = ScriptDirectory.from_config(_get_alembic_config(""))
+    known = {revision.revision for revision in script.walk_revisions()}
+    return found[0] if found and found[0] in known and found[0] != script.get_current_head() else None
+
+
+def upgrade_older_store(db: Path) -> None:
+    """A store an older MLflow made, upgraded to this MLflow's schema as ``mlflow db upgrade`` does, after a copy
+    of it as it was is kept beside it, and a line saying so. Left to itself, this MLflow upgrades it in place
+    without a word where a newer table is missing, and refuses it where none is."""
+    if (revision := older_store(db)) is None:
+        return
+    import shutil
+
+    import mlflow
+    import sqlalchemy
+    from mlflow.store.db.utils import _upgrade_db
+
+    kept = db.with_name(f"{db.name}.schema-{revision}")
+    if not kept.exists():
+        shutil.copy2(db, kept)
+    logger.warning(f"mlflow: {db} was made by an older MLflow (schema {revision}); upgrading it to MLflow "
+                   f"{mlflow.__version__}'s, after which the older MLflow (its UI or server) cannot open it; the "
+                   f"store as it was is kept in {kept}")
+    engine = sqlalchemy.create_engine(f"sqlite:///{db}")
+    try:
+        _upgrade_db(engine)
+    finally:
+        engine.dispose()
 
 
 class Tracker:
