@@ -100,3 +100,14 @@ def test_sigterm_exit_code(tmp_path, tokens, monkeypatch):
     with pytest.raises(TrainingInterrupted, match="SIGTERM") as info:
         run(tmp_path, tokens, micro_params())
     assert info.value.exit_code == 143
+
+
+def test_a_signal_in_the_last_step_ends_a_finished_run_not_an_interrupted_one(tmp_path, tokens, monkeypatch, caplog):
+    """The stop comes after the last step's work is done: the run is finished and saved, its reports written, and
+    it says so, instead of "interrupted ... run the stage again to resume" for a run with nothing left to train."""
+    interrupt_at(monkeypatch, 11)  # while step 12 of 12 runs
+    summary = run(tmp_path, tokens, micro_params(max_steps=12))
+    assert summary["steps"] == 12 and "SIGINT came in the last step (12/12): the run is finished and saved" in \
+        caplog.text
+    assert checkpoint.load(tmp_path / "run/ckpt.pt")["metrics"]["steps"] == 12  # a finished run's checkpoint
+    assert (tmp_path / "run/reports/summary.json").is_file()

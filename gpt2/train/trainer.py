@@ -46,8 +46,9 @@ from gpt2.train.signals import StopVote, TrainingInterrupted, stop_on_signals
 from gpt2.train.step import backward_micro_batches, optimizer_step
 from gpt2.train.step_log import StepLog
 
-__all__ = ["TrainingInterrupted", "train", "fit"]
+logger = log.get("train")
 
+__all__ = ["TrainingInterrupted", "train", "fit"]
 
 
 def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, tracker: Tracker,
@@ -87,10 +88,12 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
             signals.saving = stopping  # from here a second Ctrl-C waits for the write (checkpointer's exit)
             if checkpointer.due(step, last=done or stopping):
                 checkpointer.save(step, summary)
+            if done:
+                if stopping:
+                    logger.info(f"train: {signals.came_at_the_end(length.shown(step))}")
+                return summary
             if stopping:
                 raise signals.interrupted(length.shown(step), checkpointer.what_was_saved())
-            if done:
-                return summary
     return finish(step, step_log.throughput)  # resumed past a lowered max_steps: nothing left to train
 
 
