@@ -107,7 +107,7 @@ def test_s_sets_one_key_for_this_run_and_is_checked_as_the_file_is(runner, tmp_p
     assert checkpoint.load(tmp_path / "ckpt.pt")["params"]["train"]["max_steps"] == 2  # the run says what it used
     assert params.read_text() == before
     for sets, message in ((["train.max_stepz=2"], "unknown key 'train.max_stepz'; did you mean 'max_steps'?"),
-                          (["train.lr=6e-4"], "train.lr"), (["max_steps=2"], "write section.key=value"),
+                          (["train.lr=abc"], "train.lr"), (["max_steps=2"], "write section.key=value"),
                           (["train.lr.x=1"], "train.lr is a value, not a section")):
         result = runner.invoke(main, ["train", *common, *[a for s in sets for a in ("-S", s)]])
         assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1, result.output

@@ -46,11 +46,20 @@ def test_unknown_section(tmp_path):
     ("download:\n  retries: [1]\n", r"download.retries = \[1\].*an integer"),
     ("download:\n  source: 3\n", r"download.source = 3.*a string"),
     ("tokenize:\n  on_decode_error: ignore\n", r"on_decode_error = 'ignore'.*'replace', 'strict'"),
-    ("download:\n  timeout_s: 1e-1\n", r"download.timeout_s = '1e-1' is a string.*1.0e-01"),
+    ("download:\n  timeout_s: 1e-1x\n", r"download.timeout_s = '1e-1x' is not allowed; expected a number"),
 ])
 def test_wrong_type(tmp_path, text, match):
     with pytest.raises(ParamError, match=match):
         load(tmp_path, text)
+
+
+def test_a_float_in_the_form_dvc_writes_it_is_a_float(tmp_path):
+    """`dvc exp run -S train.lr=3.0e-5` writes `lr: 3e-05` into params.yaml (YAML 1.2), which PyYAML reads as text:
+    the stage reads the number DVC meant, from the file and from a -S."""
+    params = load(tmp_path, "train:\n  lr: 3e-05\n  min_lr: 1E-6\n  betas: [0.9, 9.5e-1]\n")
+    assert (params.train.lr, params.train.min_lr, params.train.betas) == (3e-05, 1e-06, (0.9, 0.95))
+    (tmp_path / "p.yaml").write_text("train:\n  lr: 1.0e-3\n")
+    assert load_params(tmp_path / "p.yaml", ("train.min_lr=3e-05",)).train.min_lr == 3e-05
 
 
 @pytest.mark.parametrize("value", ["0", "0.0", "0.6", "-0.1", "1"])

@@ -128,6 +128,8 @@ def test_a_setting_that_can_only_fail_is_refused_before_the_first_run(tmp_path, 
                                         r"params: model.attention = 'mnaual' is not allowed; expected one of 'flash'"):
         grid.run_grid(("train.lr=1.0e-3,2.0e-3", "model.attention=flash,mnaual"), name="g")
     assert planned == []
+    grid.run_grid(("train.min_lr=3.0e-5,1.0e-5",), name="small")  # DVC writes 3e-05 (YAML 1.2): a float to the stage
+    assert [r.sets["train.min_lr"] for r in planned] == [3e-05, 1e-05]
 
 def test_json_is_printed_before_a_failed_run_is_an_error(tmp_path, monkeypatch, capsys):
     """An agent reads the comparison even when a run failed; the command still ends with one error line."""

@@ -324,8 +324,8 @@ def params_markdown() -> str:
              "Every key of `params.yaml`, generated from `gpt2/core/config.py` (`python -m gpt2.core.config > "
              "docs/params.md`). Loading is strict: an unknown key (`tokenize.val_fracton` → \"did you mean "
              "'val_fraction'?\"), a wrong type or an out-of-range value stops the stage before it writes anything, "
-             "with one `error:` line naming the key and what it allows. Write floats with a dot before the exponent "
-             "(`6.0e-4`): YAML reads `6e-4` as a string, and the error says so.", ""]
+             "with one `error:` line naming the key and what it allows. A float may be written `6e-4` or `6.0e-4` "
+             "(DVC's `-S` writes the first).", ""]
     for section, cls in typing.get_type_hints(Params).items():
         parts += [f"## `{section}`", "", (cls.__doc__ or "").strip(), "", markdown_table(cls, section), ""]
     return "\n".join(parts)

@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -50,6 +51,8 @@ def doc(cls: type, name: str) -> str:
 
 
 # --------------------------------------------------------------------------- loading
+
+YAML_12_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")  # YAML 1.2's core schema
 
 
 def read_yaml(path: str | os.PathLike, kind: str, option: str) -> Any:
@@ -187,9 +190,8 @@ def coerce(value: Any, hint: Any, key: str, moved: dict[str, str] | None = None)
         require(isinstance(value, int) and not isinstance(value, bool), key, value, "an integer")
         return value
     if hint is float:
-        if isinstance(value, str) and _parses_as_float(value):
-            raise ParamError(f"params: {key} = {value!r} is a string, not a number; YAML reads exponents without a "
-                             f"dot as text, so write it like {float(value):.1e}")
+        if isinstance(value, str) and YAML_12_FLOAT.fullmatch(value.strip()):
+            value = float(value)  # 6e-4: YAML 1.2's float (DVC's -S writes 3e-05 so), YAML 1.1's text (PyYAML's)
         require(isinstance(value, int | float) and not isinstance(value, bool), key, value, "a number")
         require(math.isfinite(value), key, value, "a finite number (.inf and .nan are YAML's, not a setting's)")
         return float(value)
@@ -287,12 +289,6 @@ def _join(at: str, key: Any) -> str:
     return f"{at}.{key}" if at else str(key)
 
 
-def _parses_as_float(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _type_name(hint: Any) -> str:

@@ -56,12 +56,13 @@ def store_lock(uri: str) -> Iterator[None]:
     if not uri.startswith("sqlite:///"):
         yield
         return
+    db = Path(uri.removeprefix("sqlite:///"))
     try:
         import fcntl
     except ImportError:  # Windows: no flock
+        upgrade_older_store(db)
         yield
         return
-    db = Path(uri.removeprefix("sqlite:///"))
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_name(db.name + ".lock"), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
