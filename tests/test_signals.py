@@ -102,12 +102,15 @@ def test_sigterm_exit_code(tmp_path, tokens, monkeypatch):
     assert info.value.exit_code == 143
 
 
-def test_a_signal_in_the_last_step_ends_a_finished_run_not_an_interrupted_one(tmp_path, tokens, monkeypatch, caplog):
-    """The stop comes after the last step's work is done: the run is finished and saved, its reports written, and
-    it says so, instead of "interrupted ... run the stage again to resume" for a run with nothing left to train."""
+def test_a_signal_in_the_last_step_stops_a_finished_run_and_says_so(tmp_path, tokens, monkeypatch, caplog):
+    """The stop comes after the last step's work: the process still stops as asked (DVC then stops the pipeline),
+    but the run is finished and saved, and it says so instead of "run the stage again to resume": the rerun
+    writes the reports from the checkpoint, training nothing."""
     interrupt_at(monkeypatch, 11)  # while step 12 of 12 runs
+    with pytest.raises(TrainingInterrupted, match=r"at step 12/12; the run is finished and saved to .*ckpt.pt; run "
+                                                  r"the stage again to write its reports \(nothing is trained again\)"):
+        run(tmp_path, tokens, micro_params(max_steps=12))
+    monkeypatch.undo()
     summary = run(tmp_path, tokens, micro_params(max_steps=12))
-    assert summary["steps"] == 12 and "SIGINT came in the last step (12/12): the run is finished and saved" in \
-        caplog.text
-    assert checkpoint.load(tmp_path / "run/ckpt.pt")["metrics"]["steps"] == 12  # a finished run's checkpoint
+    assert summary["steps"] == 12 and "is a finished run of these params and data (12 steps)" in caplog.text
     assert (tmp_path / "run/reports/summary.json").is_file()

@@ -135,6 +135,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                         "seed again and pass for another; give --repeats 1 (or leave the seed to the repeats)")
     experiments.check_repo(root)
     if not revs:  # each revision checks its own params.yaml; here a setting that can only fail stops the grid now
+        load_params(params_path)  # the file itself first: its own error is not a setting's
         for combo in settings(grid):
             try:
                 load_params(params_path, tuple(f"{k}={json.dumps(v)}" for k, v in {**combo, **fixed}.items()))

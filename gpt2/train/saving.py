@@ -72,15 +72,18 @@ class Checkpointer:
                             f"{self.last_good()}, is kept for train.resume auto") from None
         self.last_saved = step
 
-    def what_was_saved(self) -> str:
-        """For the message of an interrupted run."""
+    def what_was_saved(self, finished: bool = False) -> str:
+        """For the message of an interrupted run; ``finished``: the stop came in its last step."""
         if not self.cfg.save_checkpoint:
             return "no checkpoint saved (train.save_checkpoint is false)"
+        again = ("run the same `dvc exp run` command again" if os.environ.get("DVC_EXP_NAME") else
+                 "run the stage again")
+        if finished:
+            return (f"the run is finished and saved to {self.path}; {again} to write its reports (nothing is "
+                    "trained again)")
         if os.environ.get("DVC_EXP_NAME"):
-            how = "run the same `dvc exp run` command again to resume it (or `dvc repro` in this workspace)"
-        else:
-            how = "run the stage again to resume (train.resume: auto)"
-        return f"checkpoint saved to {self.path}; {how}"
+            return f"checkpoint saved to {self.path}; {again} to resume it (or `dvc repro` in this workspace)"
+        return f"checkpoint saved to {self.path}; {again} to resume (train.resume: auto)"
 
     def last_good(self) -> str:
         """For messages: the checkpoint on disk, once the write in flight (if any) has ended."""

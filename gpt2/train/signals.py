@@ -35,11 +35,6 @@ class StopRequest:
     def asked(self) -> bool:
         return self.signum is not None
 
-    def came_at_the_end(self, step: str) -> str:
-        """What a stop asked in the run's last step changed: nothing; the run is finished and saved."""
-        name = signal.Signals(self.signum or signal.SIGTERM).name
-        return f"{name} came in the last step ({step}): the run is finished and saved, nothing is left to resume"
-
     def interrupted(self, step: str, saved: str) -> TrainingInterrupted:
         """The error that ends the run; a peer's signal (this rank got none) counts as SIGTERM. ``step``: where
         it stopped, as the log shows it (``12/320``)."""

@@ -46,8 +46,6 @@ from gpt2.train.signals import StopVote, TrainingInterrupted, stop_on_signals
 from gpt2.train.step import backward_micro_batches, optimizer_step
 from gpt2.train.step_log import StepLog
 
-logger = log.get("train")
-
 __all__ = ["TrainingInterrupted", "train", "fit"]
 
 
@@ -88,12 +86,10 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
             signals.saving = stopping  # from here a second Ctrl-C waits for the write (checkpointer's exit)
             if checkpointer.due(step, last=done or stopping):
                 checkpointer.save(step, summary)
+            if stopping:  # asked in the last step too: DVC then stops the pipeline, as its user asked
+                raise signals.interrupted(length.shown(step), checkpointer.what_was_saved(finished=done))
             if done:
-                if stopping:
-                    logger.info(f"train: {signals.came_at_the_end(length.shown(step))}")
                 return summary
-            if stopping:
-                raise signals.interrupted(length.shown(step), checkpointer.what_was_saved())
     return finish(step, step_log.throughput)  # resumed past a lowered max_steps: nothing left to train
 
 
