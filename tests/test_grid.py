@@ -39,6 +39,10 @@ def test_values_with_commas_of_their_own_and_the_mistakes_a_set_can_hold():
     betas = grid.parse_sets(("train.betas=[0.9,0.95],[0.9, 0.99]", 'eval.prompts=["a, b"],[c]'))
     assert betas == {"train.betas": [[0.9, 0.95], [0.9, 0.99]], "eval.prompts": [["a, b"], ["c"]]}
     assert grid.experiments._set_args({"train.betas": [0.9, 0.95]}) == ["-S", "train.betas=[0.9, 0.95]"]  # to DVC
+    assert grid.experiments._set_args({"eval.prompts": ["Café"]}) == ["-S", 'eval.prompts=["Café"]']  # as written
+    for value in (r"eval.prompts=[a\b]", 'eval.prompts=["${train.lr}"]'):
+        with pytest.raises(UserError, match=r"DVC's -S would not pass a backslash or \$\{\.\.\.\} on as written"):
+            grid.parse_sets((value,))
     with pytest.raises(UserError, match=r"-S train.lr is given twice; give all its values in one -S: "
                                         r"-S train.lr=0.001,\.\.\."):
         grid.parse_sets(("train.lr=1.0e-3", "train.lr=2.0e-3"))

@@ -223,8 +223,9 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what
 
 
 def _set_args(sets: dict[str, Any]) -> list[str]:
-    """``-S key=value`` for each setting. Values are JSON, which DVC reads as YAML."""
-    return [arg for key, value in sets.items() for arg in ("-S", f"{key}={json.dumps(value)}")]
+    """``-S key=value`` for each setting. Values are JSON, which DVC's override parser reads back as written (its
+    text unescaped: ``é`` itself, not ``\\u00e9``; a backslash it would double is refused by gpt2/measure/grid.py)."""
+    return [arg for key, value in sets.items() for arg in ("-S", f"{key}={json.dumps(value, ensure_ascii=False)}")]
 
 
 def finished(root: Path, files: tuple[str, ...] = ()) -> list[Experiment]:

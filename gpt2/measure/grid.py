@@ -54,7 +54,23 @@ def parse_sets(sets: tuple[str, ...]) -> dict[str, list[Any]]:
             raise UserError(f"-S {item!r}: value {[t.strip() for t in texts].index('') + 1} of {len(texts)} is empty; "
                             "remove the extra comma")
         grid[key] = [dvc_value(item, text) for text in texts]
+        for value in grid[key]:
+            if any("\\" in text or "${" in text for text in _texts(value)):
+                raise UserError(f"-S {item!r}: DVC's -S would not pass a backslash or ${{...}} on as written (it "
+                                "doubles the one and reads the other as a reference); set such a value in "
+                                "params.yaml instead")
     return grid
+
+
+def _texts(value: Any) -> list[str]:
+    """The strings in a setting's value, a list's included."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [text for item in value for text in _texts(item)]
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _texts(item)]
+    return []
 
 
 def split_values(item: str, values: str) -> list[str]:
