@@ -289,7 +289,5 @@ def _join(at: str, key: Any) -> str:
     return f"{at}.{key}" if at else str(key)
 
 
-
-
 def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")

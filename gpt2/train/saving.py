@@ -76,14 +76,13 @@ class Checkpointer:
         """For the message of an interrupted run; ``finished``: the stop came in its last step."""
         if not self.cfg.save_checkpoint:
             return "no checkpoint saved (train.save_checkpoint is false)"
-        again = ("run the same `dvc exp run` command again" if os.environ.get("DVC_EXP_NAME") else
-                 "run the stage again")
+        experiment = bool(os.environ.get("DVC_EXP_NAME"))
+        again = "run the same `dvc exp run` command again" if experiment else "run the stage again"
         if finished:
             return (f"the run is finished and saved to {self.path}; {again} to write its reports (nothing is "
                     "trained again)")
-        if os.environ.get("DVC_EXP_NAME"):
-            return f"checkpoint saved to {self.path}; {again} to resume it (or `dvc repro` in this workspace)"
-        return f"checkpoint saved to {self.path}; {again} to resume (train.resume: auto)"
+        resume = "to resume it (or `dvc repro` in this workspace)" if experiment else "to resume (train.resume: auto)"
+        return f"checkpoint saved to {self.path}; {again} {resume}"
 
     def last_good(self) -> str:
         """For messages: the checkpoint on disk, once the write in flight (if any) has ended."""
