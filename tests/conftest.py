@@ -136,6 +136,9 @@ def hermetic_environment(tmp_path_factory: pytest.TempPathFactory):
         # OpenMP threads that wait for a busy core spin (CPU time that does no work); every process of the suite
         # runs with the same count, so the runs it compares do too
         patch.setenv("OMP_NUM_THREADS", "1")
+        # compile in the process itself: Inductor's pool of compile workers costs each compiling process a
+        # torch import per worker (4 CPU-s on a 2-core AMD EPYC), more than a micro model's kernels take to build
+        patch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         patch.setenv("GPT2_PEAK_CACHE", str(stand_in_peaks(tmp_path_factory.mktemp("peaks"))))

@@ -1,4 +1,4 @@
-"""A DDP training process for tests, run under torchrun, that can misbehave on purpose.
+"""A DDP training process for tests, run under torchrun or forked by ``forked_job``, that can misbehave on purpose.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/ddp_driver.py PARAMS TOKENS CKPT OUT \\
         [--fault signal|hang|die|kill --fault-rank R --fault-step S] [--defer-syncs] [--crash-at-exit R]
@@ -14,8 +14,11 @@ rank 0 takes 2 s more to write its reports.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import signal
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +30,7 @@ from gpt2.core.config import load_params  # noqa: E402
 from gpt2.train import describe, step_log, trainer  # noqa: E402
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     for name in ("params", "tokens", "ckpt", "out"):
         parser.add_argument(name)
@@ -38,7 +41,7 @@ def main() -> None:
     parser.add_argument("--hang-s", type=float, default=15.0)
     parser.add_argument("--defer-syncs", action="store_true")
     parser.add_argument("--crash-at-exit", type=int)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rank = int(os.environ["RANK"])
     if args.defer_syncs:
         step_log.sync_every_step = lambda runtime: False
@@ -69,6 +72,61 @@ def main() -> None:
     user_errors(trainer.train)(load_params(args.params), args.tokens, args.ckpt, args.out)
     if rank == args.crash_at_exit:
         os.abort()
+
+
+def forked_job(argv: list[str], nproc: int, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The job ``torchrun --standalone --nproc-per-node NPROC ddp_driver.py ARGV`` runs, each rank a process of
+    its own as there, but forked from a server that imported torch and this driver once per test worker: a
+    launch costs no imports (on a slow 2-core CPU, 6 s per process and 16 CPU-seconds per 2-rank launch). For
+    tests of what ranks do together; the launcher's own part (naming a killed rank, stopping the others) is
+    tested with torchrun. As torchrun does, a failing rank stops the others (SIGTERM, SIGKILL 30 s later).
+    Returns what ``subprocess.run`` would: the first failing rank's exit code (128 + N for signal N), and the
+    ranks' output, rank 0's first, as stderr."""
+    server = multiprocessing.get_context("forkserver")
+    server.set_forkserver_preload(["torch", "torch._dynamo", "ddp_driver"])
+    folder = Path(argv[3]).parent  # beside the checkpoint
+    logs = [folder / f"rank{rank}.log" for rank in range(nproc)]
+    port = free_port()
+    ranks = [server.Process(target=_rank, args=(argv, log, {
+        **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+        "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc)}, os.getcwd()))
+        for rank, log in enumerate(logs)]
+    for process in ranks:
+        process.start()
+    deadline = time.monotonic() + timeout
+    while any(p.exitcode is None for p in ranks) and not any(p.exitcode for p in ranks) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)  # torchrun's monitor interval
+    stop_by = min(deadline, time.monotonic() + 30)  # a rank failed: torchrun stops the others, SIGKILL after 30 s
+    for process in ranks:
+        if process.exitcode is None:
+            process.terminate()
+    for process in ranks:
+        process.join(max(0.0, stop_by - time.monotonic()))
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+    codes = [128 - p.exitcode if p.exitcode < 0 else p.exitcode for p in ranks]
+    code = next((c for c in codes if c), 0)
+    output = "".join(log.read_text(errors="replace") for log in logs)
+    return subprocess.CompletedProcess(["ddp_driver.py", *argv], code, "", output)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank(argv: list[str], log: Path, env: dict[str, str], cwd: str) -> None:
+    """One rank, in the forked process: its environment as torchrun sets it, its output to its own file."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    main(argv)
 
 
 if __name__ == "__main__":

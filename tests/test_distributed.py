@@ -1,5 +1,5 @@
-"""DDP and FSDP on CPU (gloo, 2 processes under torchrun): same results as one process, rank 0 writes, checkpoints
-resume across off/ddp/fsdp and world sizes, faults end cleanly."""
+"""DDP and FSDP on CPU (gloo, 2 processes, forked or under torchrun): same results as one process, rank 0 writes,
+checkpoints resume across off/ddp/fsdp and world sizes, faults end cleanly."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 import torch
 import yaml
 from conftest import MICRO_MODEL, MICRO_TRAIN, ROOT, dvc, environment, micro_params, project_copy, set_params
+from ddp_driver import forked_job, free_port
 
 from gpt2.run import checkpoint
 from gpt2.train.trainer import train
@@ -35,10 +36,14 @@ def params_file(folder: Path, model: dict | None = None, **train_overrides) -> P
 
 
 def torchrun(folder: Path, tokens: Path, *extra: str, nproc: int = 2, model: dict | None = None,
-             launcher: str = "torch.distributed.run", **train_overrides) -> subprocess.CompletedProcess:
+             launcher: str = "fork", **train_overrides) -> subprocess.CompletedProcess:
+    """A DDP job of tests/ddp_driver.py: its ranks forked (``fork``, no imports to pay) or started by a launcher
+    (``torch.distributed.run``, ``gpt2.train.torchrun``) where the test is about what the launcher does."""
     params = params_file(folder, model, **{"distributed": "ddp", **train_overrides})
-    command = [sys.executable, "-m", launcher, "--standalone", f"--nproc-per-node={nproc}",
-               str(DRIVER), str(params), str(tokens), str(folder / "ckpt.pt"), str(folder / "reports"), *extra]
+    argv = [str(params), str(tokens), str(folder / "ckpt.pt"), str(folder / "reports"), *extra]
+    if launcher == "fork":
+        return forked_job(argv, nproc)
+    command = [sys.executable, "-m", launcher, "--standalone", f"--nproc-per-node={nproc}", str(DRIVER), *argv]
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
@@ -171,7 +176,8 @@ def test_signal_on_one_rank_stops_both_at_the_same_step_and_resume_is_exact(tmp_
 def test_no_rank_leaves_before_rank_0_has_written_the_reports(tmp_path, tokens):
     """A rank that crashes in its teardown after the last step (gloo's can abort at exit) makes torchrun stop the
     others: rank 0 must have written the checkpoint and the reports by then."""
-    result = torchrun(tmp_path, tokens, "--crash-at-exit", "1", micro_batch_size=2, max_steps=4)
+    result = torchrun(tmp_path, tokens, "--crash-at-exit", "1", micro_batch_size=2, max_steps=4,
+                      launcher="torch.distributed.run")
     assert result.returncode != 0  # rank 1's abort is the job's failure; nothing of rank 0's is lost
     assert metrics(tmp_path)["steps"] == 4, result.stderr[-3000:]
     assert checkpoint.load(tmp_path / "ckpt.pt")["step"] == 4
@@ -205,7 +211,7 @@ def test_a_rank_that_hangs_or_is_killed_is_an_error_not_a_wait(tmp_path, tokens,
     result = torchrun(tmp_path / fault, tokens, "--fault", fault, "--fault-rank", "1",
                       "--fault-step", "0,3" if fault == "hang" else "3", "--hang-s", "6", micro_batch_size=2,
                       dist_timeout_s=3.0, dist_first_step_timeout_s=60.0, checkpoint_interval=2,
-                      launcher="gpt2.train.torchrun" if fault == "kill" else "torch.distributed.run")
+                      launcher="gpt2.train.torchrun" if fault == "kill" else "fork")
     assert result.returncode != 0
     if fault == "hang":
         assert "step 2/12" in result.stderr, result.stderr[-3000:]  # the first step's 6 s were waited for
@@ -217,14 +223,6 @@ def test_a_rank_that_hangs_or_is_killed_is_an_error_not_a_wait(tmp_path, tokens,
     assert f"nothing more was saved: the last checkpoint is {tmp_path / 'kill/ckpt.pt'}" in result.stderr or \
         "rank 0/2" not in result.stderr  # rank 0 may have been stopped by the launcher before its own line
     assert checkpoint.load(tmp_path / "kill/ckpt.pt")["step"] == 2
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def two_nodes(project: Path, rdzv_id: str) -> tuple[list[subprocess.Popen], list[Path]]:
