@@ -15,10 +15,19 @@ import yaml
 from click.testing import CliRunner
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests first: the two workers start on them and share the short ones at the end, instead of
-    one worker finishing a 90-second test alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each worker's share starts with its slow tests. xdist's worksteal hands each of N workers a contiguous
+    1/N of this list and lets an idle worker take the short tests at the end of another's: the slow tests dealt
+    in turn, each share filled up with short ones, so no worker is left finishing a 60-second test alone."""
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    short = iter([item for item in items if not item.get_closest_marker("slow")])
+    ordered: list[pytest.Item] = []
+    for worker in range(workers):
+        share = slow[worker::workers]
+        size = (worker + 1) * len(items) // workers - worker * len(items) // workers
+        ordered += share + [item for _, item in zip(range(size - len(share)), short)]
+    items[:] = ordered + list(short)
 
 
 WORDS = ("the king queen lord thou art my good sweet love night day fair death life heaven "
