@@ -74,12 +74,13 @@ def _texts(value: Any) -> list[str]:
 
 
 def split_values(item: str, values: str) -> list[str]:
-    """``values`` cut at its commas outside brackets, braces and quotes."""
-    texts, depth, quote, start = [], 0, "", 0
+    """``values`` cut at its commas outside brackets, braces and quotes. As in YAML, a quote opens a quoted
+    text only where a value starts (``'a,b'``, ``['x', 'y']``); inside a word (``[it's]``) it is a letter."""
+    texts, depth, quote, start, before = [], 0, "", 0, ","
     for i, char in enumerate(values):
         if quote:
             quote = "" if char == quote else quote
-        elif char in "'\"":
+        elif char in "'\"" and before in ",[{:":
             quote = char
         elif char in "[{":
             depth += 1
@@ -88,6 +89,8 @@ def split_values(item: str, values: str) -> list[str]:
         elif char == "," and depth == 0:
             texts.append(values[start:i])
             start = i + 1
+        if not char.isspace():
+            before = char
     if depth or quote:
         raise UserError(f"-S {item!r}: a bracket or a quote is not closed; quote the whole -S in the shell, e.g. "
                         "-S 'train.betas=[0.9,0.95],[0.9,0.99]'")
