@@ -1,10 +1,11 @@
 """A process's entry point (a DVC stage, the ``gpt2`` command) that ends the process once its work is done.
 
 Python's own shutdown frees every module and object one by one. With torch and MLflow loaded that
-takes seconds (docs/benchmarks.md measures it), paid by every stage of every run and
-by every run of a grid. What a shutdown must do still happens here, in Python's order: the threads
-that are not daemons are joined, the exit handlers run (MLflow's, multiprocessing's, logging's), the
-standard streams are flushed. Only the freeing of memory the OS takes back anyway is skipped.
+takes seconds (docs/benchmarks.md measures it), paid by every stage of every run and by every run of a
+grid. What a shutdown must do still happens here, in Python's order: thread pools are shut down and
+the threads that are not daemons joined, the exit handlers run (MLflow's, multiprocessing's,
+logging's), the standard streams are flushed. Only the freeing of memory the OS takes back anyway is
+skipped.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ def end(code: int | str | None) -> NoReturn:
     if isinstance(code, str):
         print(code, file=sys.stderr)
         code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # Python's own first step: the thread pools are told to stop (a compiled model's leaves idle workers that
+    # wait for work forever), then every thread that is not a daemon is joined
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
