@@ -80,8 +80,8 @@ def forked_job(argv: list[str], nproc: int, timeout: float = 300) -> subprocess.
     launch costs no imports (on a slow 2-core CPU, 6 s per process and 16 CPU-seconds per 2-rank launch). For
     tests of what ranks do together; the launcher's own part (naming a killed rank, stopping the others) is
     tested with torchrun. As torchrun does, a failing rank stops the others (SIGTERM, SIGKILL 30 s later).
-    Returns what ``subprocess.run`` would: the first failing rank's exit code (128 + N for signal N), and the
-    ranks' output, rank 0's first, as stderr."""
+    Returns what ``subprocess.run`` would: the exit code of the lowest failing rank (128 + N for signal N) and
+    the ranks' output, rank 0's first, as stderr; raises ``subprocess.TimeoutExpired`` past ``timeout``."""
     server = multiprocessing.get_context("forkserver")
     server.set_forkserver_preload(["torch", "torch._dynamo", "ddp_driver"])
     folder = Path(argv[3]).parent  # beside the checkpoint
@@ -94,10 +94,14 @@ def forked_job(argv: list[str], nproc: int, timeout: float = 300) -> subprocess.
     for process in ranks:
         process.start()
     deadline = time.monotonic() + timeout
-    while any(p.exitcode is None for p in ranks) and not any(p.exitcode for p in ranks) \
-            and time.monotonic() < deadline:
+    while any(p.exitcode is None for p in ranks) and not any(p.exitcode for p in ranks):
+        if time.monotonic() > deadline:  # what subprocess.run's timeout does: a hang is not a failure to accept
+            for process in ranks:
+                process.kill()
+                process.join()
+            raise subprocess.TimeoutExpired(["ddp_driver.py", *argv], timeout, stderr=_output(logs))
         time.sleep(0.1)  # torchrun's monitor interval
-    stop_by = min(deadline, time.monotonic() + 30)  # a rank failed: torchrun stops the others, SIGKILL after 30 s
+    stop_by = time.monotonic() + 30  # a rank failed: torchrun stops the others, SIGKILL 30 s later
     for process in ranks:
         if process.exitcode is None:
             process.terminate()
@@ -108,8 +112,12 @@ def forked_job(argv: list[str], nproc: int, timeout: float = 300) -> subprocess.
             process.join()
     codes = [128 - p.exitcode if p.exitcode < 0 else p.exitcode for p in ranks]
     code = next((c for c in codes if c), 0)
-    output = "".join(log.read_text(errors="replace") for log in logs)
-    return subprocess.CompletedProcess(["ddp_driver.py", *argv], code, "", output)
+    return subprocess.CompletedProcess(["ddp_driver.py", *argv], code, "", _output(logs))
+
+
+def _output(logs: list[Path]) -> str:
+    """The ranks' output, rank 0's first (a rank that died before it opened its log wrote nothing)."""
+    return "".join(log.read_text(errors="replace") for log in logs if log.exists())
 
 
 def free_port() -> int:
