@@ -40,6 +40,7 @@ def test_values_with_commas_of_their_own_and_the_mistakes_a_set_can_hold():
     assert betas == {"train.betas": [[0.9, 0.95], [0.9, 0.99]], "eval.prompts": [["a, b"], ["c"]]}
     words = grid.parse_sets(("eval.prompts=[it's],['a, b', 'it''s']",))  # a quote inside a word is a letter
     assert words == {"eval.prompts": [["it's"], ["a, b", "it's"]]}
+    assert grid.split_values("k", "'it''s, x',!!str 'a,b'") == ["'it''s, x'", "!!str 'a,b'"]  # YAML's '' and tag
     assert grid.experiments._set_args({"train.betas": [0.9, 0.95]}) == ["-S", "train.betas=[0.9, 0.95]"]  # to DVC
     assert grid.experiments._set_args({"eval.prompts": ["Café"]}) == ["-S", 'eval.prompts=["Café"]']  # as written
     for value in (r"eval.prompts=[a\b]", 'eval.prompts=["${train.lr}"]'):

@@ -75,12 +75,16 @@ def _texts(value: Any) -> list[str]:
 
 def split_values(item: str, values: str) -> list[str]:
     """``values`` cut at its commas outside brackets, braces and quotes. As in YAML, a quote opens a quoted
-    text only where a value starts (``'a,b'``, ``['x', 'y']``); inside a word (``[it's]``) it is a letter."""
-    texts, depth, quote, start, before = [], 0, "", 0, ","
+    text only where a value starts (``'a,b'``, ``['x', 'y']``, ``!!str 'a,b'``); inside a word (``[it's]``) it
+    is a letter, and in a single-quoted text ``''`` is one quote."""
+    texts, depth, quote, start, value_at, escaped = [], 0, "", 0, 0, False
     for i, char in enumerate(values):
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "'\"" and before in ",[{:":
+        if escaped:
+            escaped = False
+        elif quote:
+            escaped = char == quote == "'" and values[i + 1:i + 2] == "'"
+            quote = quote if escaped or char != quote else ""
+        elif char in "'\"" and VALUE_START.fullmatch(values[value_at:i]):
             quote = char
         elif char in "[{":
             depth += 1
@@ -89,12 +93,15 @@ def split_values(item: str, values: str) -> list[str]:
         elif char == "," and depth == 0:
             texts.append(values[start:i])
             start = i + 1
-        if not char.isspace():
-            before = char
+        if not quote and char in ",[{:":
+            value_at = i + 1
     if depth or quote:
         raise UserError(f"-S {item!r}: a bracket or a quote is not closed; quote the whole -S in the shell, e.g. "
                         "-S 'train.betas=[0.9,0.95],[0.9,0.99]'")
     return texts + [values[start:]]
+
+
+VALUE_START = re.compile(r"\s*(?:[!&]\S*\s+)*")  # what may come before a value's opening quote: YAML's tag, anchor
 
 
 def dvc_value(item: str, text: str) -> Any:
