@@ -15,6 +15,7 @@ import yaml
 from click.testing import CliRunner
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected: the shares are of what runs
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each worker's share starts with its slow tests. xdist's worksteal hands each of N workers a contiguous
     1/N of this list and lets an idle worker take the short tests at the end of another's: the slow tests dealt

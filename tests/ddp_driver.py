@@ -79,9 +79,11 @@ def forked_job(argv: list[str], nproc: int, timeout: float = 300) -> subprocess.
     its own as there, but forked from a server that imported torch and this driver once per test worker: a
     launch costs no imports (on a slow 2-core CPU, 6 s per process and 16 CPU-seconds per 2-rank launch). For
     tests of what ranks do together; the launcher's own part (naming a killed rank, stopping the others) is
-    tested with torchrun. As torchrun does, a failing rank stops the others (SIGTERM, SIGKILL 30 s later).
-    Returns what ``subprocess.run`` would: the exit code of the lowest failing rank (128 + N for signal N) and
-    the ranks' output, rank 0's first, as stderr; raises ``subprocess.TimeoutExpired`` past ``timeout``."""
+    tested with torchrun. What torch reads when it loads (OMP_NUM_THREADS) comes from the server's
+    environment. As torchrun does, a failing rank stops the others (SIGTERM, SIGKILL 30 s later). Returns what
+    ``subprocess.run`` would: the exit code of the lowest rank that failed before the others were stopped
+    (128 + N for signal N) and the ranks' output, rank 0's first, as stderr; raises
+    ``subprocess.TimeoutExpired`` past ``timeout``."""
     server = multiprocessing.get_context("forkserver")
     server.set_forkserver_preload(["torch", "torch._dynamo", "ddp_driver"])
     folder = Path(argv[3]).parent  # beside the checkpoint
@@ -91,27 +93,27 @@ def forked_job(argv: list[str], nproc: int, timeout: float = 300) -> subprocess.
         **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
         "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc)}, os.getcwd()))
         for rank, log in enumerate(logs)]
-    for process in ranks:
-        process.start()
-    deadline = time.monotonic() + timeout
-    while any(p.exitcode is None for p in ranks) and not any(p.exitcode for p in ranks):
-        if time.monotonic() > deadline:  # what subprocess.run's timeout does: a hang is not a failure to accept
-            for process in ranks:
+    try:
+        for process in ranks:
+            process.start()
+        deadline = time.monotonic() + timeout
+        while any(p.exitcode is None for p in ranks) and not any(p.exitcode for p in ranks):
+            if time.monotonic() > deadline:  # what subprocess.run's timeout does: a hang is not a failure to accept
+                raise subprocess.TimeoutExpired(["ddp_driver.py", *argv], timeout, stderr=_output(logs))
+            time.sleep(0.1)  # torchrun's monitor interval
+        failed = [p.exitcode for p in ranks if p.exitcode]  # before this job stops the others itself
+        stop_by = time.monotonic() + 30  # a rank failed: torchrun stops the others, SIGKILL 30 s later
+        for process in ranks:
+            if process.exitcode is None:
+                process.terminate()
+        for process in ranks:
+            process.join(max(0.0, stop_by - time.monotonic()))
+    finally:  # a timeout, a failed start or Ctrl-C: no rank is left waiting for its peers
+        for process in ranks:
+            if process.pid is not None and process.exitcode is None:
                 process.kill()
                 process.join()
-            raise subprocess.TimeoutExpired(["ddp_driver.py", *argv], timeout, stderr=_output(logs))
-        time.sleep(0.1)  # torchrun's monitor interval
-    stop_by = time.monotonic() + 30  # a rank failed: torchrun stops the others, SIGKILL 30 s later
-    for process in ranks:
-        if process.exitcode is None:
-            process.terminate()
-    for process in ranks:
-        process.join(max(0.0, stop_by - time.monotonic()))
-        if process.exitcode is None:
-            process.kill()
-            process.join()
-    codes = [128 - p.exitcode if p.exitcode < 0 else p.exitcode for p in ranks]
-    code = next((c for c in codes if c), 0)
+    code = next((128 - c if c < 0 else c for c in failed), 0)
     return subprocess.CompletedProcess(["ddp_driver.py", *argv], code, "", _output(logs))
 
 
@@ -134,7 +136,10 @@ def _rank(argv: list[str], log: Path, env: dict[str, str], cwd: str) -> None:
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(out, 1)
     os.dup2(out, 2)
+    from gpt2.core.entry import end
+
     main(argv)
+    end(0)  # as under torchrun: the stage's early exit, its thread pools shut down and exit handlers run
 
 
 if __name__ == "__main__":

@@ -228,9 +228,10 @@ def test_an_experiment_of_the_train_stage_alone_shows_no_evaluation_of_another_r
 
 
 def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, tmp_path_factory):
-    """As a new user: `dvc repro`, commit, then a grid whose first setting is the committed one. DVC would find that
-    setting's stages unchanged and hand back the committed run's figures, measured some other time: every run of a
-    grid trains in its turn, its own seed (the committed one plus its repeat), and is timed there."""
+    """As a new user: a pipeline run (here recorded with `dvc commit`), commit, then a grid whose first setting is
+    the committed one. DVC would find that setting's stages unchanged and hand back the committed run's figures,
+    measured some other time: every run of a grid trains in its turn, its own seed (the committed one plus its
+    repeat), and is timed there."""
     mlflow = pytest.importorskip("mlflow")
     root = project_copy(tmp_path_factory, tmp_path, "all")
     set_params(root, train={"mlflow": True}, eval={"mlflow": True})
