@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 
 import numpy as np
@@ -34,7 +35,8 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
     assert json.loads((report / "summary.json").read_text()) == metrics
     # DVC's metrics file keeps only the figures people compare (dvc exp show stays readable)
     compared = json.loads((report / "metrics.json").read_text())
-    assert sorted(flatten(compared)) == ["cost.device_hours", "cost.usd", "mem.peak_gb", "perf.mfu", "perf.step_ms",
+    assert sorted(flatten(compared)) == ["cost.device_hours", "cost.usd", "machine.others_busy", "machine.steal",
+                                         "mem.peak_gb", "perf.mfu", "perf.step_ms",
                                          "perf.step_ms_iqr", "perf.tokens_per_s", "perf.tokens_per_s_iqr",
                                          "perf.tokens_per_s_steady", "perf.tokens_per_s_wall", "train.loss", "train_s",
                                          "val.loss", "val.loss_se", "val.ppl", "wall_s"]
@@ -45,6 +47,9 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
     assert metrics["perf"]["tokens_per_s_wall"] < metrics["perf"]["tokens_per_s_steady"]
     history = checkpoint.load(tmp_path / "run/ckpt.pt")["history"]
     assert history["steady_steps"] == 29 and history["steady_s"] < metrics["wall_s"]
+    # how busy other work kept the cores while the steady state was timed: its window is that state's, every core
+    assert history["load"]["window_s"] == pytest.approx(history["steady_s"] * os.cpu_count(), rel=0.05)
+    assert 0 <= metrics["machine"]["others_busy"] <= 1 and metrics["machine"]["cores"] == os.cpu_count()
     assert metrics["perf"]["tokens_per_s_steady"] == pytest.approx(29 * 4 * 16 / history["steady_s"], rel=0.01)
     assert metrics["perf"]["tokens_per_s_wall"] < metrics["perf"]["tokens_per_s"]
     assert metrics["runtime"]["graph_breaks"] is None  # not compiled: nothing to count

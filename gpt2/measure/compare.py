@@ -94,6 +94,7 @@ class Run:
     target: dict[str, Any] | None = None  # the trainer's record of a target val loss: reached, time_s, tokens, steps
     curve: Curve | None = None
     runtime: dict[str, Any] = field(default_factory=dict)  # what really ran (the trainer's summary)
+    machine: dict[str, float] | None = None  # how busy other work kept the cores while it was timed
 
 
 def read_run(name: str, repeat: int, seed: int | None, exp: Any, curve: Curve | None = None) -> Run:
@@ -119,6 +120,7 @@ def read_run(name: str, repeat: int, seed: int | None, exp: Any, curve: Curve | 
     run.holdout_loss, run.holdout_loss_se = held.get("holdout_loss"), held.get("holdout_loss_se")
     run.target, run.curve = metrics.get("target"), curve
     run.runtime = summary.get("runtime") or {}
+    run.machine = metrics.get("machine")
     return run
 
 

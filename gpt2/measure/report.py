@@ -16,6 +16,7 @@ from gpt2.core.plots import png, pyplot
 from gpt2.measure.apply import Change
 from gpt2.measure.compare import (ADVICE, TOO_NOISY, AtQuality, Arm, Judged, LossDiff, Ratio, Test, confirm,
                                   final_loss, p_text, win)
+from gpt2.run import machine_load
 from gpt2.run.names import json_value
 
 
@@ -166,6 +167,8 @@ def verdict(judged: Judged, words: Words, repeats: int, changes: list[Change], l
         parts.append(f"**{len(failed)} of {total} runs failed** ({', '.join(failed)}; their output is in dvc.log): "
                      + ("the verdict covers only the runs that finished." if compared else
                         f"no {what} could be compared, so there is no verdict."))
+    if busy := loaded_runs(judged):
+        parts.append(busy)
     evals = [len(r.curve) for a in judged.arms for r in a.done if r.curve]
     if evals and min(evals) < 3:
         parts.append(f"Some runs evaluated only {min(evals)} time(s): too few to read when a run reached the "
@@ -184,6 +187,18 @@ def verdict(judged: Judged, words: Words, repeats: int, changes: list[Change], l
     else:
         parts.append(note or f"Nothing for `--apply` to write: no {what} wins outside noise without losing elsewhere.")
     return "\n\n".join(p for p in parts if p)
+
+
+def loaded_runs(judged: Judged) -> str:
+    """The runs that other work on the machine slowed while they were timed (gpt2/run/machine_load.py)."""
+    loaded = [(r, r.machine) for a in judged.arms for r in a.done if machine_load.warning(r.machine)]
+    if not loaded:
+        return ""
+    return ("**Measured beside other work:** " + "; ".join(
+        f"{r.name} (other work kept {100 * m['others_busy']:.0f}% of the cores busy"
+        + (f", steal {100 * m['steal']:.0f}%" if m["steal"] >= 0.005 else "") + ")" for r, m in loaded)
+        + ". Their speed reads low and their pairs' ratios are not this machine's; measure again on a quiet "
+          "machine (nothing else running) before trusting a speed verdict.")
 
 
 def noise_sentence(judged: Judged, words: Words, repeats: int) -> str:

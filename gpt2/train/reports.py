@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from gpt2.core import log
 from gpt2.core.atomic import json_text, write_files
 from gpt2.core.plots import png, pyplot
+from gpt2.run import machine_load
 from gpt2.run.cost import cost_figures, price_per_hour
 from gpt2.run.device import memory_gb
 from gpt2.run.figures import compared_figures, rounded
@@ -62,7 +64,8 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, th
     ``mfu`` divides by the bf16 yardstick, ``mfu_dtype`` (where it differs) by the run's own dtype's
     peak. ``step_ms_iqr`` and ``tokens_per_s_iqr`` are the
     interquartile ranges over the timed steps: how much single steps vary. ``train_s``: the training time,
-    every session's steps (what a time budget counts). ``cost``: the device-hours of the run's wall time over its
+    every session's steps (what a time budget counts). ``machine``: how busy other work kept the cores while the
+    steady state was timed (gpt2/run/machine_load.py). ``cost``: the device-hours of the run's wall time over its
     sessions (``run_wall_s``), and their price (gpt2/run/cost.py)."""
     timed = history.timed_s(timing_warmup_steps)
     step_s = statistics.median(timed)
@@ -96,6 +99,7 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, th
             "world_size": world,
         },
         "mem": memory_figures(memory),
+        **({"machine": {**load, "cores": os.cpu_count()}} if (load := machine_load.figures(history.load)) else {}),
         **({"target": target_figures(target_val_loss, history.target)} if target_val_loss is not None else {}),
         "steps": step,
         "tokens": step * tokens_per_step,
@@ -122,6 +126,8 @@ def run_summary(s: Setup, throughput: Throughput, history: History, last_step: i
                         timing_warmup_steps=cfg.timing_warmup_steps, target_val_loss=cfg.target_val_loss,
                         num_params=s.model.num_params(), memory=memory_gb(s.runtime), run_wall_s=run_wall_s,
                         price=price_per_hour(cfg.price_per_hour, s.runtime.device.type, s.runtime.device_name))
+    if warning := machine_load.warning(summary.get("machine")):
+        log.get("train").warning(warning)
     runtime = {k: v for k, v in info.items() if k != "params"}  # what really ran (the ladder reads it)
     return {**summary, "runtime": {**runtime, **s.compile_watch.figures()}}
 

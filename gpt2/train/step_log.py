@@ -21,6 +21,7 @@ import torch
 from gpt2.core import log
 from gpt2.core.errors import Diverged
 from gpt2.core.progress import clock
+from gpt2.run import machine_load
 from gpt2.run.device import Runtime, memory_gb
 from gpt2.run.mfu import raised
 from gpt2.run.tracking import Tracker
@@ -97,6 +98,9 @@ class StepLog:
         self.pending: list[torch.Tensor] = []  # losses of the steps since the last sync point
         self.synced = False
         self.steady_from: tuple[int, float] | None = None  # the sync point (step, clock) the steady state counts from
+        self.cpu_from: machine_load.CpuClock | None = None  # the machine's CPU clock at that sync point
+        self.recent_load = machine_load.tally()  # since the last log step: the log line's and MLflow's figure
+        self.load_warned = False
 
     def step_started(self) -> None:
         self.timer.mark()
@@ -144,11 +148,14 @@ class StepLog:
     def count_steady(self, step: int, now: float) -> None:
         """Add the steps and wall time since the last sync point to the steady state, which begins at the
         first sync point after the warm-up steps (in a resumed session: its first sync point)."""
+        cpu = machine_load.read() if self.steady_from is not None or step >= self.warm_until else None
         if self.steady_from is not None:
             self.history.steady_steps += step - self.steady_from[0]
             self.history.steady_s += now - self.steady_from[1]
+            for counts in (self.history.load, self.recent_load):  # how busy other work kept the cores meanwhile
+                machine_load.add(counts, self.cpu_from, cpu)
         if self.steady_from is not None or step >= self.warm_until:
-            self.steady_from = (step, now)
+            self.steady_from, self.cpu_from = (step, now), cpu
 
     def set_aside(self, seconds: float) -> None:
         """Leave ``seconds`` (the first eval's compilation) out of the steady state: a warm-up, counted apart."""
@@ -177,6 +184,12 @@ class StepLog:
                        "perf/tokens_per_s_per_device": tokens_per_s / s.dist.world, "perf/mfu": utilization}
             if own is not None:
                 record["perf/mfu_dtype"] = own
+        if (load := machine_load.figures(self.recent_load)) is not None:
+            record |= {f"machine/{k}": v for k, v in load.items()}
+            self.recent_load = machine_load.tally()
+            if not self.load_warned and (warning := machine_load.warning(load)):
+                logger.warning(warning.replace("while this run was timed", "since the last log step"))
+                self.load_warned = True
         if s.scaler.is_enabled():  # fp16: steps GradScaler skipped after an overflow (always 0 otherwise)
             record["perf/fp16_skipped_steps"] = self.history.fp16_skipped
         record |= memory_gb(s.runtime)

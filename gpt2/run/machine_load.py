@@ -1,0 +1,79 @@
+"""How busy the machine's cores were with other work while a run was timed.
+
+A run beside other work reads slow, and nothing in its own figures says why: on a 2-core box shared with
+a build, the default run took ten times its usual time. So every timed stretch of a run also reads the
+machine's CPU clock: the core-seconds every process spent busy (``/proc/stat``), the core-seconds a
+hypervisor gave to other guests (steal, where the OS reports it), and this process's own CPU time. What
+is busy and not this run is other work. Ranks of one job on one machine count as the run: each is
+taken to use what this one does (``LOCAL_WORLD_SIZE`` times its time), the same work on each.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+NOT_REPRESENTATIVE = 0.25  # other work on more than this share of the cores (or steal past 5%): timing reads low
+STEAL_NOT_REPRESENTATIVE = 0.05
+
+
+@dataclass(frozen=True)
+class CpuClock:
+    """One reading of the machine's and this process's CPU time, in core-seconds."""
+
+    wall_s: float
+    busy_s: float  # every core, every process: user, nice, system, interrupts (idle, iowait and steal not)
+    steal_s: float
+    own_s: float  # this process's threads, and the children it reaped (compile workers)
+
+
+def read() -> CpuClock | None:
+    """Now's reading; None where psutil cannot read the machine's CPU times."""
+    try:
+        import psutil
+
+        machine, own = psutil.cpu_times(), psutil.Process().cpu_times()
+    except (ImportError, OSError):  # psutil is a dependency, but the library runs without an install on a GPU box
+        return None
+    busy = sum(getattr(machine, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq"))
+    return CpuClock(time.perf_counter(), busy, getattr(machine, "steal", 0.0),
+                    own.user + own.system + own.children_user + own.children_system)
+
+
+def tally() -> dict[str, float]:
+    """Core-seconds over a run's timed stretches, summed over its sessions (the history keeps it, checkpointed):
+    ``window_s`` (wall seconds times the machine's cores), ``others_s`` and ``steal_s``."""
+    return {"window_s": 0.0, "others_s": 0.0, "steal_s": 0.0}
+
+
+def add(counts: dict[str, float], start: CpuClock | None, end: CpuClock | None, cores: int | None = None,
+        ranks_here: int | None = None) -> None:
+    """Add the stretch from ``start`` to ``end`` to ``counts``."""
+    if start is None or end is None:
+        return
+    cores = cores or os.cpu_count() or 1
+    ranks_here = ranks_here or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    counts["window_s"] += (end.wall_s - start.wall_s) * cores
+    counts["others_s"] += max(0.0, (end.busy_s - start.busy_s) - ranks_here * (end.own_s - start.own_s))
+    counts["steal_s"] += max(0.0, end.steal_s - start.steal_s)
+
+
+def figures(counts: dict[str, float]) -> dict[str, float] | None:
+    """``others_busy``: the share of the cores other work kept busy; ``steal``: the share a hypervisor gave to
+    other guests. None before a timed stretch was read."""
+    if counts["window_s"] <= 0:
+        return None
+    return {"others_busy": round(min(1.0, counts["others_s"] / counts["window_s"]), 3),
+            "steal": round(min(1.0, counts["steal_s"] / counts["window_s"]), 3)}
+
+
+def warning(figures: dict[str, float] | None, cores: int | None = None) -> str | None:
+    """A line for a run whose timing other work spoiled, else None."""
+    if not figures or (figures["others_busy"] <= NOT_REPRESENTATIVE and figures["steal"] <= STEAL_NOT_REPRESENTATIVE):
+        return None
+    steal = (f" and the hypervisor gave {100 * figures['steal']:.0f}% to other guests"
+             if figures["steal"] >= 0.005 else "")
+    return (f"other work kept {100 * figures['others_busy']:.0f}% of this machine's {cores or os.cpu_count()} cores "
+            f"busy while this run was timed{steal}: its speed is not representative; measure again on a quiet "
+            f"machine before comparing it")
