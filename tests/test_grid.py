@@ -333,3 +333,46 @@ def test_an_agent_loop_keeps_only_what_holds_on_held_out_text(tmp_path, monkeypa
     assert kept == [{"train.lr": 0.003}]  # the A/A grid and the overfit 1e-2 wrote nothing
     assert current() == 0.003 and git("rev-list", "--count", "HEAD").stdout.strip() == "2"
     assert "Not confirmed on the held-out windows" in verdict["verdict"]
+
+
+def test_a_setting_that_changes_no_step_s_work_is_never_called_faster_and_its_move_is_the_noise(tmp_path, monkeypatch):
+    """The learning rate changes what a step computes, not how much: its runs reading 0.80x is the machine (here a
+    fake one), so it is flagged, counted as noise, and a 0.90x of another setting falls inside that noise; its
+    val loss is still judged."""
+    def results(name, sets):
+        slow = (0.8 if sets["train.lr"] == 0.003 else 1.0) * (0.9 if sets["model.attention"] == "manual" else 1.0)
+        seed = sets["train.seed"]
+        return run(name, 1000 * slow + seed, loss=(6.0 if sets["train.lr"] == 0.001 else 5.7) + 0.01 * (seed % 3),
+                   se=0.01)
+
+    fake_grid(monkeypatch, tmp_path, results)
+    data = grid.run_grid(("train.lr=1.0e-3,3.0e-3", "model.attention=flash,manual"), name="g", target="train",
+                         repeats=3)
+    said = data["verdict"]
+    lr_only, manual = "train.lr=0.003 · model.attention=flash", "train.lr=0.001 · model.attention=manual"
+    assert f"**Speed moved where it cannot:** {lr_only} (0.80×) changes what a step computes" in said
+    assert "Slower outside noise: train.lr=0.003 · model.attention=manual (0.72×)." in said  # past the 20%
+    assert f"Lower val loss outside noise: {lr_only} (-0.300" in said
+    rows = {r["label"]: r for r in data["rows"]}
+    assert rows[lr_only]["same_work"] and rows[lr_only]["versus"]["speed"]["inside_noise"]
+    assert not rows[manual]["same_work"] and rows[manual]["versus"]["speed"]["inside_noise"]  # 0.90x: inside 20%
+
+
+def test_runs_too_short_to_time_are_named_before_the_first_starts(tmp_path):
+    """A budget that ends inside the warm-up a training here took, or a handful of timed steps: said up front (each
+    run's own warning would only reach dvc.log)."""
+    from gpt2.measure.experiments import Planned, too_short
+
+    (tmp_path / "reports/train").mkdir(parents=True)
+    (tmp_path / "reports/train/summary.json").write_text(json.dumps({"perf": {"warmup_s": 38.0, "step_ms": 500}}))
+    (tmp_path / "params.yaml").write_text("train:\n  max_steps: 12\n  timing_warmup_steps: 5\n")
+    runs = [Planned(f"g-{i}-1", {"train.lr": 0.001 * i}, "", "") for i in (1, 2)]
+    assert too_short(tmp_path, runs, "grid") == [
+        "grid: g-1-1, g-2-1: only 7 step(s) past train.timing_warmup_steps are timed, and a speed read from fewer "
+        "than 10 is no measurement; train longer (-S train.max_steps=N) before trusting a speed verdict"]
+    budget = [Planned("b-1-1", {"train.time_budget_s": 20.0}, "", "")]
+    assert too_short(tmp_path, budget, "ladder") == [
+        "ladder: the time budget of b-1-1 (20 s) ends inside the warm-up a training here took (38 s of compilation "
+        "and first steps, reports/train/summary.json): no step of theirs would be timed; give them a larger "
+        "train.time_budget_s"]
+    assert too_short(tmp_path, [Planned("l-1-1", {"train.max_steps": 40}, "", "")], "grid") == []

@@ -79,3 +79,11 @@ def test_the_ranks_agree_on_the_schedule_between_sync_points():
     assert not budget.ends(8)  # the budget ends at a sync point, where the clock is read
     budget.agree(8, 10.2)
     assert budget.ends(8)
+
+
+def test_a_budget_that_ends_inside_the_timing_warm_up_says_its_speed_includes_it(tmp_path, tokens, one_second_steps,
+                                                                                  capfd):
+    metrics = run(tmp_path, tokens, budget_params(time_budget_s=3.0, timing_warmup_steps=5))
+    assert metrics["steps"] == 3 and metrics["perf"]["timed_steps"] == 3  # the medians fall back on every step
+    assert ("warning: every step of this run was in its warm-up (the first 5 of a session, "
+            "train.timing_warmup_steps): its speed figures include compilation") in capfd.readouterr().err

@@ -206,8 +206,12 @@ def test_a_run_no_longer_than_its_warmup_says_so(tmp_path, tokens, capfd):
     said = capfd.readouterr().err
     assert ("warning: the run is 3 steps and train.warmup_steps is 3: the learning rate is still warming up when the "
             "run ends (it never reaches train.lr); lower train.warmup_steps (e.g. 1) or train longer") in said
+    assert ("warning: the run is 3 steps and its first 1 (train.timing_warmup_steps: compilation, autotuning) are "
+            "left out of its speed: its medians rest on 2 step(s); time at least 10 steps") in said
     train(micro_params(max_steps=4, eval_interval=4), tokens, tmp_path / "four.pt", tmp_path / "r4")
     assert "still warming up" not in capfd.readouterr().err
+    train(micro_params(max_steps=11, eval_interval=11), tokens, tmp_path / "ten.pt", tmp_path / "r10")
+    assert "left out of its speed" not in capfd.readouterr().err  # 10 timed steps
 
 
 def test_the_curves_flag_a_noisy_step_time_and_keep_a_flat_memory_line_off_the_frame(monkeypatch):

@@ -27,6 +27,12 @@ MOVED = {"train.attention": "is now model.attention: move it there",
                              "the micro-batch and the ranks (it was eval_iters x micro_batch_size x ranks); write "
                              "train.eval_windows: 80 for the old default's amount of text"}
 
+# Params that change the numbers a training step computes, never its work: two runs apart only in these take the
+# same time per step, so a comparison reads any speed difference between them as the machine's noise.
+SAME_WORK = frozenset({"train.lr", "train.lr_schedule", "train.min_lr", "train.warmup_steps", "train.weight_decay",
+                       "train.betas", "train.muon_lr", "train.muon_momentum", "train.muon_weight_decay", "train.seed",
+                       "train.eval_seed", "train.price_per_hour", "train.target_val_loss"})
+
 
 @dataclass(frozen=True)
 class DownloadConfig:

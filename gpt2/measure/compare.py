@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpt2.core import paths
+from gpt2.core.config import SAME_WORK
 
 ALPHA = 0.01  # the significance level of the quality tests: modded-nanogpt's for a record
 POWER = 0.8  # the chance a real effect of the detectable size is found, for "seeds needed"
@@ -213,6 +214,8 @@ class Arm:
     runs: list[Run]  # by repeat; a failed run is there with ok False
     reference: int | None = None  # the arm it is compared with; None for the baseline
     inert: bool = False  # ran what its reference ran (the trainer says so): its move is this machine's noise
+    same_work: bool = False  # differs from its reference only in params that change no step's work (SAME_WORK):
+    # compared for quality, while its speed move, like an inert arm's, is this machine's noise
     skipped: str = ""  # why it was not run (it cannot act on this device)
     setting: dict[str, Any] = field(default_factory=dict)  # what it sets (a grid's setting, a rung's changes)
     runtime: dict[str, Any] = field(default_factory=dict)  # what really ran, its first finished run's
@@ -279,13 +282,18 @@ def judge(arms: list[Arm], alpha: float = ALPHA, target: float | None = None) ->
             arm.versus = _versus(arm, arm.reference, arms[arm.reference], by, alpha)
     _at_quality(arms, alpha)
     compared = [a for a in arms if a.versus]
+    for arm in compared:
+        above = arms[arm.reference].setting
+        changed = {k for k in {*arm.setting, *above} if arm.setting.get(k) != above.get(k)}
+        arm.same_work = bool(changed) and changed <= SAME_WORK
     spread = typical_disagreement([a.versus.speed.paired for a in compared if not a.inert])
-    inert = [abs(a.versus.speed.median - 1) for a in compared if a.inert and a.versus.speed.median]
+    inert = [abs(a.versus.speed.median - 1) for a in compared
+             if (a.inert or a.same_work) and a.versus.speed.median]
     floor = max([spread, *inert])
     sooner_floor = max(floor, typical_disagreement([a.versus.sooner.paired for a in compared]))
     for arm in compared:
         versus, above = arm.versus, arms[arm.reference]
-        versus.speed.inside_noise = True if arm.inert else ratio_inside_noise(versus.speed.paired, floor)
+        versus.speed.inside_noise = arm.inert or arm.same_work or ratio_inside_noise(versus.speed.paired, floor)
         versus.sooner.inside_noise = _quality_noise(versus.sooner, sooner_floor)
         if versus.time_to_target is not None:
             versus.time_to_target_inside_noise = (arm.target.time_s.overlaps(above.target.time_s)

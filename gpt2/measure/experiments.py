@@ -179,6 +179,41 @@ def expected_cost(root: Path, planned: list[Planned], what: str) -> str:
             "start and save it (a 2-core CPU's); the ETA after each run is measured")
 
 
+def too_short(root: Path, planned: list[Planned], what: str) -> list[str]:
+    """Before the first run: the runs whose speed will rest on a handful of steps, or whose time budget ends inside
+    the warm-up that a training here took (reports/train/summary.json's ``perf.warmup_s``)."""
+    from gpt2.core.schema import read_yaml
+    from gpt2.run.figures import FEW_TIMED_STEPS
+
+    pace = (_json_file(root / paths.TRAIN_SUMMARY) or {}).get("perf") or {}
+    base = (read_yaml(root / paths.PARAMS, "params", "--params") or {}).get("train") or {}
+    short, inside = [], []
+    for run in planned:
+        train = ((run.params or {}).get("train") or {}) if run.params else {
+            **base, **{k.split(".", 1)[1]: v for k, v in run.sets.items() if k.startswith("train.")}}
+        warmup = train.get("timing_warmup_steps", 5)
+        if train.get("time_budget_s") and pace.get("warmup_s") and train["time_budget_s"] <= pace["warmup_s"]:
+            inside.append((run.name, train["time_budget_s"]))
+        elif not train.get("time_budget_s") and train.get("max_steps") and \
+                int(train["max_steps"]) - warmup < FEW_TIMED_STEPS:
+            short.append((run.name, int(train["max_steps"]) - warmup))
+    said = []
+    if inside:
+        said.append(f"{what}: the time budget of {_names(inside)} ({inside[0][1]:g} s) ends inside the warm-up a "
+                    f"training here took ({pace['warmup_s']:g} s of compilation and first steps, {paths.TRAIN_SUMMARY}"
+                    "): no step of theirs would be timed; give them a larger train.time_budget_s")
+    if short:
+        said.append(f"{what}: {_names(short)}: only {min(n for _, n in short)} step(s) past "
+                    f"train.timing_warmup_steps are timed, and a speed read from fewer than {FEW_TIMED_STEPS} is no "
+                    "measurement; train longer (-S train.max_steps=N) before trusting a speed verdict")
+    return said
+
+
+def _names(runs: list[tuple[str, Any]]) -> str:
+    names = [name for name, _ in runs]
+    return ", ".join(names) if len(names) <= 3 else f"{len(names)} runs ({names[0]} …)"
+
+
 def _json_file(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
@@ -201,6 +236,8 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what
     logger = logs.get(what)
     log.unlink(missing_ok=True)
     logger.info(expected_cost(root, planned, what))
+    for warning in too_short(root, planned, what):
+        logger.warning(warning)
     durations: list[float] = []
     for done, run in enumerate(planned):
         left = statistics.median(durations) * (len(planned) - done) if durations else 0.0

@@ -15,7 +15,7 @@ from typing import Any, Callable
 from gpt2.core.plots import png, pyplot
 from gpt2.measure.apply import Change
 from gpt2.measure.compare import (ADVICE, TOO_NOISY, AtQuality, Arm, Judged, LossDiff, Ratio, Test, confirm,
-                                  final_loss, p_text, win)
+                                  final_loss, p_text, ratio_inside_noise, win)
 from gpt2.run import machine_load
 from gpt2.run.names import json_value
 
@@ -176,6 +176,7 @@ def verdict(judged: Judged, words: Words, repeats: int, changes: list[Change], l
                      "(-S train.eval_interval=N, a few evals per run).")
     if compared or not judged.failed:
         parts.append(noise_sentence(judged, words, repeats))
+        parts.append(same_work_moves(judged, words, label))
         parts.append(seeds_sentence(judged, words, repeats))
         parts.append(decided(judged, words, label))
     if unshown := [a for a in judged.arms if a.skipped]:
@@ -219,6 +220,19 @@ def noise_sentence(judged: Judged, words: Words, repeats: int) -> str:
             f"ratio within {100 * spread:.1f}% (median over the {what}s){shown}. A gain whose paired runs disagree "
             f"on its direction, or no larger than {100 * floor:.1f}%, is marked *inside noise*: it buys nothing this "
             f"machine can measure ({noisy} of {counted(len(compared), what)}).")
+
+
+def same_work_moves(judged: Judged, words: Words, label: Callable[[Arm], str]) -> str:
+    """The arms that change no step's work (a learning rate, a seed) whose speed moved beyond the pairs' spread:
+    the machine moved it, and the reader should know before reading any other speed verdict."""
+    moved = [a for a in judged.compared if a.same_work and len(a.versus.speed.paired) > 1
+             and not ratio_inside_noise(a.versus.speed.paired, judged.noise.speed_spread)]
+    if not moved:
+        return ""
+    return ("**Speed moved where it cannot:** " + "; ".join(f"{label(a)} ({a.versus.speed.median:.2f}×)" for a in moved)
+            + f" changes what a step computes, never how much, yet read at another speed than {words.against}. "
+              "That move is this machine's (other work, a changing clock), so it is counted as noise: no speed "
+              f"verdict here is firmer than it, and no such {words.what} is called faster or slower.")
 
 
 def seeds_sentence(judged: Judged, words: Words, repeats: int) -> str:

@@ -9,6 +9,8 @@ from typing import Any
 
 from gpt2.run.names import flatten
 
+FEW_TIMED_STEPS = 10  # a speed read from fewer steps past the warm-up is no measurement (a run and a grid say so)
+
 # What metrics.json (DVC metrics: `dvc exp show`, `dvc metrics show`) keeps: the figures people compare.
 # Everything else about the run (steps, tokens, world size, what really ran) goes to summary.json.
 COMPARED = {"train": ("loss",), "val": ("loss", "loss_se", "ppl"),

@@ -21,7 +21,7 @@ from gpt2.core.provenance import checkpoint_hashes, describe_tokens, model_tags,
 from gpt2.model import onednn
 from gpt2.run.catch_up import catch_up, replay_hint
 from gpt2.run.device import sdpa_backend
-from gpt2.run.figures import tracked_summary
+from gpt2.run.figures import FEW_TIMED_STEPS, tracked_summary
 from gpt2.run.names import experiment_run_name, flatten, git_commit
 from gpt2.run.tracking import MlflowTracker, Tracker
 from gpt2.train.build import Setup
@@ -188,6 +188,13 @@ def inert_switch_warnings(s: Setup) -> list[str]:
         warnings.append(f"the run is {s.total_steps} steps and train.warmup_steps is {cfg.warmup_steps}: the "
                         "learning rate is still warming up when the run ends (it never reaches train.lr); lower "
                         f"train.warmup_steps (e.g. {max(1, s.total_steps // 10)}) or train longer")
+    timed = None if s.total_steps is None else s.total_steps - cfg.timing_warmup_steps
+    if timed is not None and 0 < s.total_steps and timed < FEW_TIMED_STEPS:
+        warnings.append(f"the run is {s.total_steps} steps and its first {cfg.timing_warmup_steps} "
+                        "(train.timing_warmup_steps: compilation, autotuning) are left out of its speed: "
+                        + (f"its medians rest on {timed} step(s)" if timed > 0 else
+                           "no step is timed, so its speed figures include that warm-up")
+                        + f"; time at least {FEW_TIMED_STEPS} steps (train longer) before comparing its speed")
     if s.throughput.peak_flops is None:
         warnings.append(f"no peak FLOP/s known for {s.runtime.device_name!r}: MFU is not reported; set "
                         "train.peak_tflops (its dense bf16 peak) to get it")
