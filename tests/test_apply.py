@@ -95,3 +95,47 @@ def test_a_missing_key_or_section_is_added_and_a_block_value_replaced():
     assert yaml.safe_load(set_line(text, "train.compile", True))["train"] == {"lr": 1.0, "compile": True}
     assert yaml.safe_load(set_line(text, "eval.prompts", ["c"]))["eval"] == {"prompts": ["c"], "top_k": 3}
     assert yaml.safe_load(set_line(text, "model.attention", "manual"))["model"] == {"attention": "manual"}
+
+
+def changed_lines(before: str, after: str) -> list[str]:
+    import difflib
+
+    return [line for line in difflib.unified_diff(before.splitlines(), after.splitlines(), n=0, lineterm="")
+            if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+
+
+@pytest.mark.parametrize("override", ["train.lr=0.003", "train.max_tokens=100000", "train.distributed=ddp"])
+def test_params_yaml_is_in_the_form_dvc_writes_so_a_set_value_is_one_changed_line(tmp_path, override):
+    """`dvc exp run -S` writes params.yaml back through DVC's own YAML writer (dvc.utils.hydra.apply_overrides): the
+    file is already in that form, so one value set is one line changed, its comment kept."""
+    from dvc.utils.hydra import apply_overrides
+
+    before = (ROOT / "params.yaml").read_text()
+    path = tmp_path / "params.yaml"
+    path.write_text(before)
+    apply_overrides(str(path), [override])
+    key = override.split("=")[0].split(".")[1]
+    [removed, added] = changed_lines(before, path.read_text())
+    assert removed.startswith(f"-  {key}:") and added.startswith(f"+  {key}: {override.split('=')[1]} ")
+    assert added.split(" # ")[1] == removed.split(" # ")[1]
+
+
+def test_what_apply_writes_dvc_writes_back_unchanged(committed):
+    """--apply's lines are DVC's form too (null as nothing, off bare): a later `dvc exp run -S` rewrites none."""
+    from dvc.utils.hydra import apply_overrides
+
+    apply([Change("train.max_tokens", None, "x"), Change("train.distributed", "off", "y"),
+           Change("train.price_per_hour", 2.5, "z")], committed)  # the first two: as params.yaml has them
+    git(committed.parent, "commit", "-qam", "applied")
+    applied = committed.read_text()
+    apply([Change("train.price_per_hour", None, "back"), Change("model.attention", "manual", "m")], committed)
+    written = committed.read_text()
+    git(committed.parent, "commit", "-qam", "second")
+    assert [line.split("#")[0].rstrip() for line in changed_lines(applied, written)] == [
+        "-  attention: flash", "+  attention: manual", "-  price_per_hour: 2.5", "+  price_per_hour:"]
+    apply([Change("train.betas", [0.9, 0.99], "b")], committed)  # a list, as DVC writes one: an item a line
+    git(committed.parent, "commit", "-qam", "betas")
+    assert changed_lines(written, committed.read_text()) == ["-  - 0.95", "+  - 0.99"]
+    written = committed.read_text()
+    apply_overrides(str(committed), ["train.lr=0.003"])
+    assert [line[:8] for line in changed_lines(written, committed.read_text())] == ["-  lr: 1", "+  lr: 0"]

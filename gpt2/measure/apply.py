@@ -90,7 +90,8 @@ def set_line(text: str, key: str, value: Any) -> str:
     lines = text.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if re.match(rf"{re.escape(section)}:\s*(#.*)?$", line)), None)
     if start is None:
-        return text.rstrip("\n") + f"\n\n{section}:\n  {name}: {_scalar(value)}\n"
+        return (text.rstrip("\n") + f"\n\n{section}:\n" + f"  {name}: {_in_file(value)}".rstrip() + "\n"
+                + "".join(_block(value, "  ")))
     end = next((i for i in range(start + 1, len(lines)) if lines[i].strip() and not lines[i][0].isspace()
                 and not lines[i].startswith("#")), len(lines))
     pattern = re.compile(rf"([ \t]+){re.escape(name)}:([ \t]*)([^#\n]*?)([ \t]*#.*)?(\n?)$")
@@ -98,22 +99,45 @@ def set_line(text: str, key: str, value: Any) -> str:
         match = pattern.match(lines[i])
         if match:
             indent, gap, old, comment, newline = match.groups()
-            shown = _scalar(value, like=old)
-            if comment:  # keep the comments' column where the new value leaves room
-                comment = " " * max(1, len(old) + len(comment) - len(comment.lstrip()) - len(shown)) + comment.lstrip()
-            lines[i] = f"{indent}{name}:{gap or ' '}{shown}{comment or ''}{newline or chr(10)}"
+            head = f"{indent}{name}:" + (f" {shown}" if (shown := _in_file(value, like=old)) else "")
+            if comment:  # keep the comment's column where the new value leaves room
+                column = len(indent) + len(name) + 1 + len(gap) + len(old) + len(comment) - len(comment.lstrip())
+                comment = " " * max(1, column - len(head)) + comment.lstrip()
+            lines[i] = f"{head}{comment or ''}".rstrip() + (newline or chr(10))
             following = i + 1  # a block value (a list on the lines below) goes with the old one
-            while not old and following < end and _indent(lines[following]) > len(indent):
+            while not old and following < end and _in_block(lines[following], len(indent)):
                 del lines[following]
                 end -= 1
+            lines[i + 1:i + 1] = _block(value, indent)
             return "".join(lines)
     last = max(i for i in range(start, end) if lines[i].strip())
-    lines.insert(last + 1, f"  {name}: {_scalar(value)}\n")
+    lines[last + 1:last + 1] = [f"  {name}: {_in_file(value)}".rstrip() + "\n", *_block(value, "  ")]
     return "".join(lines)
 
 
 def _indent(line: str) -> int:
     return len(line) - len(line.lstrip()) if line.strip() else 10**6
+
+
+def _in_block(line: str, key_indent: int) -> bool:
+    """Whether ``line`` belongs to the block value of a key indented ``key_indent``: deeper, or a list item at the
+    key's own indent (as DVC writes lists: ``  betas:`` then ``  - 0.9``)."""
+    return _indent(line) > key_indent or (_indent(line) == key_indent and line.lstrip().startswith("- "))
+
+
+def _block(value: Any, indent: str) -> list[str]:
+    """The lines below a key whose value is a list, one item each, as DVC writes them."""
+    return [f"{indent}- {_in_file(item)}".rstrip() + "\n" for item in value] if isinstance(value, list) and value \
+        else []
+
+
+def _in_file(value: Any, like: str = "") -> str:
+    """A value as params.yaml holds it, in the form `dvc exp run -S` writes the file back (ruamel's YAML 1.2): null
+    as nothing, ``off`` bare (the config reads YAML 1.1's false back as off), a list as a block (its items on the
+    lines below), so the two never rewrite each other's lines."""
+    if value is None or (isinstance(value, list) and value):
+        return ""
+    return "off" if value == "off" else _scalar(value, like)
 
 
 def _scalar(value: Any, like: str = "") -> str:
@@ -145,7 +169,7 @@ def check(new: str, old: dict[str, Any], changes: list[Change], path: Path) -> N
     expected = yaml.safe_load(yaml.safe_dump(old))
     for change in changes:
         section, _, name = change.key.partition(".")
-        expected.setdefault(section, {})[name] = change.value
+        expected.setdefault(section, {})[name] = False if change.value == "off" else change.value  # YAML 1.1's
     if yaml.safe_load(new) != expected:
         raise UserError(f"--apply could not write {', '.join(c.key for c in changes)} into {path} line by line; "
                         "set them by hand")
