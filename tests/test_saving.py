@@ -29,7 +29,7 @@ def test_weights_broken_by_an_update_are_never_saved_as_the_last_good_checkpoint
     monkeypatch.setattr(trainer, "optimizer_step", breaking)
     with pytest.raises(Diverged, match=r"the weights hold NaN or inf after step 4 \(\d+ tensors, "
                                        r"transformer.wte.weight first\).*this step was not saved; "
-                                       r"last good checkpoint: .*ckpt.pt \(step 2\)"):
+                                       r"last checkpoint: .*ckpt.pt \(step 2\); resume it with"):
         run(tmp_path, tokens, micro_params(checkpoint_interval=2))
     assert checkpoint.load(tmp_path / "run/ckpt.pt")["step"] == 2
 

@@ -20,10 +20,29 @@ def test_nan_loss_stops_with_step_and_last_checkpoint(tmp_path, tokens, monkeypa
         return loss * float("nan") if calls["n"] == 6 else loss
 
     monkeypatch.setattr(trainer, "backward_micro_batches", poisoned)
-    with pytest.raises(Diverged, match=r"loss is nan at step 6: training diverged; last good checkpoint: .*ckpt.pt "
+    with pytest.raises(Diverged, match=r"loss is nan at step 6: training diverged; last checkpoint: .*ckpt.pt "
                                        r"\(step 4\)") as raised:  # steps counted from 1, as in the log lines
         run(tmp_path, tokens, micro_params(checkpoint_interval=2))
     assert str(raised.value).endswith("resume it with a lower train.lr or a lower train.grad_clip")  # no fp16 in fp32
+
+
+def test_a_checkpoint_saved_after_the_loss_rose_is_not_advised_for_resuming(tmp_path, tokens, monkeypatch):
+    """The loss climbs at steps 3-4 (the step-4 checkpoint holds the climb), then is NaN at step 6: resuming from
+    step 4 with a lower lr would likely diverge again, so the advice is to start afresh."""
+    original = trainer.backward_micro_batches
+    calls = {"n": 0}
+
+    def climbing(*args, **kwargs):
+        calls["n"] += 1
+        loss = original(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 6 else loss * 2 if calls["n"] in (3, 4) else loss
+
+    monkeypatch.setattr(trainer, "backward_micro_batches", climbing)
+    with pytest.raises(Diverged, match=r"last checkpoint: .*ckpt.pt \(step 4\); that checkpoint's loss had "
+                                       r"already risen \(\d+\.\d+ at step 4, from \d+\.\d+ at step \d\), so "
+                                       r"resuming from it may diverge again: start afresh with a lower train.lr .*"
+                                       r"\(train.resume: never\)"):
+        run(tmp_path, tokens, micro_params(checkpoint_interval=2))
 
 
 def test_deferred_syncs_log_the_same_numbers_and_still_catch_a_nan(tmp_path, tokens, monkeypatch):

@@ -48,7 +48,8 @@ class Checkpointer:
         self.history.elapsed_s = self.elapsed_s()
         parts = run_state.states(self.s)
         if self.s.dist.main:
-            refuse_non_finite(parts["model"], step, self.last_good, what_helps(self.s))
+            refuse_non_finite(parts["model"], step, self.last_good,
+                              lambda: what_helps(self.s, self.history, self.last_saved))
             self.settle(block=True)  # the previous write first: one at a time
             self.writing = step
             self.saver.save(self.path, {**records(self.s, step, self.history, self.tracker.run_id, summary),
@@ -102,13 +103,15 @@ class Checkpointer:
                 self.saver.wait()
 
 
-def refuse_non_finite(weights: dict[str, Any], step: int, last_good: Callable[[], str], advice: str) -> None:
-    """Never keep weights with NaN or inf as the last good checkpoint: an update can break the weights while
-    the loss that step reported was still finite, and resuming from them would fail again at once."""
+def refuse_non_finite(weights: dict[str, Any], step: int, last_good: Callable[[], str],
+                      advice: Callable[[], str]) -> None:
+    """Never save weights with NaN or inf: an update can break the weights while the loss that step reported was
+    still finite, and resuming from them would fail again at once."""
     bad = checkpoint.non_finite(weights)
     if bad:
+        saved = last_good()  # settles the write in flight first: the advice reads its step
         raise Diverged(f"the weights hold NaN or inf after step {step} ({len(bad)} tensors, {bad[0]} first): training "
-                       f"diverged and this step was not saved; last good checkpoint: {last_good()}; {advice}")
+                       f"diverged and this step was not saved; last checkpoint: {saved}; {advice()}")
 
 
 def records(s: Setup, step: int, history: History, run_id: str | None,

@@ -69,11 +69,26 @@ class StepTimer:
         return [end - start for start, end in zip(marks, marks[1:])]
 
 
-def what_helps(s: Setup) -> str:
-    """Advice for a diverged run: what this run can change (bf16 only where it trains in fp16)."""
+RISEN = 0.5  # nats above the run's best logged loss: a checkpoint saved there may hold the divergence's start
+
+
+def what_helps(s: Setup, history: History, saved_step: int | None) -> str:
+    """Advice for a diverged run: what this run can change (bf16 only where it trains in fp16), and whether its last
+    checkpoint is worth resuming. One saved where the logged loss had already risen well above the run's best holds
+    weights and optimizer moments on their way out: resumed, with any learning rate, it tends to diverge again."""
     clip = "a lower train.grad_clip" if s.params.train.grad_clip else "train.grad_clip (it is off)"
     fp16 = ", or train.dtype bf16 instead of fp16" if s.runtime.dtype == "fp16" else ""
-    return f"resume it with a lower train.lr or {clip}{fp16}"
+    change = f"a lower train.lr or {clip}{fp16}"
+    logged = [r for r in history.train if saved_step is not None and r["step"] <= saved_step and "train/loss" in r]
+    if saved_step is None:
+        return f"start again with {change}"
+    if logged:
+        best, last = min(logged, key=lambda r: r["train/loss"]), logged[-1]
+        if last["train/loss"] > best["train/loss"] + RISEN:
+            return (f"that checkpoint's loss had already risen ({last['train/loss']:.3f} at step {last['step']}, from "
+                    f"{best['train/loss']:.3f} at step {best['step']}), so resuming from it may diverge again: start "
+                    f"afresh with {change} (train.resume: never)")
+    return f"resume it with {change}"
 
 
 def sync_every_step(runtime: Runtime) -> bool:
@@ -85,13 +100,14 @@ class StepLog:
     """Owns the step clock, the losses not yet read, and when to log."""
 
     def __init__(self, s: Setup, history: History, tracker: Tracker, last_checkpoint: Callable[[], str],
-                 length: Steps | Budget, first_step: int = 0) -> None:
+                 saved_step: Callable[[], int | None], length: Steps | Budget, first_step: int = 0) -> None:
         self.s, self.cfg, self.history, self.tracker, self.length = s, s.params.train, history, tracker, length
         self.throughput = s.throughput  # raised where the run goes faster than its peak (gpt2/run/mfu.py)
         self.warm_until = first_step + self.cfg.timing_warmup_steps  # this session's untimed steps end here
         self.session_start = len(history.step_s)
         history.sessions.append(self.session_start)
-        self.last_checkpoint = last_checkpoint  # named in the error when the loss diverges
+        self.last_checkpoint = last_checkpoint  # named in the error when the loss diverges (settles the write)
+        self.saved_step = saved_step
         self.timer = StepTimer(s.runtime)
         self.train_s = history.train_s  # this rank's training time, kept as a running sum (read at every sync)
         self.every_step = sync_every_step(s.runtime)
@@ -134,8 +150,9 @@ class StepLog:
         self.pending.clear()
         bad = next((i for i, value in enumerate(self.losses) if not math.isfinite(value)), None)
         if bad is not None:
-            raise Diverged(f"loss is {self.losses[bad]} at step {first + bad}: training diverged; last good "
-                           f"checkpoint: {self.last_checkpoint()}; {what_helps(self.s)}")
+            saved = self.last_checkpoint()
+            raise Diverged(f"loss is {self.losses[bad]} at step {first + bad}: training diverged; last checkpoint: "
+                           f"{saved}; {what_helps(self.s, self.history, self.saved_step())}")
         if not self.synced:
             distributed.set_step_deadline(self.cfg, self.s.dist)  # the first sync point: compilation is done
             self.synced = True

@@ -55,7 +55,8 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
     summary, ``finish(step, the step log's throughput figures)``."""
     cfg = s.params.train
     length = length_of(cfg.time_budget_s, s.total_steps, cfg.warmup_steps, history, step)
-    step_log = StepLog(s, history, tracker, checkpointer.last_good, length, first_step=step)
+    step_log = StepLog(s, history, tracker, checkpointer.last_good, lambda: checkpointer.last_saved, length,
+                       first_step=step)
     evaluator = Evaluator(s, history, tracker, checkpointer.elapsed_s, length)
     batches = iter(s.sampler.next, None)
     s.step_model.train()
