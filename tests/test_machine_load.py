@@ -33,11 +33,11 @@ def test_other_work_is_what_was_busy_and_not_this_run_nor_its_sibling_ranks():
 
 def test_a_warning_names_the_share_and_the_cores_only_past_the_line():
     assert machine_load.warning(None) is None
-    assert machine_load.warning({"others_busy": 0.25, "steal": 0.05}) is None
+    assert machine_load.warning({"others_busy": 0.25, "steal": 0.10}) is None  # a shared VM steals a few percent
     said = machine_load.warning({"others_busy": 0.62, "steal": 0.0}, cores=2)
     assert said.startswith("other work kept 62% of this machine's 2 cores busy while this run was timed: its speed "
                            "is not representative")
-    assert "hypervisor gave 9% to other guests" in machine_load.warning({"others_busy": 0.1, "steal": 0.09}, cores=2)
+    assert "hypervisor gave 12% to other guests" in machine_load.warning({"others_busy": 0.1, "steal": 0.12}, cores=2)
 
 
 def test_this_machine_reads_and_a_busy_loop_is_this_process_s_own_time():
