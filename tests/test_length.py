@@ -87,3 +87,17 @@ def test_a_budget_that_ends_inside_the_timing_warm_up_says_its_speed_includes_it
     assert metrics["steps"] == 3 and metrics["perf"]["timed_steps"] == 3  # the medians fall back on every step
     assert ("warning: every step of this run was in its warm-up (the first 5 of a session, "
             "train.timing_warmup_steps): its speed figures include compilation") in capfd.readouterr().err
+
+
+def test_a_stop_in_the_step_that_spends_the_budget_says_the_run_is_finished(tmp_path, tokens, one_second_steps,
+                                                                          monkeypatch, capfd):
+    """Ctrl-C while the last step of the budget runs: the run is finished and saved, and the rerun rebuilds its
+    reports from it, saying so once."""
+    interrupt_at(monkeypatch, 7)  # step 8 of 8 one-second steps (lr_at is called with the 0-based step)
+    with pytest.raises(TrainingInterrupted, match=r"at step 8 \(8/8 s\); the run is finished and saved to .*ckpt.pt; "
+                                                  r"run the stage again to write its reports \(nothing is trained"):
+        run(tmp_path, tokens, budget_params())
+    monkeypatch.undo()
+    capfd.readouterr()
+    assert run(tmp_path, tokens, budget_params())["steps"] == 8
+    assert capfd.readouterr().err.count("is a finished run of these params and data (8 steps)") == 1
