@@ -87,14 +87,19 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     train(resumed, tokens, tmp_path / "ckpt.pt", tmp_path / "reports")
 
     client = mlflow.MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
-    assert len(runs) == 1  # the resumed training continued the same run
-    run = runs[0]
-    assert run.info.status == "FINISHED" and run.info.run_name == "my-exp"  # no baseline to compare with: DVC's name
+    runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])}
+    # MLflow never changes a run's params: resumed with another lr, the training goes on in a run of its own
+    assert sorted(runs) == ["my-exp (2)", "my-exp (continued in my-exp (2))"]  # no baseline to compare: DVC's name
+    run, first = runs["my-exp (2)"], runs["my-exp (continued in my-exp (2))"]
+    assert run.info.status == "FINISHED" and first.info.status == "KILLED"
+    assert first.data.tags["continued_in_run"] == run.info.run_id and run.data.tags["resumed_from_run"] == (
+        first.info.run_id)
+    assert first.data.tags["continued"] == "continued from step 4 with train.lr: 0.01 → 0.005"
+    assert first.data.params["train.lr"] == "0.01" and run.data.params["train.lr"] == "0.005"  # what each ran
     assert run.data.tags["host"] and run.data.tags["mlflow.user"] == "Ada L"  # the git user, not the login (root)
     assert run.data.tags["git_user"] == "Ada L <ada@example.org>"
-    assert run.data.params["train.lr"] == "0.01" and run.data.params["model.n_layer"] == "2"
-    assert run.data.tags["resume.step_4"] == "train.lr: 0.01 → 0.005"  # params are the first session's
+    assert run.data.params["model.n_layer"] == "2"
+    assert run.data.tags["resume.step_4"] == "train.lr: 0.01 → 0.005"
     assert run.data.tags["dvc_exp_name"] == "my-exp"
     assert run.data.tags["torch_version"] and run.data.tags["device"] and run.data.tags["dtype"] == "fp32"
     assert run.data.tags["sdpa_backend"]

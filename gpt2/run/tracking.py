@@ -371,6 +371,26 @@ class MlflowTracker(Tracker):
 
         return [RunTag(k, str(v)) for k, v in tags.items() if v is not None]
 
+    def hand_over(self, earlier: str, how: str) -> None:
+        """Mark run ``earlier`` as continued in this one: a tag with this run's id, and its name says so, so that no
+        list reads its params as what the whole training ran. This run takes the earlier sessions' tags (their
+        warm-ups, their resumes), as its history holds their figures."""
+        def mark() -> None:
+            client = self.mlflow.MlflowClient()
+            try:
+                run = client.get_run(earlier)
+            except self.mlflow.exceptions.MlflowException:
+                return  # not in this store (a replay started this run): nothing to mark
+            name, mine = run.info.run_name, client.get_run(self.run_id).data.tags
+            sessions = {k: v for k, v in run.data.tags.items()
+                        if k.startswith(("perf.warmup_s", "resume.step_")) and k not in mine}
+            client.log_batch(self.run_id, tags=self.run_tags(sessions))
+            client.log_batch(earlier, tags=self.run_tags({"continued_in_run": self.run_id, "continued": how}))
+            if "(continued in " not in name:
+                client.update_run(earlier, name=f"{name} (continued in {self.run.info.run_name})")
+
+        self.call("mark the earlier run as continued in this one", mark)
+
     def log_params(self, params: dict[str, Any]) -> None:
         def log() -> None:
             existing = self.mlflow.MlflowClient().get_run(self.run_id).data.params

@@ -53,7 +53,11 @@ def open_tracker(s: Setup, start: Start, ckpt_path: Path, report_dir: Path | Non
     and dataset; a resumed run first sends what its earlier sessions could not. Returns it and the dataset."""
     params, cfg = s.params, s.params.train
     kept_in = f"{report_dir or 'the returned summary'} and the checkpoint's history"
-    tracker: Tracker = (MlflowTracker(cfg.experiment, start.run_id, experiment_run_name() or run_name(s), kept_in,
+    # MLflow never changes a run's params: a session that resumes with other settings records them in a run of
+    # its own, which holds the whole history and links back; the earlier run says where it went on
+    earlier = start.run_id if start.changes else None
+    tracker: Tracker = (MlflowTracker(cfg.experiment, None if earlier else start.run_id,
+                                      experiment_run_name() or run_name(s), kept_in,
                                       catch_up_hint=replay_hint(ckpt_path), run_uid=start.history.run_uid)
                         if cfg.mlflow and s.dist.main else Tracker())
     if start.run_id is not None and isinstance(tracker, MlflowTracker):  # figures an earlier session could not send
@@ -62,9 +66,12 @@ def open_tracker(s: Setup, start: Start, ckpt_path: Path, report_dir: Path | Non
     tracker.set_tags({"git_commit": git_commit(), "training_code_md5": training_code_digest(),
                       "dvc_exp_name": os.environ.get("DVC_EXP_NAME"), "torch_version": torch.__version__,
                       "comparison_run": os.environ.get("GPT2_COMPARISON_RUN"), **info})
-    if start.changes is not None:  # MLflow keeps a run's first params: each resume records what it changed
-        tracker.set_tags({f"resume.step_{start.step}": "; ".join(f"train.{k}: {old} → {new}" for k, (old, new)
-                                                                 in start.changes.items()) or "no params changed"})
+    if start.changes is not None:  # each resume records what it changed
+        changed = "; ".join(f"train.{k}: {old} → {new}" for k, (old, new) in start.changes.items())
+        tracker.set_tags({f"resume.step_{start.step}": changed or "no params changed"})
+        if earlier and isinstance(tracker, MlflowTracker):
+            tracker.set_tags({"resumed_from_run": earlier})
+            tracker.hand_over(earlier, f"continued from step {start.step} with {changed}")
     dataset = describe_tokens(s.tokens_dir, s.meta) if tracker.run_id else {}  # no dvc.lock reading untracked
     if dataset:
         tracker.log_dataset(dataset, context="training")
