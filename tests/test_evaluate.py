@@ -332,7 +332,7 @@ def test_evaluation_logs_into_the_training_run(tmp_path, monkeypatch):
     assert run.info.status == "FINISHED" and run.info.end_time == trained.info.end_time
     assert "eval/val_loss" in run.data.metrics and "eval.unigram_loss" in run.data.tags
     [model] = client.search_logged_models([run.info.experiment_id])  # the run's checkpoint, as an MLflow model
-    assert {m.key for m in model.metrics} >= {"summary/val.loss", "eval/val_loss"}  # evaluate's figures are its too
+    assert {m.key for m in model.metrics} >= {"val loss final", "eval/val_loss"}  # evaluate's figures are its too
     assert {a.path for a in client.list_artifacts(run.info.run_id, "eval")} == {"eval/samples.md", "eval/summary.json"}
     artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
     assert "perf" in json.loads((artifacts / "summary.json").read_text())  # training's summary, not replaced

@@ -271,18 +271,21 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, t
     assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"lr.md", "lr.json", "lr.png"}
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert parent.info.start_time <= min(r.info.start_time for r in children)  # it lasts as long as the grid
-    assert parent.data.metrics["grid/speedup"] > 0 and parent.inputs.dataset_inputs  # the last setting's, and its data
+    assert parent.data.metrics["speed vs ref: train.lr 0.03"] > 0 and parent.inputs.dataset_inputs  # each by name
+    assert parent.data.tags["apply"] == "nothing"
+    assert parent.data.tags["mlflow.note.content"].startswith("**Nothing for `--apply` to write**")
     assert sorted(float(r.data.params["train.lr"]) for r in children) == [lr, 0.03]
     assert {r.data.tags["dvc_exp_name"] for r in children} == set(exps)
     assert {r.data.params["train.seed"] for r in children} == {"1338"}
     [other] = [r for r in children if float(r.data.params["train.lr"]) == 0.03]
-    assert other.info.run_name == "lr · train.lr=0.03" and other.data.tags["grid.setting"] == "train.lr=0.03"
-    assert other.data.metrics["vs_reference/speedup"] > 0 and other.data.metrics["vs_reference/speed_inside_noise"] == 1
+    assert other.info.run_name == "train.lr=0.03 · lr" and other.data.tags["grid.setting"] == "train.lr=0.03"
+    assert other.data.metrics["speed vs ref"] > 0 and other.data.metrics["speed in noise"] == 1
     assert "One run per setting" in parent.data.tags["mlflow.note.content"]  # the report, as its description
     view = json.loads(client.get_experiment(parent.info.experiment_id)
                       .tags[f"mlflow.sharedViewState.gpt2-grid-{parent.info.run_id}"])  # its runs, by setting
     assert view["searchFilter"] == f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
     assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "grid.setting"}]
+    assert [c for c in view["selectedColumns"] if c.startswith("params.")] == ["params.`train.lr`"]  # what differs
     assert f"viewStateShareKey=gpt2-grid-{parent.info.run_id}" in done.stderr
     for child in children:  # each training run names the exact data and weights
         assert "eval/val_loss" not in child.data.metrics  # the grid ran to the train stage
@@ -296,7 +299,7 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, t
     # every model traceable: from the MLflow model of a run to its exact checkpoint (docs/experiments.md)
     models = client.search_logged_models([parent.info.experiment_id])
     [model] = [m for m in models if m.source_run_id == other.info.run_id]
-    assert "summary/val.loss" in {m.key for m in model.metrics}
+    assert "val loss final" in {m.key for m in model.metrics}
     assert model.tags["get_weights"] == f"dvc exp apply {other.data.tags['dvc_exp_name']}"
     run(root, sys.executable, "-m", "dvc", *shlex.split(model.tags["get_weights"].removeprefix("dvc ")))
     assert hashlib.md5((root / model.tags["checkpoint_path"]).read_bytes()).hexdigest() == model.tags["checkpoint_md5"]

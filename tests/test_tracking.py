@@ -10,6 +10,7 @@ import signal
 import pytest
 from conftest import micro_params
 
+from gpt2.run.figures import TRACKED
 from gpt2.run import checkpoint, mlflow_ui, names, tracking
 from gpt2.train import trainer
 from gpt2.train.trainer import TrainingInterrupted, train
@@ -52,9 +53,9 @@ def test_a_run_is_named_after_what_it_changes_and_never_twice_the_same(tmp_path,
 
     experiment = mlflow.MlflowClient().get_experiment_by_name("gpt2")
     view = json.loads(experiment.tags["mlflow.sharedViewState.gpt2-compare"])  # the runs list the link opens
-    assert "metrics.`summary/perf.tokens_per_s_iqr`" in view["selectedColumns"]
-    assert "metrics.`vs_reference/speedup`" in view["selectedColumns"]
-    assert "metrics.`vs_reference/val_loss_p`" in view["selectedColumns"]
+    assert "metrics.`tokens/s IQR`" in view["selectedColumns"]
+    assert "metrics.`speed vs ref`" in view["selectedColumns"]
+    assert "metrics.`loss p vs ref`" in view["selectedColumns"]
 
 
 def test_flatten():
@@ -112,13 +113,13 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     assert [m.step for m in client.get_metric_history(run.info.run_id, "perf/step_ms")] == [2, 4, 6]
     assert {"perf.warmup_s", "perf.warmup_s.session_2"} <= set(run.data.tags)  # each session's, as a tag
     # the compared figures are metrics (the runs list's columns), the rest of the summary tags: no one-point charts
-    summary = sorted(k for k in run.data.metrics if k.startswith("summary/"))
-    assert summary == ["summary/cost.device_hours", "summary/mem.peak_gb", "summary/perf.mfu", "summary/perf.step_ms",
-                       "summary/perf.tokens_per_s", "summary/perf.tokens_per_s_iqr", "summary/val.loss",
-                       "summary/val.loss_se"]  # MFU against the CPU's measured peak (conftest's stand-in); no price
+    summary = sorted(k for k in run.data.metrics if k in TRACKED.values())  # told apart where a header is cut
+    assert summary == ["MFU", "device-hours", "ms/step", "peak GB", "tokens/s", "tokens/s IQR", "val loss final",
+                       "val loss se"]  # MFU against the CPU's measured peak (conftest's stand-in); no price
     assert {"summary.train.loss", "summary.wall_s", "summary.perf.tokens_per_s_wall"} <= set(run.data.tags)
     one_point = [k for k in run.data.metrics if len(client.get_metric_history(run.info.run_id, k)) == 1]
-    assert sorted(k.split("/")[0] for k in one_point) == ["summary"] * 8, one_point
+    assert sorted(one_point) == summary, one_point
+    assert run.data.metrics["val loss final"] == round(run.data.metrics["val loss final"], 4)  # read, not 9 digits
     experiment = client.get_experiment_by_name("gpt2")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
@@ -145,7 +146,9 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     assert model.tags["mlflow.note.content"].startswith("The weights are not in MLflow: `dvc exp apply my-exp` brings")
     assert model.tags["mlflow.user"] == "Ada L"  # the page's "Created by", as the run's
     assert model.params["train.lr"] == "0.005" and model.params["train.max_steps"] == "6"  # what made the weights
-    assert {m.key for m in model.metrics} >= {"summary/val.loss", "summary/perf.tokens_per_s"}
+    assert {m.key for m in model.metrics} >= {"val loss final", "tokens/s"}
+    assert {m.dataset_digest for m in model.metrics} == {run.inputs.dataset_inputs[0].dataset.digest}  # its data
+    assert [o.model_id for o in run.outputs.model_outputs] == [model.model_id]  # the run page's "Logged models"
     assert [a.path for a in client.list_logged_model_artifacts(model.model_id)] == ["MLmodel"]  # no copy of the weights
 
 
@@ -290,7 +293,7 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_reports_or_figures(t
         client = mlflow.MlflowClient(f"sqlite:///{db}")
         run = client.get_run(state["mlflow_run_id"])
         assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == logged
-        assert run.info.status == "FINISHED" and "summary/val.loss" in run.data.metrics
+        assert run.info.status == "FINISHED" and "val loss final" in run.data.metrics
         return
     assert f"`gpt2 replay {ckpt}` sends them" in err and "is not marked FINISHED" in err
     if fault == "unreachable":
@@ -303,7 +306,7 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_reports_or_figures(t
     [run] = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == logged
     assert len(client.get_metric_history(run.info.run_id, "val/loss")) == len(state["history"]["val"])
-    assert run.info.status == "FINISHED" and run.data.metrics["summary/val.loss"] == round(summary["val"]["loss"], 4)
+    assert run.info.status == "FINISHED" and run.data.metrics["val loss final"] == round(summary["val"]["loss"], 4)
 
 
 def test_replay_says_so_when_the_store_does_not_answer(tmp_path, tokens, monkeypatch):
@@ -355,3 +358,18 @@ def test_a_description_past_mlflows_limit_is_cut_at_a_line_and_says_where_the_re
     kept, _, note = cut.rpartition("\n\n")
     assert len(cut) <= 8000 and long.startswith(kept) and kept.endswith(" |")  # whole lines only
     assert note == "… cut here at MLflow's 8,000-character limit: the whole text is the run's artifact ladder.md"
+
+
+def test_the_compare_view_shows_the_params_that_differ_and_each_run_s_data_and_model():
+    runs = [{"grid.train.lr": "0.001,0.002", "grid.repeats": "1"},  # a grid's parent run: not a training
+            {"model.size": "tiny", "train.lr": "0.001", "train.cpu_gemm": "auto"},
+            {"model.size": "tiny", "train.lr": "0.002", "train.cpu_gemm": "blas"},
+            {"model.size": "tiny", "train.lr": "0.002", "train.loss_chunk": "512"}]
+    assert mlflow_ui.differing(runs) == ["train.lr", "train.cpu_gemm", "train.loss_chunk"]  # FIRST_PARAMS lead
+    columns = mlflow_ui.view(mlflow_ui.differing(runs))["selectedColumns"]
+    assert [c for c in columns if c.startswith("params.")] == [
+        "params.`train.lr`", "params.`train.cpu_gemm`", "params.`train.loss_chunk`"]
+    assert {"attributes.`Dataset`", "attributes.`Models`"} <= set(columns)
+    shown = [c.split("`")[1] for c in columns if c.startswith("metrics.")]
+    assert len({name[:14] for name in shown}) == len(shown)  # told apart where MLflow cuts a header
+    assert [c for c in mlflow_ui.view([])["selectedColumns"] if c.startswith("params.")][0] == "params.`model.size`"

@@ -203,7 +203,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
             checkout = checkouts.get(combos[i].get("revision"))
             planned.append(experiments.Planned(
                 names[i][r], sets_, f"{describe(combos[i])}, run {r + 1}",
-                f"{name} · {describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else ""), checkout,
+                f"{describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else "") + f" · {name}", checkout,
                 revisions.params_for(checkout, raw, sets_) if checkout else None))
         experiments.run_in_turn(root, planned, target, out / "dvc.log", "grid", collected=collected)
     if checkouts:
@@ -227,7 +227,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                    {"grid.baseline": describe(combos[0])},
                    {run.name: {"grid.setting": arm.label, "grid.run": str(run.repeat + 1)}
                     for arm in arms for run in arm.runs}, "grid.setting",
-                   {p.name: p.run_name for p in planned})
+                   {p.name: p.run_name for p in planned}, changes)
     logger.info(f"grid: {out / (slug + '.md')}\n{text}")
     if as_json:
         print(json.dumps(data, indent=2), flush=True)

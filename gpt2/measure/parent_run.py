@@ -4,43 +4,52 @@ runs grouped by arm."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from gpt2.core import paths
 from gpt2.measure import experiments
+from gpt2.measure.apply import Change
 from gpt2.measure.compare import Arm, Judged
 from gpt2.run.figures import rounded
-from gpt2.run.mlflow_ui import COMPARE_VIEW
+from gpt2.run.mlflow_ui import differing, view
+from gpt2.run.names import json_value
 from gpt2.run.tracking import MlflowTracker
 
 
 def log_parent(kind: str, name: str, judged: Judged, files: list[Path], described: str, experiment: str,
                started: float, params: dict[str, Any], tags: dict[str, str], children: dict[str, dict[str, str]],
-               arm_tag: str, run_names: dict[str, str] | None = None) -> None:
+               arm_tag: str, run_names: dict[str, str] | None = None, changes: list[Change] = ()) -> None:
     """One MLflow run for the comparison, lasting from its first run to its report: each arm's figures as metrics
     (the arm's index is the step), the dataset, the report; every experiment's run becomes its child, carrying
     its arm's verdict as metrics so the runs list and the compare page show them, and a shared view groups the
     children by ``arm_tag`` (the tag of ``children`` that names each one's arm). It ends FAILED where a run
     failed."""
     tracker = MlflowTracker(experiment, run_name=name, kept_in=str(files[0].parent), started_at=started)
+    applies = ", ".join(f"{c.key}={json_value(c.value)}" for c in changes)
+    headline = (f"**`--apply` writes {applies}**: {changes[0].why}" if changes else
+                "**Nothing for `--apply` to write**: no arm wins outside noise without losing elsewhere.")
     try:
-        tracker.set_tags({"kind": kind, **tags, **({"failed_runs": ", ".join(judged.failed)} if judged.failed else {})})
+        tracker.set_tags({"kind": kind, **tags, "apply": applies or "nothing",
+                          **({"failed_runs": ", ".join(judged.failed)} if judged.failed else {})})
         tracker.log_params(params)
-        for i, arm in enumerate(judged.arms):
+        for i, arm in enumerate(judged.arms):  # each figure named after its arm: no value reads as the whole's
             if arm.done:
-                tracker.log_metrics({f"{kind}/{k}": rounded(v, 4) for k, v in arm_metrics(i, arm).items()}, step=i)
+                tracker.log_metrics({f"{PARENT_FIGURES[k]}: {metric_safe(arm.label)}": v
+                                     for k, v in arm_metrics(i, arm).items() if k in PARENT_FIGURES}, step=0)
         if dataset := experiments.workspace_dataset(paths.root()):
             tracker.log_dataset(dataset, context="training")
         for path in files:
             tracker.log_artifact(path)
-        tracker.describe(described, files[0].name)
-        verdicts = {run.name: {f"vs_reference/{k}": rounded(v, 4) for k, v in arm_metrics(i, arm).items()
-                               if k in VERDICT_METRICS}
+        tracker.describe(f"{headline}\n\n{described}", files[0].name)  # the page's first lines: what it decided
+        verdicts = {run.name: {VERDICT_NAMES[k]: rounded(v, 4) for k, v in arm_metrics(i, arm).items()
+                               if k in VERDICT_NAMES}
                     for i, arm in enumerate(judged.arms) for run in arm.runs if run.ok}
         adopt(tracker, list(children), children, verdicts, since=started, run_names=run_names)
         if tracker.run_id:
-            tracker.share_view(f"gpt2-{kind}-{tracker.run_id}", comparison_view(tracker.run_id, arm_tag),
+            tracker.share_view(f"gpt2-{kind}-{tracker.run_id}",
+                               comparison_view(tracker.run_id, arm_tag, children_params(tracker)),
                                f"this {kind}'s runs, grouped by {arm_tag.split('.')[1]}")
     except BaseException:
         tracker.end("FAILED")
@@ -48,8 +57,18 @@ def log_parent(kind: str, name: str, judged: Judged, files: list[Path], describe
     tracker.end("FAILED" if judged.failed else "FINISHED")
 
 
-VERDICT_METRICS = ("speedup", "speed_inside_noise", "val_loss_delta", "val_loss_p", "speedup_at_equal_loss",
-                   "speedup_vs_baseline")
+# A run's verdict against its reference, as metrics of its MLflow run: names a runs list can tell apart where it
+# cuts its headers (about 14 characters)
+VERDICT_NAMES = {"speedup": "speed vs ref", "speed_inside_noise": "speed in noise", "val_loss_delta": "loss vs ref",
+                 "val_loss_p": "loss p vs ref", "speedup_at_equal_loss": "sooner vs ref",
+                 "speedup_vs_baseline": "speed vs base"}
+# The parent run's figures, one per arm, named after it ("speed vs base: train.lr 0.03")
+PARENT_FIGURES = {**VERDICT_NAMES, "val_loss": "val loss", "tokens_per_s": "tokens/s", "cost_usd": "USD"}
+
+
+def metric_safe(label: str) -> str:
+    """An arm's label in the characters an MLflow metric name may hold (``train.lr=0.03`` → ``train.lr 0.03``)."""
+    return re.sub(r"[^\w./\- :]+", " ", label).strip()
 
 
 def arm_metrics(index: int, arm: Arm) -> dict[str, float | None]:
@@ -75,11 +94,23 @@ def arm_metrics(index: int, arm: Arm) -> dict[str, float | None]:
             "cost_usd": arm.cost_usd}
 
 
-def comparison_view(parent_run_id: str, arm_tag: str) -> dict[str, Any]:
+def children_params(parent: MlflowTracker) -> list[dict[str, str]]:
+    """The params of the runs nested under ``parent`` (none where the store does not answer)."""
+    found: list[dict[str, str]] = []
+
+    def read() -> None:
+        found.extend(r.data.params for r in parent.mlflow.MlflowClient().search_runs(
+            [parent.experiment_id], f"tags.mlflow.parentRunId = '{parent.run_id}'"))
+
+    parent.call("read its runs' params", read)
+    return found
+
+
+def comparison_view(parent_run_id: str, arm_tag: str, params: list[dict[str, str]] = ()) -> dict[str, Any]:
     """The runs of one grid or ladder (the children of ``parent_run_id``), grouped by their arm (the tag
     ``arm_tag``: its setting or rung): a row per arm with its runs under it, the charts drawing each arm's mean
-    over its seeds with their min–max band."""
-    return {**COMPARE_VIEW, "searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'",
+    over its seeds with their min–max band; its param columns those that differ among the runs' ``params``."""
+    return {**view(differing(list(params))), "searchFilter": f"tags.mlflow.parentRunId = '{parent_run_id}'",
             "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": arm_tag}]},
             "useGroupedValuesInCharts": True}
 

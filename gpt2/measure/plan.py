@@ -90,9 +90,13 @@ def _same_device(name: str, device: Device) -> bool:
     return device_key(name) == device.name
 
 
+MFU_METRICS = ("MFU", "summary/perf.mfu")  # a finished run's MFU in MLflow, and its name before 2026-11-28
+
+
 def _mlflow_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
     db = root / paths.MLFLOW_DB
-    if not db.is_file() or not _has_metric(db, "summary/perf.mfu"):
+    keys = [key for key in MFU_METRICS if db.is_file() and _has_metric(db, key)]
+    if not keys:
         return None  # no MFU was ever logged there: no need to import mlflow (seconds)
     try:
         import mlflow
@@ -108,10 +112,11 @@ def _mlflow_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | No
                                   order_by=["attributes.start_time DESC"], max_results=500)
     except Exception:  # an unreadable or foreign store: no measurement, not a failure of the plan
         return None
-    if runs.empty or "metrics.summary/perf.mfu" not in runs:
+    if runs.empty or not any(f"metrics.{key}" in runs for key in keys):
         return None
     for _, run in runs.iterrows():
-        mfu, name = run.get("metrics.summary/perf.mfu"), str(run.get("tags.device") or "")
+        mfu = next((value for key in keys if (value := run.get(f"metrics.{key}")) and not math.isnan(value)), None)
+        name = str(run.get("tags.device") or "")
         if mfu and not math.isnan(mfu) and run.get("params.model.size") == size and _same_device(name, device):
             return float(mfu), f"measured: MLflow run {run['run_id']} ({size} on {name})"
     return None

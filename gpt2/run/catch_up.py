@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core import log
-from gpt2.run.figures import tracked_summary, val_metrics
+from gpt2.run.figures import TRACKED, shown, tracked_summary, val_metrics
 from gpt2.run.tracking import MlflowTracker
 
 logger = log.get("train")
@@ -42,7 +42,7 @@ def missing(client: Any, run_id: str, history: dict[str, Any], summary: dict[str
     if target and "target/time_s" not in present:
         figures.append(({f"target/{k}": v for k, v in target.items()}, target.get("steps", 0)))
     tags: dict[str, Any] = {}
-    if summary is not None and not any(k.startswith("summary/") for k in present):
+    if summary is not None and not any(k in present for k in (*TRACKED.values(), "summary/perf.tokens_per_s")):
         metrics, tags = tracked_summary(summary)
         figures.append((metrics, summary["steps"]))
     return figures, tags
@@ -56,7 +56,7 @@ def catch_up(tracker: MlflowTracker, history: dict[str, Any], summary: dict[str,
         client = tracker.mlflow.MlflowClient()
         figures, tags = missing(client, tracker.run_id, history, summary)
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, step) for values, step in figures for k, v in values.items()]
+        metrics = [Metric(k, shown(float(v)), now, step) for values, step in figures for k, v in values.items()]
         for start in range(0, len(metrics), BATCH):
             client.log_batch(tracker.run_id, metrics=metrics[start:start + BATCH])
         if tags:

@@ -6,27 +6,37 @@ from __future__ import annotations
 
 # The runs list as a comparison opens it: a view of MLflow's own "Share" kind, kept as an experiment tag
 # (mlflow.sharedViewState.<key>) that the runs page loads from ``?viewStateShareKey=<key>``. Its columns are
-# the compared figures with their noise, the verdicts of a grid or a ladder, and the params people vary;
-# the run names say what each experiment changed. MLflow's own default shows no metric or param at all.
+# the compared figures with their noise, the verdicts of a grid or a ladder, the data and model of each run, and
+# the params that differ among the runs it lists (``view``); the run names say what each experiment changed.
+# MLflow's own default shows no metric or param at all.
 COMPARE_VIEW_KEY = "gpt2-compare"
-COMPARE_VIEW = {
-    "selectedColumns": [
-        *(f"metrics.`{m}`" for m in ("val/loss", "val/loss_se", "eval/val_loss", "eval/val_loss_se",
-                                     "summary/perf.tokens_per_s", "summary/perf.tokens_per_s_iqr",
-                                     "summary/perf.step_ms",
-                                     "vs_reference/speedup", "vs_reference/speed_inside_noise",
-                                     "vs_reference/val_loss_delta", "vs_reference/val_loss_p",
-                                     "vs_reference/speedup_vs_baseline", "summary/perf.mfu", "summary/mem.peak_gb",
-                                     "summary/target.time_s")),
-        *(f"params.`{p}`" for p in ("model.size", "train.max_steps", "train.lr", "train.optimizer", "train.dtype",
-                                    "train.compile", "model.attention", "train.micro_batch_size")),
-        *(f"tags.`{t}`" for t in ("dvc_exp_name", "git_commit", "host")),
-    ],
-    "orderByKey": "attributes.start_time",
-    "orderByAsc": False,
-    "runsHiddenMode": "SHOW_ALL",  # every run in the charts, not MLflow's first 10
-}
-COMPARE_VIEW["columnOrder"] = COMPARE_VIEW["selectedColumns"]  # as listed: the loss first, not alphabetical
+FIGURES = ("val/loss", "val/loss_se", "eval/val_loss", "eval/val_loss_se", "tokens/s", "tokens/s IQR", "ms/step",
+           "speed vs ref", "speed in noise", "loss vs ref", "loss p vs ref", "speed vs base", "MFU", "peak GB",
+           "s to target")
+FIRST_PARAMS = ("model.size", "train.max_steps", "train.lr", "train.optimizer", "train.dtype", "train.compile",
+                "model.attention", "train.micro_batch_size")  # where they differ, these lead; where none does, shown
+MAX_PARAMS = 12  # past this, the figures leave the first screen
+
+
+def view(params: list[str] | None = None) -> dict:
+    """The compare view with ``params`` as its param columns (the params that differ among the runs it lists; none
+    given or none differing: ``FIRST_PARAMS``)."""
+    columns = [*(f"metrics.`{m}`" for m in FIGURES), "attributes.`Dataset`", "attributes.`Models`",
+               *(f"params.`{p}`" for p in (params or FIRST_PARAMS)[:MAX_PARAMS]),
+               *(f"tags.`{t}`" for t in ("dvc_exp_name", "git_commit", "host"))]
+    return {"selectedColumns": columns, "columnOrder": columns,  # as listed: the loss first, not alphabetical
+            "orderByKey": "attributes.start_time", "orderByAsc": False,
+            "runsHiddenMode": "SHOW_ALL"}  # every run in the charts, not MLflow's first 10
+
+
+def differing(runs_params: list[dict[str, str]]) -> list[str]:
+    """The params whose values differ among runs (a param a run lacks counts as differing), ``FIRST_PARAMS``
+    first, then by name. Only trainings count: a grid's or a ladder's parent run has params of its own kind."""
+    runs_params = [params for params in runs_params if "model.size" in params]
+    keys = {k for params in runs_params for k in params}
+    varied = {k for k in keys if len({params.get(k) for params in runs_params}) > 1}
+    return sorted(varied, key=lambda k: (FIRST_PARAMS.index(k) if k in FIRST_PARAMS else len(FIRST_PARAMS), k))
+
 
 
 def view_page(experiment_id: str, key: str) -> str:

@@ -23,7 +23,8 @@ from typing import Any
 from gpt2.core import log, paths
 from gpt2.core.errors import Stopped, UserError
 from gpt2.core.net import reachable
-from gpt2.run.mlflow_ui import COMPARE_VIEW, COMPARE_VIEW_KEY, page_url, served, view_page, where_to_see
+from gpt2.run.figures import shown
+from gpt2.run.mlflow_ui import COMPARE_VIEW_KEY, differing, page_url, served, view, view_page, where_to_see
 from gpt2.run.names import who
 
 logger = log.get("mlflow")
@@ -36,6 +37,7 @@ def tracking_uri() -> str:
 
 # A model-training experiment, not a GenAI one (MLflow 3's UI has both kinds).
 EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+VIEW_RUNS = 200  # the latest runs whose differing params are the compare view's param columns
 
 
 def artifact_location() -> str | None:
@@ -224,6 +226,7 @@ class MlflowTracker(Tracker):
         silence_store_loggers()
         self.mlflow, self.uri, self.kept_in, self.catch_up_hint = mlflow, tracking_uri(), kept_in, catch_up_hint
         self.model: list[str | None] = []  # [its id] once a model is logged or found: later metrics are its too
+        self.dataset: list[str] = []  # [name, digest] of the training data once logged: the model's metrics name it
         self.experiment_id: str | None = None
         self.backlog: list[tuple[str, Callable[[], Any]]] = []  # calls the store has not taken yet, in order
         self.down_since: float | None = None  # when the store stopped answering (time.monotonic())
@@ -251,10 +254,7 @@ class MlflowTracker(Tracker):
                 mlflow.create_experiment(experiment, artifact_location=artifact_location(), tags=EXPERIMENT_TAGS)
             found = mlflow.set_experiment(experiment)
             self.experiment_id = found.experiment_id
-            view = json.dumps(COMPARE_VIEW)
-            if found.tags.get(f"mlflow.sharedViewState.{COMPARE_VIEW_KEY}") != view:  # new, or an older view
-                mlflow.MlflowClient().set_experiment_tag(self.experiment_id,
-                                                         f"mlflow.sharedViewState.{COMPARE_VIEW_KEY}", view)
+            self._refresh_view(found.tags)
         if run_id is None and run_name:
             run_name = self._unique(run_name)
         if run_id is None and started_at is not None:  # no system metrics: its work ran in other processes
@@ -281,6 +281,15 @@ class MlflowTracker(Tracker):
             self.ended_at = self.run.info.end_time
         logger.info(f"mlflow: run {self.run_id} ({self.run.info.run_name}) in {self.uri}; "
                     + where_to_see(self.uri, self.experiment_id, self.run_id))
+
+    def _refresh_view(self, tags: dict[str, str] | None = None) -> None:
+        """The compare view (``mlflow_ui.view``) with the params that differ among the experiment's latest runs."""
+        client = self.mlflow.MlflowClient()
+        runs = client.search_runs([self.experiment_id], max_results=VIEW_RUNS)
+        shown = json.dumps(view(differing([r.data.params for r in runs])))
+        key = f"mlflow.sharedViewState.{COMPARE_VIEW_KEY}"
+        if (tags if tags is not None else client.get_experiment(self.experiment_id).tags).get(key) != shown:
+            client.set_experiment_tag(self.experiment_id, key, shown)
 
     def _run_of(self, run_uid: str | None) -> str | None:
         """The run of this experiment tagged with the training's ``run_uid`` (one a replay started), if any."""
@@ -397,19 +406,22 @@ class MlflowTracker(Tracker):
             fresh = {k: v for k, v in params.items() if k not in existing}  # a resumed run keeps its params
             if fresh:
                 self.mlflow.log_params(fresh, run_id=self.run_id)
+                self._refresh_view()  # this run's params may differ from the others' where none did
 
         self.call("log the params", log)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        kept = {k: float(v) for k, v in metrics.items() if v is not None}
+        kept = {k: shown(float(v)) for k, v in metrics.items() if v is not None}
         at, model = int(time.time() * 1000), self.model  # as logged now, whenever the store takes it
 
         def log() -> None:
             from mlflow.entities import Metric
 
             model_id = model[0] if model else None
-            self.mlflow.MlflowClient().log_batch(self.run_id, metrics=[Metric(k, v, at, step, model_id=model_id)
-                                                                       for k, v in kept.items()])
+            name, digest = self.dataset if model_id and self.dataset else (None, None)
+            self.mlflow.MlflowClient().log_batch(self.run_id, metrics=[
+                Metric(k, v, at, step, model_id=model_id, dataset_name=name, dataset_digest=digest)
+                for k, v in kept.items()])
 
         self.call(f"log the metrics of step {step}", log)
 
@@ -428,7 +440,10 @@ class MlflowTracker(Tracker):
         def log() -> None:
             from mlflow.tracking.fluent import _create_dataset_input
 
-            self.mlflow.MlflowClient().log_inputs(self.run_id, [_create_dataset_input(token_dataset(dataset), context)])
+            tokens = token_dataset(dataset)
+            self.mlflow.MlflowClient().log_inputs(self.run_id, [_create_dataset_input(tokens, context)])
+            if context == "training":  # the model's metrics name it: the model page's "Datasets used"
+                self.dataset[:] = [tokens.name, tokens.digest]
 
         self.call("log the dataset", log)
 
@@ -462,6 +477,9 @@ class MlflowTracker(Tracker):
                 tags={**who(), "mlflow.note.content": note, **{k: str(v) for k, v in tags.items() if v is not None}},
                 params={k: str(v) for k, v in params.items()})
             slot.append(model.model_id)
+            from mlflow.entities import LoggedModelOutput  # the run's page lists it under "Logged models"
+
+            self.mlflow.MlflowClient().log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step=0)])
 
         slot: list[str | None] = []
         self.model = slot  # the metrics logged from now on are the model's, whenever the store takes them

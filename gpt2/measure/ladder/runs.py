@@ -65,7 +65,7 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
     experiments.run_in_turn(root, [experiments.Planned(
         names[i][r], {**resolved.sets[i], "train.seed": seeds[r], **held},
         f"rung {i} {ladder.rungs[i].name!r}, repeat {r + 1}/{repeats}",
-        f"ladder · {i:02d} {ladder.rungs[i].name} · run {r + 1}") for i, r in todo], "train", out / "dvc.log", "ladder")
+        f"{i:02d} {ladder.rungs[i].name} · run {r + 1} · ladder") for i, r in todo], "train", out / "dvc.log", "ladder")
     found = experiments.trained_here(root, experiments.finished(root, (paths.TRAIN_SUMMARY,)),
                                      {n for group in names for n in group}, "ladder")
     runs = [[read_run(n, r, seeds[r], found.get(n), experiments.val_curve(root, found[n].rev) if n in found else None)
@@ -81,7 +81,7 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
                     "ladder.model": resolved.sections[0]["model"]["size"], "ladder.device": device},
                    {"device": next((a.runtime.get("device_name") for a in judged.arms if a.runtime), device)},
                    {run.name: {"ladder.rung": arm.label, "ladder.index": str(i)}
-                    for i, arm in enumerate(judged.arms) for run in arm.runs}, "ladder.rung")
+                    for i, arm in enumerate(judged.arms) for run in arm.runs}, "ladder.rung", changes=changes)
     if as_json:
         print(json.dumps(data, indent=2), flush=True)
     else:
