@@ -388,6 +388,20 @@ def test_a_gain_inside_the_repeats_interval_or_the_inert_rungs_move_is_not_a_gai
     assert judged_of(spec, p, runs).arms[2].versus.speed.inside_noise is True
 
 
+def test_a_rung_that_changes_only_the_learning_rate_is_never_faster_or_slower(tmp_path):
+    """A rung's own changes decide: an lr rung after a compile rung changes no step's work, the compile rung does."""
+    spec = load(tmp_path, "baseline: {compile: false}\nrungs:\n  - {name: compiled, set: {compile: true}}\n"
+                          "  - {name: lr, set: {lr: 0.003}}\nprofiles: {cpu: {repeats: 2}}\n")
+    p = ladder.resolve(spec, PARAMS, "cpu")
+    runs = [[fake_run(p, 0, 100.0, CPU), fake_run(p, 0, 101.0, CPU, repeat=1)],
+            [fake_run(p, 1, 60.0, CPU), fake_run(p, 1, 61.0, CPU, repeat=1)],
+            [fake_run(p, 2, 50.0, CPU), fake_run(p, 2, 51.0, CPU, repeat=1)]]  # 1.2x: this machine, not the lr
+    judged = judged_of(spec, p, runs)
+    assert not judged.arms[1].same_work and judged.arms[1].versus.speed.inside_noise is False
+    assert judged.arms[2].same_work and judged.arms[2].versus.speed.inside_noise is True
+    assert "Speed moved where it cannot" in table_of(tmp_path, judged, spec, p)
+
+
 def test_a_ladder_too_noisy_to_read_says_so_first(tmp_path):
     spec = load(tmp_path, NOISE_LADDER)
     p = ladder.resolve(spec, PARAMS, "cpu")

@@ -218,6 +218,8 @@ class Arm:
     # compared for quality, while its speed move, like an inert arm's, is this machine's noise
     skipped: str = ""  # why it was not run (it cannot act on this device)
     setting: dict[str, Any] = field(default_factory=dict)  # what it sets (a grid's setting, a rung's changes)
+    changes: tuple[str, ...] | None = None  # the params.yaml keys it changes against its reference (section.key);
+    # None: the keys where its setting and its reference's differ (a grid's settings are whole)
     runtime: dict[str, Any] = field(default_factory=dict)  # what really ran, its first finished run's
     tokens_per_s: Spread | None = None
     tokens_per_s_wall: float | None = None
@@ -284,7 +286,8 @@ def judge(arms: list[Arm], alpha: float = ALPHA, target: float | None = None) ->
     compared = [a for a in arms if a.versus]
     for arm in compared:
         above = arms[arm.reference].setting
-        changed = {k for k in {*arm.setting, *above} if arm.setting.get(k) != above.get(k)}
+        changed = set(arm.changes) if arm.changes is not None else {
+            k for k in {*arm.setting, *above} if arm.setting.get(k) != above.get(k)}
         arm.same_work = bool(changed) and changed <= SAME_WORK
     spread = typical_disagreement([a.versus.speed.paired for a in compared if not a.inert])
     inert = [abs(a.versus.speed.median - 1) for a in compared

@@ -36,7 +36,8 @@ def arms(ladder: Ladder, resolved: Resolved, runs: list[list[Run]]) -> list[Arm]
     out: list[Arm] = []
     previous: int | None = None
     for i, (rung, group) in enumerate(zip(ladder.rungs, runs)):
-        arm = Arm(rung.name, group, setting=rung.changes if i else {}, skipped=resolved.cannot_show[i] or "")
+        arm = Arm(rung.name, group, setting=rung.changes if i else {}, skipped=resolved.cannot_show[i] or "",
+                  changes=tuple(k if "." in k else f"train.{k}" for k in rung.changes))
         done = [r for r in group if r.ok]
         if done:
             arm.reference = previous if i else None
