@@ -399,7 +399,8 @@ def test_a_rung_that_changes_only_the_learning_rate_is_never_faster_or_slower(tm
     judged = judged_of(spec, p, runs)
     assert not judged.arms[1].same_work and judged.arms[1].versus.speed.inside_noise is False
     assert judged.arms[2].same_work and judged.arms[2].versus.speed.inside_noise is True
-    assert "Speed moved where it cannot" in table_of(tmp_path, judged, spec, p)
+    text = table_of(tmp_path, judged, spec, p)
+    assert "Speed moved where it cannot" in text and "rung that changed no step's work here moved tokens/s by" in text
 
 
 def test_a_ladder_too_noisy_to_read_says_so_first(tmp_path):

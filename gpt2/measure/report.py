@@ -211,11 +211,11 @@ def noise_sentence(judged: Judged, words: Words, repeats: int) -> str:
         return f"**One run per {what}: no interval, so no gain can be told from noise.** To read it, {ADVICE[what]}."
     if floor > TOO_NOISY:
         return (f"**Too noisy to read speed:** a {what}'s paired runs disagree by {100 * spread:.0f}% (median)"
-                + (f" and a {what} that changed nothing here moved tokens/s by {100 * floor:.0f}%" if floor > spread
-                   else "")
+                + (f" and a {what} that changed no step's work here moved tokens/s by {100 * floor:.0f}%"
+                   if floor > spread else "")
                 + f"; the speed gains of {noisy} of {counted(len(compared), what)} are inside that noise, and no "
                   f"speed verdict below is firmer than it. To read it, {ADVICE[what]}.")
-    shown = f"; {what}s that changed nothing here moved it by up to {100 * floor:.1f}%" if floor > spread else ""
+    shown = f"; {what}s that changed no step's work here moved it by up to {100 * floor:.1f}%" if floor > spread else ""
     return (f"Speed noise: each {what}'s runs, paired with {words.against}'s of the same repeat, agree on its tokens/s "
             f"ratio within {100 * spread:.1f}% (median over the {what}s){shown}. A gain whose paired runs disagree "
             f"on its direction, or no larger than {100 * floor:.1f}%, is marked *inside noise*: it buys nothing this "
