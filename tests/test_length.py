@@ -86,7 +86,10 @@ def test_a_budget_that_ends_inside_the_timing_warm_up_says_its_speed_includes_it
     metrics = run(tmp_path, tokens, budget_params(time_budget_s=3.0, timing_warmup_steps=5))
     assert metrics["steps"] == 3 and metrics["perf"]["timed_steps"] == 3  # the medians fall back on every step
     assert ("warning: every step of this run was in its warm-up (the first 5 of a session, "
-            "train.timing_warmup_steps): its speed figures include compilation") in capfd.readouterr().err
+            "train.timing_warmup_steps): its speed figures include compilation") in (err := capfd.readouterr().err)
+    assert "train longer (a larger train.time_budget_s)" in err
+    run(tmp_path, tokens, micro_params(max_steps=2, timing_warmup_steps=5), name="steps")
+    assert "train longer (train.max_steps above 5) to time its steps" in capfd.readouterr().err
 
 
 def test_a_stop_in_the_step_that_spends_the_budget_says_the_run_is_finished(tmp_path, tokens, one_second_steps,

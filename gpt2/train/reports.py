@@ -127,9 +127,11 @@ def run_summary(s: Setup, throughput: Throughput, history: History, last_step: i
                         num_params=s.model.num_params(), memory=memory_gb(s.runtime), run_wall_s=run_wall_s,
                         price=price_per_hour(cfg.price_per_hour, s.runtime.device.type, s.runtime.device_name))
     if history.step_s and not any(not warm for warm in history.warm(cfg.timing_warmup_steps)):
+        longer = ("a larger train.time_budget_s" if cfg.time_budget_s is not None else "a larger train.max_tokens"
+                  if cfg.max_tokens is not None else f"train.max_steps above {cfg.timing_warmup_steps}")
         log.get("train").warning(f"every step of this run was in its warm-up (the first {cfg.timing_warmup_steps} "
                                  "of a session, train.timing_warmup_steps): its speed figures include compilation "
-                                 "and autotuning; train longer (a larger train.time_budget_s) to time its steps")
+                                 f"and autotuning; train longer ({longer}) to time its steps")
     if warning := machine_load.warning(summary.get("machine")):
         log.get("train").warning(warning)
     runtime = {k: v for k, v in info.items() if k != "params"}  # what really ran (the ladder reads it)
