@@ -120,6 +120,14 @@ def test_params_yaml_is_in_the_form_dvc_writes_so_a_set_value_is_one_changed_lin
     assert added.split(" # ")[1] == removed.split(" # ")[1]
 
 
+def test_a_bare_off_is_the_choice_off(committed):
+    """params.yaml's `distributed: off` reads as false in YAML 1.1: it already holds a winning "off"."""
+    before = committed.read_text()
+    said = apply([Change("train.distributed", "off", "y")], committed)
+    assert said == "params.yaml already holds every winning setting: train.distributed=\"off\""
+    assert committed.read_text() == before
+
+
 def test_what_apply_writes_dvc_writes_back_unchanged(committed):
     """--apply's lines are DVC's form too (null as nothing, off bare): a later `dvc exp run -S` rewrites none."""
     from dvc.utils.hydra import apply_overrides

@@ -40,6 +40,11 @@ def param(default: Any, doc: str, *, ge: float | None = None, gt: float | None =
                                                         **{k: v for k, v in bounds.items() if v is not None}})
 
 
+def bare_off(value: Any) -> Any:
+    """The choice a value means where ``off`` is one: YAML 1.1 (and so `dvc exp run -S`) reads a bare off as false."""
+    return "off" if value is False else value
+
+
 def require(ok: bool, key: str, value: Any, allowed: str) -> None:
     """Raise a :class:`ParamError` naming ``key`` unless ``ok``."""
     if not ok:
@@ -171,8 +176,8 @@ def coerce(value: Any, hint: Any, key: str, moved: dict[str, str] | None = None)
         raise ParamError(f"params: {key} = {value!r} has the wrong type; expected "
                          + " or ".join(["null"] * (type(None) in args) + [_describe(a, {}) for a in inner]))
     if origin is Literal:
-        if value is False and "off" in args:  # YAML 1.1 (and so `dvc exp run -S`) reads a bare off as false
-            value = "off"
+        if "off" in args:
+            value = bare_off(value)
         require(value in args, key, value, "one of " + ", ".join(repr(a) for a in args))
         return value
     if origin in (list, tuple):

@@ -22,6 +22,7 @@ from gpt2.core import paths
 from gpt2.core.atomic import write_files
 from gpt2.core.config import load_params
 from gpt2.core.errors import UserError
+from gpt2.core.schema import bare_off
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def apply(changes: list[Change], params_path: str | Path = paths.PARAMS) -> str:
         return "nothing to apply: no setting is better than the baseline outside noise; params.yaml is unchanged"
     if not todo:
         return "params.yaml already holds every winning setting: " + "; ".join(
-            f"{c.key}={_scalar(c.value)}" + ("" if _get(data, c.key) == c.value else
+            f"{c.key}={_scalar(c.value)}" + ("" if bare_off(_get(data, c.key)) == bare_off(c.value) else
                                              f" ({c.key} {_scalar(_get(data, c.key))} runs it here, and is kept)")
             for c in changes)
     refuse_uncommitted(path)
@@ -62,7 +63,7 @@ def runs_the_same(key: str, held: Any, wanted: Any) -> bool:
     """Whether params.yaml's ``held`` already runs as ``wanted`` on this machine. A setting that resolves by the
     device (``cpu_gemm: auto`` is oneDNN on an AMD CPU and BLAS on an Intel one) is kept: writing what it
     resolved to here would make the file wrong for the next machine."""
-    if held == wanted:
+    if bare_off(held) == bare_off(wanted):  # a bare off in the file is the choice off
         return True
     if key.endswith(".cpu_gemm") and held == "auto":
         from gpt2.model.loss import cpu_gemm
