@@ -168,3 +168,14 @@ def test_a_quality_win_is_applied_only_where_it_holds_on_the_held_out_windows():
     assert best is unscored.arms[1] and "`--apply` first scores the runs on held-out val windows" in said
     fast = judge([arm("base", [(100,), (101,), (99,)], None), arm("fast", [(150,), (151,), (149,)])])
     assert compare.confirm(fast.arms[1]) == "" and report.decide_best(fast, WORDS, held_out=True)[0][0] is fast.arms[1]
+
+
+def test_each_arm_s_mlflow_figures_have_a_name_of_their_own_that_mlflow_takes():
+    """A label with a slash, or two labels that read alike once cleaned, must not stop the parent run's figures."""
+    from mlflow.utils.validation import _validate_metric_name
+
+    labels = ["train.lr=0.03", "download.source=data//x", "/abs/path", "train.lr 0.03", "x/../y", ""]
+    names = parent_run.metric_names(labels)
+    assert names[0] == "train.lr 0.03" and names[3] == "train.lr 0.03 3" and len(set(names)) == len(labels)
+    for name in names:
+        _validate_metric_name(f"val loss: {name}")

@@ -34,9 +34,10 @@ def log_parent(kind: str, name: str, judged: Judged, files: list[Path], describe
         tracker.set_tags({"kind": kind, **tags, "apply": applies or "nothing",
                           **({"failed_runs": ", ".join(judged.failed)} if judged.failed else {})})
         tracker.log_params(params)
+        names = metric_names([arm.label for arm in judged.arms])
         for i, arm in enumerate(judged.arms):  # each figure named after its arm: no value reads as the whole's
             if arm.done:
-                tracker.log_metrics({f"{PARENT_FIGURES[k]}: {metric_safe(arm.label)}": v
+                tracker.log_metrics({f"{PARENT_FIGURES[k]}: {names[i]}": v
                                      for k, v in arm_metrics(i, arm).items() if k in PARENT_FIGURES}, step=0)
         if dataset := experiments.workspace_dataset(paths.root()):
             tracker.log_dataset(dataset, context="training")
@@ -66,9 +67,14 @@ VERDICT_NAMES = {"speedup": "speed vs ref", "speed_inside_noise": "speed in nois
 PARENT_FIGURES = {**VERDICT_NAMES, "val_loss": "val loss", "tokens_per_s": "tokens/s", "cost_usd": "USD"}
 
 
-def metric_safe(label: str) -> str:
-    """An arm's label in the characters an MLflow metric name may hold (``train.lr=0.03`` → ``train.lr 0.03``)."""
-    return re.sub(r"[^\w./\- :]+", " ", label).strip()
+def metric_names(labels: list[str]) -> list[str]:
+    """The arms' labels in the characters an MLflow metric name may hold (``train.lr=0.03`` → ``train.lr 0.03``),
+    one name each. A slash goes too: MLflow refuses a name with ``//`` or a leading ``/``."""
+    names: list[str] = []
+    for label in labels:
+        name = " ".join(re.sub(r"[^\w.\- :]+", " ", label).split()) or "arm"
+        names.append(name if name not in names else f"{name} {len(names)}")
+    return names
 
 
 def arm_metrics(index: int, arm: Arm) -> dict[str, float | None]:
