@@ -309,6 +309,34 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_reports_or_figures(t
     assert run.info.status == "FINISHED" and run.data.metrics["val loss final"] == round(summary["val"]["loss"], 4)
 
 
+def test_a_model_whose_link_to_its_run_failed_is_logged_once(tmp_path, monkeypatch):
+    """The store fails after the model was made: the retry links it, and makes no second model."""
+    import mlflow
+
+    from gpt2.run.tracking import MlflowTracker
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setattr(tracking, "RETRY_BUDGET_S", 0.0)
+    monkeypatch.setattr(tracking, "RETRY_EVERY_S", 0.0)
+    link, failed = mlflow.MlflowClient.log_outputs, []
+
+    def fails_once(self, *args, **kwargs):
+        if not failed:
+            failed.append(1)
+            raise OSError("disk I/O error")
+        return link(self, *args, **kwargs)
+
+    monkeypatch.setattr(mlflow.MlflowClient, "log_outputs", fails_once)
+    tracker = MlflowTracker("gpt2", run_name="r", kept_in=str(tmp_path))
+    tracker.log_model("gpt2", {"checkpoint_md5": "0" * 32}, {"model.size": "tiny"})
+    tracker.log_metrics({"val loss final": 5.0}, step=0)  # the store answers again: the kept link goes first
+    tracker.end()
+    client = mlflow.MlflowClient()
+    models = client.search_logged_models([tracker.experiment_id])
+    assert failed and len(models) == 1 and tracker.backlog == []
+    assert [o.model_id for o in client.get_run(tracker.run_id).outputs.model_outputs] == [models[0].model_id]
+
+
 def test_replay_says_so_when_the_store_does_not_answer(tmp_path, tokens, monkeypatch):
     from click.testing import CliRunner
 

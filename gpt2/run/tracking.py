@@ -472,18 +472,24 @@ class MlflowTracker(Tracker):
                 f"trained on data `{tags.get('data_dvc_hash')}` at commit `{tags.get('git_commit')}`.")
 
         def create() -> None:
+            if slot:  # a retried call: the model is there
+                return
             model = self.mlflow.create_external_model(
                 name=name, source_run_id=self.run_id, model_type=MODEL_TYPE, experiment_id=self.experiment_id,
                 tags={**who(), "mlflow.note.content": note, **{k: str(v) for k, v in tags.items() if v is not None}},
                 params={k: str(v) for k, v in params.items()})
             slot.append(model.model_id)
-            from mlflow.entities import LoggedModelOutput  # the run's page lists it under "Logged models"
 
-            self.mlflow.MlflowClient().log_outputs(self.run_id, [LoggedModelOutput(model.model_id, step=0)])
+        def link() -> None:  # the run's page lists it under "Logged models"
+            from mlflow.entities import LoggedModelOutput
+
+            if slot:
+                self.mlflow.MlflowClient().log_outputs(self.run_id, [LoggedModelOutput(slot[0], step=0)])
 
         slot: list[str | None] = []
         self.model = slot  # the metrics logged from now on are the model's, whenever the store takes them
         self.call("log the model", create)
+        self.call("link the model to its run", link)
 
     def find_model(self) -> None:
         """This run's newest logged model (a training's, which evaluate scores): the metrics logged after this
