@@ -4,8 +4,9 @@ A run beside other work reads slow, and nothing in its own figures says why: on 
 a build, the default run took ten times its usual time. So every timed stretch of a run also reads the
 machine's CPU clock: the core-seconds every process spent busy (``/proc/stat``), the core-seconds a
 hypervisor gave to other guests (steal, where the OS reports it), and this process's own CPU time. What
-is busy and not this run is other work. Ranks of one job on one machine count as the run: each is
-taken to use what this one does (``LOCAL_WORLD_SIZE`` times its time), the same work on each.
+is busy and not this run is other work. Only the cores this process may run on count (its CPU affinity:
+``taskset``, a Slurm or container cpuset): work on the others does not slow it. Ranks of one job on one
+machine count as the run: each is taken to use what this one does (``LOCAL_WORLD_SIZE`` times its time).
 """
 
 from __future__ import annotations
@@ -23,22 +24,37 @@ class CpuClock:
     """One reading of the machine's and this process's CPU time, in core-seconds."""
 
     wall_s: float
-    busy_s: float  # every core, every process: user, nice, system, interrupts (idle, iowait and steal not)
+    busy_s: float  # every usable core, every process: user, nice, system, interrupts (idle, iowait, steal not)
     steal_s: float
     own_s: float  # this process's threads, and the children it reaped (compile workers)
+    cores: int = 0  # the cores read: those this process may run on (0: unknown, the machine's)
+
+
+BUSY = ("user", "nice", "system", "irq", "softirq")
+
+
+def usable_cores() -> list[int] | None:
+    """The CPUs this process may run on; None where the OS does not say (macOS)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
 def read() -> CpuClock | None:
     """Now's reading; None where psutil cannot read the machine's CPU times."""
     try:
         import psutil
-
-        machine, own = psutil.cpu_times(), psutil.Process().cpu_times()
-    except (ImportError, OSError):  # psutil is a dependency, but the library runs without an install on a GPU box
+    except ImportError:  # psutil is a dependency, but the library runs without an install on a GPU box
         return None
-    busy = sum(getattr(machine, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq"))
-    return CpuClock(time.perf_counter(), busy, getattr(machine, "steal", 0.0),
-                    own.user + own.system + own.children_user + own.children_system)
+    try:
+        per_core, own = psutil.cpu_times(percpu=True), psutil.Process().cpu_times()
+    except (OSError, psutil.Error):
+        return None
+    usable = usable_cores()
+    if usable is None or not usable or usable[-1] >= len(per_core):  # numbering unclear: the whole machine
+        usable = list(range(len(per_core)))
+    times = [per_core[i] for i in usable]
+    return CpuClock(time.perf_counter(), sum(getattr(t, name, 0.0) for t in times for name in BUSY),
+                    sum(getattr(t, "steal", 0.0) for t in times),
+                    own.user + own.system + own.children_user + own.children_system, len(times))
 
 
 def tally() -> dict[str, float]:
@@ -52,7 +68,7 @@ def add(counts: dict[str, float], start: CpuClock | None, end: CpuClock | None, 
     """Add the stretch from ``start`` to ``end`` to ``counts``."""
     if start is None or end is None:
         return
-    cores = cores or os.cpu_count() or 1
+    cores = cores or end.cores or os.cpu_count() or 1
     ranks_here = ranks_here or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     counts["window_s"] += (end.wall_s - start.wall_s) * cores
     counts["others_s"] += max(0.0, (end.busy_s - start.busy_s) - ranks_here * (end.own_s - start.own_s))
@@ -74,6 +90,11 @@ def warning(figures: dict[str, float] | None, cores: int | None = None) -> str |
         return None
     steal = (f" and the hypervisor gave {100 * figures['steal']:.0f}% to other guests"
              if figures["steal"] >= 0.005 else "")
-    return (f"other work kept {100 * figures['others_busy']:.0f}% of this machine's {cores or os.cpu_count()} cores "
-            f"busy while this run was timed{steal}: its speed is not representative; measure again on a quiet "
+    return (f"other work kept {100 * figures['others_busy']:.0f}% of the {cores or cores_here()} cores this run may "
+            f"use busy while it was timed{steal}: its speed is not representative; measure again on a quiet "
             f"machine before comparing it")
+
+
+def cores_here() -> int:
+    """How many cores this process may run on."""
+    return len(usable_cores() or []) or os.cpu_count() or 1

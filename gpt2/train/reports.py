@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -99,7 +98,8 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, th
             "world_size": world,
         },
         "mem": memory_figures(memory),
-        **({"machine": {**load, "cores": os.cpu_count()}} if (load := machine_load.figures(history.load)) else {}),
+        **({"machine": {**load, "cores": machine_load.cores_here()}}
+           if (load := machine_load.figures(history.load)) else {}),
         **({"target": target_figures(target_val_loss, history.target)} if target_val_loss is not None else {}),
         "steps": step,
         "tokens": step * tokens_per_step,

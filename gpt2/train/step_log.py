@@ -179,6 +179,7 @@ class StepLog:
         if seconds and self.steady_from is not None:
             self.history.steady_s -= seconds
             self.history.eval_warmup_s += seconds
+            self.cpu_from = machine_load.read()  # the compilation's workers would read as other work: count after it
 
     def log(self, step: int, grad_norm: torch.Tensor) -> None:
         """One record for this step, to the history, MLflow and the console. The learning rates are the
@@ -205,7 +206,7 @@ class StepLog:
             record |= {f"machine/{k}": v for k, v in load.items()}
             self.recent_load = machine_load.tally()
             if not self.load_warned and (warning := machine_load.warning(load)):
-                logger.warning(warning.replace("while this run was timed", "since the last log step"))
+                logger.warning(warning.replace("while it was timed", "since the last log step"))
                 self.load_warned = True
         if s.scaler.is_enabled():  # fp16: steps GradScaler skipped after an overflow (always 0 otherwise)
             record["perf/fp16_skipped_steps"] = self.history.fp16_skipped
