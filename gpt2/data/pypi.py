@@ -56,6 +56,14 @@ def _writable(folder: Path) -> bool:
         return False
 
 
+def _could_write(folder: Path) -> bool:
+    """Whether this user can write in ``folder``, or make it, making nothing (pip makes it when it runs)."""
+    if folder.is_dir():
+        return _writable(folder)
+    parent = next(p for p in folder.parents if p.exists())
+    return parent.is_dir() and os.access(parent, os.W_OK)
+
+
 def fetch_sdist(name: str, version: str, sha256: str) -> Path:
     """Return the path of ``name==version``'s sdist in the cache, downloading it if needed."""
     target = cache_dir() / "sdists"
@@ -91,14 +99,15 @@ def pip_error(output: str) -> str:
     ("See above for output")."""
     lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
     named = [line for line in lines if line.startswith("ERROR:")]
-    return (named or lines[-3:] or ["no archive saved"])[0][:300]
+    said = [line for line in lines if not line.startswith("[notice]")]  # pip's news of its own new release
+    return (named[0] if named else said[-1] if said else "no archive saved")[:300]
 
 
 def pip_advice() -> str:
     """What to check: the home folder where pip cannot write there (its cache and build tools need it), else the
     package index."""
     home = Path.home()
-    if not _writable(home):
+    if not _could_write(home):
         return (f"your home folder {home} is not writable, and pip writes its cache and build files there: set HOME "
                 "(or PIP_CACHE_DIR and XDG_CACHE_HOME) to a writable folder and run again")
     return "check that pip can reach your package index"
