@@ -309,6 +309,37 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_reports_or_figures(t
     assert run.info.status == "FINISHED" and run.data.metrics["val loss final"] == round(summary["val"]["loss"], 4)
 
 
+def test_a_resume_that_died_before_its_checkpoint_is_continued_in_the_run_it_opened(tmp_path, monkeypatch):
+    """Resumed with another lr, the session dies before it saves: the next try with that lr reopens its run; one
+    with yet another lr opens a third, and the first run's name follows."""
+    import mlflow
+
+    from gpt2.run.tracking import MlflowTracker
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+
+    def session(run_id=None, continues=None, lr="0.01"):
+        tracker = MlflowTracker("gpt2", run_id, "exp", str(tmp_path), run_uid="uid-1", continues=continues,
+                                params={"train.lr": lr})
+        tracker.log_params({"train.lr": lr})
+        if continues:
+            tracker.set_tags({"resumed_from_run": continues})
+            tracker.hand_over(continues, f"continued with train.lr {lr}")
+        tracker.end("KILLED")
+        return tracker.run_id
+
+    first = session()
+    died = session(continues=first, lr="0.005")
+    assert session(continues=first, lr="0.005") == died
+    other = session(continues=first, lr="0.002")
+    client = mlflow.MlflowClient()
+    names = {r.info.run_id: r.info.run_name for r in client.search_runs([client.get_experiment_by_name(
+        "gpt2").experiment_id])}
+    assert other not in (first, died) and len(names) == 3
+    assert names[first] == f"exp (continued in {names[other]})"
+    assert client.get_run(first).data.tags["continued_in_run"] == other
+
+
 def test_a_model_whose_link_to_its_run_failed_is_logged_once(tmp_path, monkeypatch):
     """The store fails after the model was made: the retry links it, and makes no second model."""
     import mlflow

@@ -206,7 +206,8 @@ class MlflowTracker(Tracker):
 
     def __init__(self, experiment: str, run_id: str | None = None, run_name: str | None = None,
                  kept_in: str = "the reports", started_at: float | None = None, catch_up_hint: str = "",
-                 run_uid: str | None = None, keep_duration: bool = False) -> None:
+                 run_uid: str | None = None, keep_duration: bool = False, continues: str | None = None,
+                 params: dict[str, Any] | None = None) -> None:
         """Open run ``run_id`` (a resumed training, or evaluate logging into the training's run) or start
         a new one called ``run_name``. An existing run keeps its name: MLflow renames a run it reopens
         with a name, which once made every training run in the UI "evaluate". ``started_at`` (a time.time())
@@ -214,7 +215,9 @@ class MlflowTracker(Tracker):
         done, then lasts as long as they did. ``run_uid``: the training's own id (its checkpoint's), a tag of
         the run, which finds the run again where ``run_id`` is not in the store (a replay into a new one).
         ``keep_duration``: ending the reopened run keeps the end time it had, so a finished training's Duration in
-        the UI stays what the training took, not the hours until an evaluation added its figures."""
+        the UI stays what the training took, not the hours until an evaluation added its figures. ``continues``:
+        the run this one goes on from with other ``params`` (a resume that changed them); a try of the same
+        change that died before its first checkpoint already opened a run for it, which is reopened."""
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         for name, value in HTTP_LIMITS.items():
             os.environ.setdefault(name, value)
@@ -233,7 +236,8 @@ class MlflowTracker(Tracker):
         self.retry_at = 0.0
         self.keep_duration = keep_duration
         self.ended_at: int | None = None  # the reopened run's end time (ms), where keep_duration keeps it
-        opening = lambda: self._open(experiment, run_id, run_name, started_at, run_uid)  # noqa: E731
+        opening = lambda: self._open(experiment, run_id, run_name, started_at, run_uid, continues,  # noqa: E731
+                                     params)
         if served(self.uri) and not reachable(self.uri):
             self.backlog.append(("open the run", opening))
             self._go_down("reach the tracking server", ConnectionError("no answer within 3 s"))
@@ -246,7 +250,7 @@ class MlflowTracker(Tracker):
         return self.down_since is not None
 
     def _open(self, experiment: str, run_id: str | None, run_name: str | None, started_at: float | None,
-              run_uid: str | None) -> None:
+              run_uid: str | None, continues: str | None = None, params: dict[str, Any] | None = None) -> None:
         mlflow = self.mlflow
         mlflow.set_tracking_uri(self.uri)
         with store_lock(self.uri):  # the first call creates (or upgrades) the store's tables
@@ -255,6 +259,9 @@ class MlflowTracker(Tracker):
             found = mlflow.set_experiment(experiment)
             self.experiment_id = found.experiment_id
             self._refresh_view(found.tags)
+        if run_id is None and continues and (tried := self._continuation(continues, run_uid, params or {})):
+            logger.info(f"mlflow: reopening run {tried}, which an earlier try of this resume opened")
+            run_id = tried
         if run_id is None and run_name:
             run_name = self._unique(run_name)
         if run_id is None and started_at is not None:  # no system metrics: its work ran in other processes
@@ -298,6 +305,16 @@ class MlflowTracker(Tracker):
         runs = self.mlflow.MlflowClient().search_runs([self.experiment_id], f"tags.run_uid = '{run_uid}'",
                                                       max_results=1)
         return runs[0].info.run_id if runs else None
+
+    def _continuation(self, earlier: str, run_uid: str | None, params: dict[str, Any]) -> str | None:
+        """A run that goes on from ``earlier`` with these ``params``, for this training (``run_uid``), if any."""
+        if run_uid is None:
+            return None
+        runs = self.mlflow.MlflowClient().search_runs(
+            [self.experiment_id], f"tags.resumed_from_run = '{earlier}' and tags.run_uid = '{run_uid}'",
+            order_by=["attributes.start_time DESC"], max_results=50)
+        wanted = {k: str(v) for k, v in params.items()}
+        return next((r.info.run_id for r in runs if r.data.params == wanted), None)
 
     def _unique(self, name: str) -> str:
         """``name``, or ``name (2)``, ``(3)`` … where runs of this experiment already have it: a second run of
@@ -395,8 +412,9 @@ class MlflowTracker(Tracker):
                         if k.startswith(("perf.warmup_s", "resume.step_")) and k not in mine}
             client.log_batch(self.run_id, tags=self.run_tags(sessions))
             client.log_batch(earlier, tags=self.run_tags({"continued_in_run": self.run_id, "continued": how}))
-            if "(continued in " not in name:
-                client.update_run(earlier, name=f"{name} (continued in {self.run.info.run_name})")
+            named = f"{name.split(' (continued in ')[0]} (continued in {self.run.info.run_name})"
+            if named != name:  # a later continuation (the one before died before its checkpoint) is named
+                client.update_run(earlier, name=named)
 
         self.call("mark the earlier run as continued in this one", mark)
 

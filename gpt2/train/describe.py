@@ -58,7 +58,8 @@ def open_tracker(s: Setup, start: Start, ckpt_path: Path, report_dir: Path | Non
     earlier = start.run_id if start.changes else None
     tracker: Tracker = (MlflowTracker(cfg.experiment, None if earlier else start.run_id,
                                       experiment_run_name() or run_name(s), kept_in,
-                                      catch_up_hint=replay_hint(ckpt_path), run_uid=start.history.run_uid)
+                                      catch_up_hint=replay_hint(ckpt_path), run_uid=start.history.run_uid,
+                                      continues=earlier, params=tracked_params(params))
                         if cfg.mlflow and s.dist.main else Tracker())
     if start.run_id is not None and isinstance(tracker, MlflowTracker):  # figures an earlier session could not send
         catch_up(tracker, dataclasses.asdict(start.history))
