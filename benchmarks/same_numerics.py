@@ -7,7 +7,7 @@ Each side trains ``--steps`` steps of params.yaml's recipe (log every step, eval
 ``--threads`` threads) on ``data/tokens`` in its own process, from its own code: the work tree, and a
 ``git worktree`` of ``--base``. Then it compares what the run computed: the SHA-256 of every weight and of
 the optimizer state, and every logged train loss, learning rate, grad norm, val loss and standard error
-(timings, memory and MFU are left out). A refactor must leave them identical; the log lines are compared
+(timings, memory, MFU and how busy the machine was are left out). A refactor must leave them identical; the log lines are compared
 too, with their numbers masked. Needs only torch, numpy, click and pyyaml (no dvc, no mlflow).
 """
 
@@ -42,7 +42,7 @@ weights = hashlib.sha256()
 for name, tensor in sorted(state["model"].items()):
     weights.update(name.encode()); weights.update(tensor.detach().contiguous().numpy().tobytes())
 def kept(key):
-    timing = key.split("/")[0] in ("mem", "perf", "cost") or key.endswith("_s")
+    timing = key.split("/")[0] in ("mem", "perf", "cost", "machine") or key.endswith("_s")
     return not timing and key not in ("tokens", "run_uid")
 def numerics(value):
     if isinstance(value, dict):

@@ -19,16 +19,17 @@ needs_muon = pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch 
 
 
 def test_cosine_schedule_with_warmup():
+    """The multiplier of every peak rate: train.lr's rate over train.lr."""
     cfg = TrainConfig(lr=1.0e-3, min_lr=1.0e-4, warmup_steps=10)
-    assert lr_at(0, cfg, 100) == pytest.approx(1e-4)  # never 0 at step 0
-    assert lr_at(9, cfg, 100) == pytest.approx(1e-3)
-    assert lr_at(10, cfg, 100) == pytest.approx(1e-3)
-    assert lr_at(55, cfg, 100) == pytest.approx(5.5e-4)
-    assert lr_at(100, cfg, 100) == pytest.approx(1e-4)
+    assert lr_at(0, cfg, 100) == pytest.approx(0.1)  # never 0 at step 0
+    assert lr_at(9, cfg, 100) == pytest.approx(1.0)
+    assert lr_at(10, cfg, 100) == pytest.approx(1.0)
+    assert lr_at(55, cfg, 100) == pytest.approx(0.55)
+    assert lr_at(100, cfg, 100) == pytest.approx(0.1)
     steps = [lr_at(i, cfg, 100) for i in range(10, 101)]
     assert steps == sorted(steps, reverse=True)
     constant = TrainConfig(lr=1.0e-3, warmup_steps=0, lr_schedule="constant")
-    assert {lr_at(i, constant, 100) for i in range(100)} == {1e-3}
+    assert {lr_at(i, constant, 100) for i in range(100)} == {1.0}
 
 
 @needs_muon

@@ -47,15 +47,22 @@ def adamw(named: list[tuple[str, torch.nn.Parameter]], cfg: TrainConfig) -> torc
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=cfg.betas, **extra)
 
 
-def set_lr(optimizers: list[torch.optim.Optimizer], scale: float) -> None:
+def set_lr(optimizers: list[torch.optim.Optimizer], multiplier: float) -> None:
+    """Every group's rate: its peak (``peak_lr``: AdamW's train.lr, Muon's train.muon_lr) times ``multiplier``."""
     for optimizer in optimizers:
         for group in optimizer.param_groups:
-            group["lr"] = group["peak_lr"] * scale
+            group["lr"] = group["peak_lr"] * multiplier
 
 
 def lr_at(step: int, cfg: TrainConfig, total_steps: int | None, progress: float | None = None) -> float:
-    """Linear warmup from lr/warmup (never 0) to lr, then cosine decay to min_lr at total_steps, or over
-    ``progress`` (0 to 1) where the run's end is not a step (a time budget: train/length.py)."""
+    """The schedule's multiplier of every peak rate at ``step``: linear warmup from 1/warmup (never 0) to 1, then
+    cosine decay to min_lr/lr at total_steps, or over ``progress`` (0 to 1) where the run's end is not a step (a
+    time budget: train/length.py). Worked out on train.lr's rate, then divided by it, so that each step's rates
+    are the ones earlier versions set, to the last bit (benchmarks/same_numerics.py)."""
+    return _rate(step, cfg, total_steps, progress) / cfg.lr
+
+
+def _rate(step: int, cfg: TrainConfig, total_steps: int | None, progress: float | None) -> float:
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if cfg.lr_schedule == "constant":

@@ -64,8 +64,7 @@ def fit(s: Setup, step: int, history: History, checkpointer: Checkpointer, track
         vote = StopVote(signals, s.dist.world, step_log.every_step, cfg.dist_timeout_s)
         while not length.ends(step):
             length.step_begins(step)
-            lr = lr_at(step, cfg, s.total_steps, length.decay_progress(step))
-            set_lr(s.optimizers, lr / cfg.lr)
+            set_lr(s.optimizers, lr_at(step, cfg, s.total_steps, length.decay_progress(step)))
             step_log.step_started()
             loss = backward_micro_batches(s.step_model, batches, s.batch.accum, s.runtime, s.scaler)
             grad_norm, skipped = optimizer_step(s.model, s.optimizers, s.scaler, cfg.grad_clip)
