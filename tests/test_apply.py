@@ -78,6 +78,18 @@ def test_a_winner_that_auto_already_runs_here_keeps_auto(committed, monkeypatch)
     assert "+  cpu_gemm: onednn" in apply([Change("train.cpu_gemm", "onednn", "x")], committed)
 
 
+def test_a_dtype_auto_resolves_here_to_the_winner_is_kept(committed, monkeypatch):
+    """dtype auto is bf16 on an H100 and fp32 on a CPU: a bf16 rung that wins on the GPU leaves auto in the file."""
+    from gpt2.run import device
+
+    before = committed.read_text()
+    monkeypatch.setattr(device, "dtype_for", lambda asked, where: "bf16")
+    assert "train.dtype=bf16 (train.dtype auto runs it here" in apply([Change("train.dtype", "bf16", "x")], committed)
+    assert committed.read_text() == before
+    monkeypatch.undo()
+    assert "+  dtype: bf16" in apply([Change("train.dtype", "bf16", "x")], committed)  # fp32 on this CPU
+
+
 def test_uncommitted_edits_and_bad_values_are_never_written(committed):
     committed.write_text(committed.read_text().replace("seed: 1337 ", "seed: 7    ", 1))
     edited = committed.read_text()

@@ -33,6 +33,12 @@ SAME_WORK = frozenset({"train.lr", "train.lr_schedule", "train.min_lr", "train.w
                        "train.betas", "train.muon_lr", "train.muon_momentum", "train.muon_weight_decay", "train.seed",
                        "train.eval_seed", "train.price_per_hour", "train.target_val_loss"})
 
+# Params the trainer resolves on the device it runs on, each with the key of summary.json's "runtime" that records
+# what it ran as (train.tf32 is off on a CPU; dtype auto is bf16 on an H100, fp32 on a CPU; cpu_gemm auto is
+# oneDNN on an AMD CPU). A comparison reads a change of one as what ran, and --apply keeps a file's auto.
+RESOLVED_ON_DEVICE = {"train.dtype": "dtype", "train.tf32": "tf32", "train.keep_host_memory": "keep_host_memory",
+                      "model.attention": "sdpa_backend", "train.cpu_gemm": "cpu_gemm"}
+
 
 @dataclass(frozen=True)
 class DownloadConfig:

@@ -20,7 +20,7 @@ import yaml
 
 from gpt2.core import paths
 from gpt2.core.atomic import write_files
-from gpt2.core.config import load_params
+from gpt2.core.config import RESOLVED_ON_DEVICE, load_params
 from gpt2.core.errors import UserError
 from gpt2.core.schema import bare_off
 
@@ -60,16 +60,25 @@ def apply(changes: list[Change], params_path: str | Path = paths.PARAMS) -> str:
 
 
 def runs_the_same(key: str, held: Any, wanted: Any) -> bool:
-    """Whether params.yaml's ``held`` already runs as ``wanted`` on this machine. A setting that resolves by the
-    device (``cpu_gemm: auto`` is oneDNN on an AMD CPU and BLAS on an Intel one) is kept: writing what it
-    resolved to here would make the file wrong for the next machine."""
+    """Whether params.yaml's ``held`` already runs as ``wanted`` on this machine. An ``auto`` of a setting the
+    device resolves (RESOLVED_ON_DEVICE: ``cpu_gemm: auto`` is oneDNN on an AMD CPU and BLAS on an Intel one) is
+    kept where it resolves here to the winner: writing what it resolved to would make the file wrong for the next
+    machine."""
     if bare_off(held) == bare_off(wanted):  # a bare off in the file is the choice off
         return True
-    if key.endswith(".cpu_gemm") and held == "auto":
-        from gpt2.model.loss import cpu_gemm
+    return held == "auto" and key in RESOLVED_ON_DEVICE and auto_here(key) == wanted
 
-        return cpu_gemm("auto", "cpu") == wanted
-    return False
+
+def auto_here(key: str) -> str | None:
+    """What ``auto`` of ``key`` resolves to on this machine's default device (None: no auto to resolve)."""
+    import torch
+
+    from gpt2.model.loss import cpu_gemm
+    from gpt2.run.device import dtype_for
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return {"train.cpu_gemm": lambda: cpu_gemm("auto", device.type),
+            "train.dtype": lambda: dtype_for("auto", device)}.get(key, lambda: None)()
 
 
 def refuse_uncommitted(path: Path) -> None:

@@ -150,11 +150,19 @@ def bf16_is_native(device: torch.device) -> bool:
     return False  # mps: bf16 support varies by chip; fp32 is never wrong
 
 
+def dtype_for(asked: str, device: torch.device) -> str:
+    """The dtype ``asked`` runs as on ``device``: ``auto`` is bf16 on a GPU that has it, fp16 on an older one,
+    fp32 elsewhere."""
+    if asked != "auto":
+        return asked
+    if device.type == "cuda":
+        return "bf16" if bf16_is_native(device) else "fp16"
+    return "fp32"
+
+
 def _dtype(asked: str, device: torch.device, warnings: list[str], section: str) -> str:
     if asked == "auto":
-        if device.type == "cuda":
-            return "bf16" if bf16_is_native(device) else "fp16"
-        return "fp32"
+        return dtype_for(asked, device)
     if device.type == "cpu" and asked == "bf16" and not bf16_is_native(device):
         warnings.append(f"{section}.dtype bf16 on a CPU without AVX512-BF16 or AMX: emulated, many times slower "
                         "than fp32")

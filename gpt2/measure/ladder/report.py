@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core.atomic import write_files
+from gpt2.core.config import RESOLVED_ON_DEVICE
 from gpt2.measure.apply import Change
 from gpt2.measure.compare import Arm, Judged, Run, confirm, win
 from gpt2.measure.ladder.spec import Ladder, Resolved, Rung, flat
@@ -23,9 +24,7 @@ from gpt2.measure.report import METHOD, Column, Words, as_data, columns, ratio_s
 from gpt2.run.compiled import flag
 
 LADDER_FILES = ("ladder.*", "dvc.log")  # what the report folder holds: refused if it holds more
-# A rung's change that the trainer resolves on the device: the key of what really ran in summary.json's "runtime".
-RESOLVED = {"dtype": "dtype", "tf32": "tf32", "keep_host_memory": "keep_host_memory",
-            "model.attention": "sdpa_backend", "cpu_gemm": "cpu_gemm"}
+RESOLVED = {key.removeprefix("train."): ran for key, ran in RESOLVED_ON_DEVICE.items()}  # as rungs name them
 NO_EFFECT = "no effect on this device"
 CANNOT_SHOW = "not run: cannot show on this device"
 
