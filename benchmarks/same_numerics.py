@@ -7,8 +7,9 @@ Each side trains ``--steps`` steps of params.yaml's recipe (log every step, eval
 ``--threads`` threads) on ``data/tokens`` in its own process, from its own code: the work tree, and a
 ``git worktree`` of ``--base``. Then it compares what the run computed: the SHA-256 of every weight and of
 the optimizer state, and every logged train loss, learning rate, grad norm, val loss and standard error
-(timings, memory, MFU and how busy the machine was are left out). A refactor must leave them identical; the log lines are compared
-too, with their numbers masked. Needs only torch, numpy, click and pyyaml (no dvc, no mlflow).
+(timings, memory, MFU and how busy the machine was are left out). A refactor must leave them identical;
+the log lines are compared too, with their numbers masked. Needs only torch, numpy, click and pyyaml (no dvc,
+no mlflow).
 """
 
 from __future__ import annotations

@@ -112,10 +112,10 @@ def test_a_resumed_run_trains_with_the_hyperparameters_it_logs(tmp_path, tokens,
     run(tmp_path, tokens, params)
     assert len(seen) == 9  # steps 3..11 (0-based) after the checkpoint at step 3
     for step, groups in enumerate(seen, start=3):
-        want = trainer.lr_at(step, params.train, 12)
+        want = params.train.lr * trainer.lr_at(step, params.train, 12)  # the schedule's multiplier of the new lr
         assert [g[0] for g in groups] == pytest.approx([want] * len(groups), rel=1e-12)
         assert [g[1] for g in groups] == [0.0] * len(groups) and {g[2] for g in groups} == {(0.8, 0.9)}
-    assert seen[-1][0][0] == pytest.approx(trainer.lr_at(11, params.train, 12))  # ends at the new schedule's end
+    assert seen[-1][0][0] == pytest.approx(params.train.lr * trainer.lr_at(11, params.train, 12))  # the new end
     err = capsys.readouterr().err
     assert "train.lr changed: 0.01 → 0.005 (applies from step 3)" in err
 
