@@ -97,7 +97,17 @@ def make_tokens(folder: Path, n_train: int = 20_000, n_val: int = 4_000, seed: i
             "tokenizer": {"name": "gpt2"}, "manifest_sha256": "test", "split": {"mode": "documents"},
             "splits": splits, "decode": {"on_error": "replace", "replaced_chars": 0}}
     (folder / "meta.json").write_text(json.dumps(meta))
+    np.save(folder / "token_bytes.npy", fake_token_bytes())
     return folder
+
+
+def fake_token_bytes():
+    """A stand-in for GPT-2's bytes per id (tokenize writes the real one): 1 to 7 bytes, none for the EOT."""
+    import numpy as np
+
+    lengths = (np.arange(50257) % 7 + 1).astype(np.uint16)
+    lengths[50256] = 0
+    return lengths
 
 
 MICRO_MODEL = {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32}

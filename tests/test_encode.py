@@ -91,6 +91,9 @@ def test_tokens_equal_direct_encoding_with_eot_after_each_document(tmp_path, cor
     assert meta["tokenizer"]["bpe_sha256"].startswith("306cd27f")
     assert meta["splits"]["train"]["bytes"] + meta["splits"]["val"]["bytes"] == manifest["bytes"]
     assert read_meta(out) == meta
+    table = np.load(out / "token_bytes.npy")  # each id's bytes: a split's ids add up to its text's UTF-8 bytes
+    for split in ("train", "val"):
+        assert int(table[open_tokens(out, split)].sum()) == meta["splits"][split]["bytes"]
 
 
 def test_output_is_identical_for_any_worker_count_and_chunk_size(tmp_path, corpus):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import micro_params, write_params
+from conftest import fake_token_bytes, micro_params, write_params
 
 from gpt2.cli import main
 from gpt2.core.config import EvalConfig
@@ -63,7 +63,7 @@ def test_evaluation_is_deterministic_and_beats_nothing_trivially(trained, tmp_pa
     assert json.loads((tmp_path / "eval/summary.json").read_text()) == b
     assert json.loads((tmp_path / "eval/metrics.json").read_text()) == {
         "eval": {"val_loss": round(b["val"]["loss"], 4), "val_loss_se": round(b["val"]["loss_se"], 4),
-                 "val_ppl": round(b["val"]["ppl"], 2)}}
+                 "val_ppl": round(b["val"]["ppl"], 2), "val_bpb": round(b["val"]["bpb"], 4)}}
     text = (tmp_path / "eval/samples.md").read_text()
     assert text.count("### Sample") == 4 and "## The king" in text
 
@@ -88,7 +88,7 @@ def test_val_loss_matches_a_direct_computation(trained, tmp_path, gemm, monkeypa
     assert bool(calls) == (gemm == "onednn")
     loaded = load_model(trained / "ckpt.pt", eval_runtime("cpu", "fp32"))
     val = np.fromfile(trained / "tokens/val.bin", dtype=np.uint16).astype(np.int64)
-    losses, lengths = [], []  # each window's mean loss (the plain path: whole logits, F.cross_entropy)
+    losses, lengths, text = [], [], 0  # each window's mean loss (the plain path: whole logits, F.cross_entropy)
     loaded.model.set_head(Head())
     with torch.no_grad():
         for start in range(0, len(val) - 1, 16):  # the 16 positions it trained on, of the model's 32
@@ -96,9 +96,13 @@ def test_val_loss_matches_a_direct_computation(trained, tmp_path, gemm, monkeypa
             logits, loss = loaded.model(chunk[None, :-1], chunk[None, 1:])
             losses.append(loss.item())
             lengths.append(len(chunk) - 1)
+            text += int(fake_token_bytes()[chunk[1:].numpy()].sum())
     losses, lengths = np.array(losses), np.array(lengths, dtype=float)
     mean = (losses * lengths).sum() / lengths.sum()
     assert metrics["val"]["loss"] == pytest.approx(mean, rel=1e-5) and metrics["val"]["windows"] == len(losses)
+    assert metrics["val"]["bpb"] == pytest.approx((losses * lengths).sum() / (np.log(2) * text), rel=1e-5)
+    written = json.loads((tmp_path / "eval/metrics.json").read_text())["eval"]
+    assert written["val_bpb"] == round(metrics["val"]["bpb"], 4)
     # the standard error over windows: the ratio estimator, which with equal windows is std / sqrt(count)
     k = len(losses)
     se = np.sqrt((lengths**2 * (losses - mean) ** 2).sum() * k / (k - 1)) / lengths.sum()
@@ -121,14 +125,16 @@ def test_evaluation_and_sampling_stop_at_the_trained_length(trained, tmp_path):
     # training's last val loss, and the evaluate stage's scoring of the same windows
     from gpt2.eval.evaluate import val_loss
     from gpt2.eval.loading import eval_runtime, load_model
+    from gpt2.core.tokens import bits_per_byte
     from gpt2.train.evaluator import val_windows
 
     val = np.fromfile(trained / "tokens/val.bin", dtype=np.uint16)
     starts = val_windows(len(val), 16, state["params"]["train"]["eval_windows"], state["params"]["train"]["eval_seed"])
-    loss, se, _ = val_loss(load_model(tmp_path / "spoiled.pt", eval_runtime("cpu", "fp32")), val,
-                           [(int(s), 16) for s in starts], 16)
+    loss, se, n, text = val_loss(load_model(tmp_path / "spoiled.pt", eval_runtime("cpu", "fp32")), val,
+                                 [(int(s), 16) for s in starts], 16, fake_token_bytes())
     during = json.loads((trained / "reports/summary.json").read_text())["val"]
     assert loss == pytest.approx(during["loss"], abs=1e-5) and se == pytest.approx(during["loss_se"], rel=1e-3)
+    assert bits_per_byte(loss, n, text) == pytest.approx(during["bpb"], abs=1e-5)  # and so its bits per byte
 
 
 def test_subset_when_the_split_is_large(trained, tmp_path):

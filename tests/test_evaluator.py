@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import micro_params
+from conftest import fake_token_bytes, micro_params
 from training import interrupt_at, run
 
 from gpt2.model.head import Head
@@ -73,15 +73,23 @@ def test_the_val_loss_standard_error_is_the_spread_of_the_scored_windows(tokens)
     from gpt2.train.loader import BatchSampler
 
     s = trainer.build(micro_params(eval_windows=12), tokens)
-    mean, se = evaluator.estimate_loss(s, s.val_data)
+    mean, se, bpb = evaluator.estimate_loss(s, s.val_data)
     cfg = s.params.train
     sampler = BatchSampler(s.val_data, 1, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device)
     s.model.set_head(Head())
+    windows, text = [], 0
     with torch.no_grad():
-        windows = [s.model(*sampler.at(np.array([start])))[1].item()
-                   for start in evaluator.val_windows(s.val_data.length, s.seq_len, 12, cfg.eval_seed)]
+        for start in evaluator.val_windows(s.val_data.length, s.seq_len, 12, cfg.eval_seed):
+            x, y = sampler.at(np.array([start]))
+            windows.append(s.model(x, y)[1].item())
+            text += int(fake_token_bytes()[y.numpy()].sum())
     assert mean == pytest.approx(np.mean(windows), rel=1e-5)
     assert se == pytest.approx(np.std(windows, ddof=1) / np.sqrt(len(windows)), rel=1e-4)
+    # bits per byte: every scored token's nats, over ln 2 times the bytes of text the targets stand for
+    assert bpb == pytest.approx(sum(windows) * s.seq_len / (np.log(2) * text), rel=1e-5)
+    (tokens / "token_bytes.npy").unlink()  # a token folder an older version wrote: no bytes, no bits per byte
+    older = trainer.build(micro_params(eval_windows=12), tokens)
+    assert evaluator.estimate_loss(older, older.val_data)[2] is None
 
 
 def test_the_val_set_is_the_same_whatever_the_micro_batch_and_the_ranks(tokens, monkeypatch):
@@ -107,7 +115,7 @@ def test_the_val_set_is_the_same_whatever_the_micro_batch_and_the_ranks(tokens, 
     for rank in (1, 0):
         s.dist = Dist(rank=rank, world=2, grouped=True)
         scores["2 ranks"] = evaluator.estimate_loss(s, s.val_data)
-    assert (partial[0] != 0).sum() == 11 and (partial[1] != 0).sum() == 10  # each rank scored its share
+    assert (partial[0][0] != 0).sum() == 11 and (partial[1][0] != 0).sum() == 10  # each rank scored its share
     assert len(set(scores.values())) == 1, scores
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import pytest
@@ -180,7 +181,7 @@ def fake_run(p: ladder.Resolved, i: int, step_ms: float, runtime: dict, name: st
     train = p.sections[i]["train"]
     tokens = train["micro_batch_size"] * 128 * train["grad_accum_steps"]
     metrics = {"perf": {"step_ms": step_ms, "tokens_per_s": tokens / step_ms * 1000, "mfu": None},
-               "mem": {"peak_gb": 1.0 + i}, "val": {"loss": loss, "loss_se": se}}
+               "mem": {"peak_gb": 1.0 + i}, "val": {"loss": loss, "loss_se": se, "bpb": loss / math.log(2) / 4}}
     if p.profile.target is not None:
         steps = None if target_s is None else round(target_s * 1000 / step_ms)
         metrics["target"] = {"reached": target_s is not None, "time_s": target_s, "steps": steps,
@@ -232,6 +233,7 @@ def test_analysis_compares_tokens_per_second_and_names_inert_rungs(tmp_path):
     assert "no effect on this device" in text and "110.0 (100.0–120.0)" in text and "| 4.00× |" in text
     assert "tf32=true → false" in text
     assert "| 8.000 ± 0.051 |" in text and "| 9.000 |" in text  # the val loss with its standard error, when known
+    assert "val bits per byte" in text and "| 3.2461 |" in text  # 9 nats a token of 4 bytes: the field's unit
 
 
 def test_rungs_a_device_cannot_show_are_known_before_running_and_not_run(tmp_path):

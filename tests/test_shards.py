@@ -99,7 +99,13 @@ def test_llmc_shards_are_copied_once_then_linked_and_read_as_one_split(tmp_path)
         assert (tokens_dir / shard["file"]).stat().st_ino == raw.stat().st_ino  # the project's own: one file, linked
         assert raw.stat().st_ino != original.stat().st_ino  # the user's file: copied, never linked into DVC's cache
     stats, lengths, _ = compute(StatsConfig(), tokens_dir)
-    assert stats["documents"]["total"] == n_docs and stats["bytes_per_token"] is None
+    assert stats["documents"]["total"] == n_docs
+    from gpt2.data.tokenizer import gpt2_encoding
+
+    text = {split: len(gpt2_encoding().decode_bytes([t for t in stream[split].tolist() if t != 50256]))
+            for split in ("train", "val")}  # the end of a document stands for no text
+    assert {split: meta["splits"][split]["bytes"] for split in text} == text  # counted once, as decoding would
+    assert stats["bytes"]["total"] == sum(text.values()) and stats["bytes_per_token"] > 1
     assert sorted(lengths.tolist()) == sorted(len(d) for d in gpt2_docs(40))
 
 

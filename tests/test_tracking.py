@@ -107,15 +107,16 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert steps == [1, 2, 4, 6]  # step 1, every log_interval, the last step; none twice
     for name in ("train/lr", "train/grad_norm", "perf/step_ms", "perf/tokens_per_s", "mem/rss_gb", "val/loss",
-                 "val/loss_se", "val/best_loss", "val/best_step", "val/train_s", "val/tokens"):
+                 "val/loss_se", "val/bpb", "val/best_loss", "val/best_step", "val/train_s", "val/tokens"):
         assert client.get_metric_history(run.info.run_id, name), name
     # the warm-up step (compilation) is its own figure, not a point of the speed series
     assert [m.step for m in client.get_metric_history(run.info.run_id, "perf/step_ms")] == [2, 4, 6]
     assert {"perf.warmup_s", "perf.warmup_s.session_2"} <= set(run.data.tags)  # each session's, as a tag
     # the compared figures are metrics (the runs list's columns), the rest of the summary tags: no one-point charts
     summary = sorted(k for k in run.data.metrics if k in TRACKED.values())  # told apart where a header is cut
-    assert summary == ["MFU", "device-hours", "ms/step", "peak GB", "tokens/s", "tokens/s IQR", "val loss final",
-                       "val loss se"]  # MFU against the CPU's measured peak (conftest's stand-in); no price
+    # MFU against the CPU's measured peak (conftest's stand-in); no price
+    assert summary == ["MFU", "device-hours", "ms/step", "peak GB", "tokens/s", "tokens/s IQR", "val bpb",
+                       "val loss final", "val loss se"]
     assert {"summary.train.loss", "summary.wall_s", "summary.perf.tokens_per_s_wall"} <= set(run.data.tags)
     one_point = [k for k in run.data.metrics if len(client.get_metric_history(run.info.run_id, k)) == 1]
     assert sorted(one_point) == summary, one_point

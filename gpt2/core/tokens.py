@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from gpt2.core.errors import UserError
 FORMAT = "gpt2-tokens/1"
 DTYPE = "uint16"
 META = "meta.json"
+TOKEN_BYTES = "token_bytes.npy"  # each id's bytes of text (tokenize writes it): bits per byte divide by them
 SPLITS = ("train", "val")
 CHUNK = 1 << 24  # tokens per pass when a whole split is scanned: 32 MB of uint16
 
@@ -70,6 +72,25 @@ def read_meta(tokens_dir: str | Path) -> dict[str, Any]:
         raise UserError(f"{path} lacks {', '.join(missing)}: it is not a token folder's meta.json this code wrote; run "
                         "the tokenize stage again")
     return meta
+
+
+def token_bytes(tokens_dir: str | Path) -> np.ndarray | None:
+    """Each id's bytes of text, from the token folder; None for a folder an older version wrote (no bits per byte
+    until tokenize runs again)."""
+    path = Path(tokens_dir) / TOKEN_BYTES
+    if not path.is_file():
+        return None
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path} cannot be read ({exc}); run the tokenize stage again (dvc repro -f tokenize)"
+                        ) from None
+
+
+def bits_per_byte(mean_loss: float, tokens: int, text_bytes: int) -> float | None:
+    """The loss in bits per byte of text: ``tokens`` scored at ``mean_loss`` nats each, over the ``text_bytes`` they
+    stand for. None without bytes to divide by."""
+    return mean_loss * tokens / (math.log(2) * text_bytes) if text_bytes > 0 else None
 
 
 def split_shards(meta: dict[str, Any], split: str) -> list[Shard]:

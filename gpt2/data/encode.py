@@ -31,12 +31,13 @@ from gpt2.core.config import TokenizeConfig
 from gpt2.core.digest import sha256_file
 from gpt2.core.errors import UserError
 from gpt2.core.progress import Progress
-from gpt2.core.tokens import DTYPE, FORMAT, META
+from gpt2.core.tokens import DTYPE, FORMAT, META, TOKEN_BYTES
 from gpt2.data.shards import EOT_POSITION, import_shards
 from gpt2.data.sources import MANIFEST
-from gpt2.data.tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding
+from gpt2.data.tokenizer import EOT_ID, NAME, RANKS_SHA256, VOCAB_SIZE, gpt2_encoding, token_byte_lengths
 
-TOKEN_FILES = ("*.bin", META)  # what a token folder holds: the splits (or linked shards) and meta.json
+TOKEN_FILES = ("*.bin", META, TOKEN_BYTES)  # what a token folder holds: the splits (or linked shards), meta.json
+# and each id's bytes of text
 
 logger = log.get("tokenize")
 
@@ -128,6 +129,7 @@ def _tokenize_corpus(cfg: TokenizeConfig, raw_dir: Path, out_dir: str | Path) ->
                                          "bytes": w.bytes} for name, w in splits.items()},
                           decode={"on_error": cfg.on_decode_error, "replaced_chars": decode.replaced})
         write_json(tmp / META, meta)
+        np.save(tmp / TOKEN_BYTES, token_byte_lengths(), allow_pickle=False)
     total = sum(s["tokens"] for s in meta["splits"].values())
     logger.info(f"tokenize: {total:,} tokens (train {meta['splits']['train']['tokens']:,}, "
                 f"val {meta['splits']['val']['tokens']:,}); {decode.replaced} characters replaced")
@@ -136,12 +138,14 @@ def _tokenize_corpus(cfg: TokenizeConfig, raw_dir: Path, out_dir: str | Path) ->
 
 def import_token_shards(raw_dir: Path, manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """Pre-tokenized shards: nothing to encode; link them into the token folder and describe them."""
+    lengths = token_byte_lengths()
     with atomic_dir(out_dir, owns=TOKEN_FILES, command="tokenize") as tmp:
-        splits = import_shards(raw_dir, manifest, tmp, VOCAB_SIZE, EOT_ID)
+        splits = import_shards(raw_dir, manifest, tmp, VOCAB_SIZE, EOT_ID, lengths)
         fmt = next(e["format"] for e in manifest["files"])
         meta = token_meta(raw_dir, manifest, None,  # the shards' own ids: GPT-2's, checked in range
                           split={"mode": "shards", "shard_format": fmt, "eot": EOT_POSITION[fmt]}, splits=splits)
         write_json(tmp / META, meta)
+        np.save(tmp / TOKEN_BYTES, lengths, allow_pickle=False)
     logger.info(f"tokenize: {len(manifest['files'])} {fmt} shards linked, not re-tokenized: train "
                 f"{splits['train']['tokens']:,} tokens, val {splits['val']['tokens']:,}")
     return meta

@@ -107,12 +107,12 @@ def link_or_copy(src: Path, dst: Path) -> bool:
         return False
 
 
-def import_shards(raw_dir: Path, manifest: dict[str, Any], out: Path, vocab_size: int, eot_id: int
-                  ) -> dict[str, dict[str, Any]]:
+def import_shards(raw_dir: Path, manifest: dict[str, Any], out: Path, vocab_size: int, eot_id: int,
+                  token_bytes: np.ndarray) -> dict[str, dict[str, Any]]:
     """Link the downloaded shards into the token folder ``out`` and check every id; return meta's splits.
 
-    One pass over the tokens (at disk speed, with progress): ids must be below the vocab, and the
-    EOTs counted give each split's documents."""
+    One pass over the tokens (at disk speed, with progress): ids must be below the vocab, the EOTs
+    counted give each split's documents, and ``token_bytes`` (each id's bytes of text) its bytes."""
     entries = [e for e in manifest["files"] if e["format"] in EOT_POSITION]
     if len({e["format"] for e in entries}) > 1:
         raise UserError("download.source mixes llm.c shards and nanoGPT's headerless files; use one format")
@@ -129,16 +129,17 @@ def import_shards(raw_dir: Path, manifest: dict[str, Any], out: Path, vocab_size
             if not shards:
                 raise UserError(f"the token shards have no {split} file; add one whose name has a {split} word "
                                 f"(e.g. fineweb_{split}_000000.bin or {split}.bin) to download.source")
-            eots = 0
+            eots = text = 0
             for shard in shards:
                 for _, chunk in read_chunks(out, [shard]):
                     if chunk.size and int(chunk.max()) >= vocab_size:
                         raise UserError(f"{shard.file} holds token id {int(chunk.max())}, outside GPT-2's vocab of "
                                         f"{vocab_size}: it was made with another tokenizer; use GPT-2 token shards")
                     eots += int(np.count_nonzero(chunk == eot_id))
+                    text += int(token_bytes[chunk].sum(dtype=np.int64))
                     progress.update(chunk.nbytes)
             splits[split] = {"shards": [asdict(s) for s in shards], "tokens": sum(s.tokens for s in shards),
-                             "documents": eots, "bytes": None}
+                             "documents": eots, "bytes": text}
     if copied:
         logger.warning(f"{len(copied)} shard(s) copied, not linked (another filesystem?): {', '.join(copied[:3])}")
     return splits

@@ -84,7 +84,7 @@ def compute(cfg: StatsConfig, tokens_dir: str | Path) -> tuple[dict[str, Any], n
     text_tokens[eot] = 0
     unique = int(np.count_nonzero(text_tokens))
     order = np.argsort(-text_tokens, kind="stable")[: cfg.top_tokens]
-    known_bytes = None not in nbytes.values()  # imported token shards carry no text to count
+    known_bytes = None not in nbytes.values()  # shards an older version imported: their bytes uncounted
     metrics = {
         "documents": {**docs, "total": 1 if within else sum(docs.values())},
         "bytes": {**nbytes, "total": sum(nbytes.values()) if known_bytes else None},

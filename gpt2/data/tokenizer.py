@@ -14,6 +14,8 @@ import os
 import tarfile
 from pathlib import Path
 
+import numpy as np
+
 from gpt2.core.digest import sha256_file
 from gpt2.core.errors import UserError
 from gpt2.data.pypi import cache_dir, fetch_sdist
@@ -60,3 +62,14 @@ def gpt2_encoding():
     if encoding.encode("Hello world") != [15496, 995] or encoding.n_vocab != VOCAB_SIZE:
         raise UserError(f"the GPT-2 tokenizer built from {ranks_file()} fails its self-check; delete it and retry")
     return encoding
+
+
+def token_byte_lengths() -> np.ndarray:
+    """How many bytes of text each GPT-2 id stands for (uint16, one per id): what bits per byte divide by. The end
+    of a document stands for none."""
+    encoding = gpt2_encoding()
+    lengths = np.zeros(VOCAB_SIZE, dtype=np.uint16)
+    for token in range(VOCAB_SIZE):
+        if token != EOT_ID:
+            lengths[token] = len(encoding.decode_single_token_bytes(token))
+    return lengths

@@ -25,12 +25,14 @@ from gpt2.core.tokens import (
     CHUNK,
     Shard,
     Tokens,
+    bits_per_byte,
     checked_path,
     open_tokens,
     read_chunks,
     read_meta,
     split_label,
     split_shards,
+    token_bytes,
 )
 from gpt2.eval.loading import Loaded, eval_runtime, load_model, load_pretrained_model
 from gpt2.eval.sample import SamplingConfig, encode_prompts, generate_ids
@@ -54,12 +56,12 @@ def windows(n_tokens: int, block: int, max_tokens: int | None, seed: int) -> lis
 
 
 @torch.no_grad()
-def val_loss(loaded: Loaded, tokens: Tokens, spans: list[tuple[int, int]], batch_size: int
-             ) -> tuple[float, float, int]:
-    """Token-weighted mean cross-entropy over the windows, its standard error over the windows, and the
-    number of predicted tokens."""
+def val_loss(loaded: Loaded, tokens: Tokens, spans: list[tuple[int, int]], batch_size: int,
+             token_bytes: np.ndarray | None = None) -> tuple[float, float, int, int]:
+    """Token-weighted mean cross-entropy over the windows, its standard error over the windows, the number of
+    predicted tokens and the bytes of text they stand for (0 without ``token_bytes``, each id's bytes)."""
     model, runtime = loaded.model, loaded.runtime
-    losses, lengths = [], []  # each window's mean loss, and its predicted tokens
+    losses, lengths, text = [], [], 0  # each window's mean loss, and its predicted tokens
     by_length: dict[int, list[int]] = {}
     for start, length in spans:
         by_length.setdefault(length, []).append(start)
@@ -72,8 +74,10 @@ def val_loss(loaded: Loaded, tokens: Tokens, spans: list[tuple[int, int]], batch
                 _, window_losses = model(x, y, per_window=True)  # the scoring loss: in chunks (load_model)
             losses += window_losses.double().tolist()
             lengths += [length] * len(window_losses)
+            if token_bytes is not None:
+                text += int(token_bytes[batch[:, 1:]].sum(dtype=np.int64))
     mean, se = weighted_mean_and_error(np.array(losses), np.array(lengths, dtype=np.float64))
-    return mean, se, int(sum(lengths))
+    return mean, se, int(sum(lengths)), text
 
 
 def weighted_mean_and_error(values: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
@@ -211,17 +215,20 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = paths.CHECKPOINT, tokens_d
     spans = windows(len(val), loaded.model.cfg.block_size, cfg.max_tokens, cfg.seed)
     started = time.perf_counter()
     try:
-        loss, se, n = val_loss(loaded, val, spans, cfg.batch_size)
+        loss, se, n, text = val_loss(loaded, val, spans, cfg.batch_size, token_bytes(tokens_dir))
+        bpb = bits_per_byte(loss, n, text)
         baseline = unigram_loss(train_counts(tokens_dir, meta, cfg.unigram_max_tokens), val, spans)
         spread = f"± {se:.4f}" if math.isfinite(se) else "(no standard error: it needs two windows, there is one)"
-        logger.info(f"evaluate: val loss {loss:.4f} {spread} (ppl {math.exp(loss):.1f}) over {n:,} tokens in "
-                    f"{time.perf_counter() - started:.1f} s; unigram baseline {baseline:.4f}")
+        per_byte = f", {bpb:.4f} bits per byte" if bpb is not None else ""
+        logger.info(f"evaluate: val loss {loss:.4f} {spread} (ppl {math.exp(loss):.1f}{per_byte}) over {n:,} tokens "
+                    f"in {time.perf_counter() - started:.1f} s; unigram baseline {baseline:.4f}")
         hellaswag = score_hellaswag(loaded, cfg) if cfg.hellaswag else None
         text, tokens_per_s = samples(loaded, cfg, prompts, encoded, meta["eot_id"])
     except torch.OutOfMemoryError:
         raise out_of_memory(cfg, loaded, out_dir) from None
     summary = {
-        "val": {"loss": loss, "loss_se": se, "ppl": math.exp(loss), "tokens": n, "windows": len(spans)},
+        "val": {"loss": loss, "loss_se": se, "ppl": math.exp(loss), "tokens": n, "windows": len(spans),
+                **({"bpb": bpb, "bytes": text} if bpb is not None else {})},
         **({"hellaswag": hellaswag} if hellaswag else {}),
         "baseline": {"unigram_loss": baseline},
         "sample": {"tokens_per_s": round(tokens_per_s, 1)},
@@ -232,7 +239,8 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = paths.CHECKPOINT, tokens_d
     out = Path(out_dir)
     # DVC's metrics: the figures compared across experiments (named apart from train's val.loss, so
     # `dvc exp show` needs no file prefix); the rest stays in summary.json
-    compared = {"val_loss": round(loss, 4), "val_loss_se": round(se, 4), "val_ppl": round(math.exp(loss), 2)}
+    compared = {"val_loss": round(loss, 4), "val_loss_se": round(se, 4), "val_ppl": round(math.exp(loss), 2),
+                **({"val_bpb": round(bpb, 4)} if bpb is not None else {})}
     if hellaswag:
         compared |= {"hellaswag_acc_norm": round(hellaswag["acc_norm"], 4), "hellaswag_acc": round(hellaswag["acc"], 4)}
     write_files(out, {"samples.md": text, "summary.json": json_text(summary),  # all of them or none
@@ -283,6 +291,7 @@ def log_to_training_run(state: dict[str, Any], metrics: dict[str, Any], out: Pat
                 catch_up(tracker, state["history"], state.get("metrics"))
             tracker.find_model()  # the training's logged model: the figures below are the model's too
         tracker.log_metrics({"eval/val_loss": metrics["val"]["loss"], "eval/val_loss_se": metrics["val"]["loss_se"],
+                             **({"eval/val_bpb": metrics["val"]["bpb"]} if "bpb" in metrics["val"] else {}),
                              **{f"eval/hellaswag_{k}": v for k, v in metrics.get("hellaswag", {}).items()
                                 if k in ("acc_norm", "acc")}},
                             step=state["step"])

@@ -87,6 +87,8 @@ class Run:
     val_loss_se: float | None = None
     eval_val_loss: float | None = None  # the evaluate stage's, where the experiment ran it
     eval_val_loss_se: float | None = None
+    val_bpb: float | None = None  # training's last val loss in bits per byte of text
+    eval_val_bpb: float | None = None  # the evaluate stage's
     holdout_loss: float | None = None  # on windows no verdict reads (train.holdout_windows), after the last step
     holdout_loss_se: float | None = None
     cost_usd: float | None = None
@@ -115,6 +117,7 @@ def read_run(name: str, repeat: int, seed: int | None, exp: Any, curve: Curve | 
     run.peak_mem_gb = (metrics.get("mem") or {}).get("peak_gb")
     run.val_loss, run.val_loss_se = val.get("loss"), val.get("loss_se")
     run.eval_val_loss, run.eval_val_loss_se = scored.get("val_loss"), scored.get("val_loss_se")
+    run.val_bpb, run.eval_val_bpb = val.get("bpb"), scored.get("val_bpb")
     run.cost_usd, run.device_hours = cost.get("usd"), cost.get("device_hours")
     run.price_per_hour = None if price is None else price * ((summary.get("perf") or {}).get("world_size") or 1)
     held = summary.get("val") or {}
@@ -228,6 +231,7 @@ class Arm:
     mfu: float | None = None
     val_loss: Spread | None = None  # the final val loss it is judged by, over its seeds
     val_loss_se: float | None = None  # the median run's standard error over the scored windows
+    val_bpb: float | None = None  # its val loss in bits per byte of text, median over its seeds
     cost_usd: float | None = None
     device_hours: float | None = None
     vs_baseline: Ratio = field(default_factory=Ratio)  # tokens/s over the baseline's, paired by repeat
@@ -320,6 +324,7 @@ def _figures(arm: Arm, by: str, alpha: float, target: float | None) -> None:
     losses = [final_loss(r, by) for r in done if final_loss(r, by)[0] is not None]
     arm.val_loss = Spread.of([loss for loss, _ in losses])
     arm.val_loss_se = median_known([se for _, se in losses])
+    arm.val_bpb = median_known([r.eval_val_bpb if by == "evaluate" else r.val_bpb for r in done])
     arm.cost_usd = median_known([r.cost_usd for r in done])
     arm.device_hours = median_known([r.device_hours for r in done])
     if target is not None:

@@ -122,6 +122,8 @@ def columns(judged: Judged, words: Words) -> list[Column]:
                    lambda i, a: loss_shown(a.val_loss.median, a.val_loss_se) if a.val_loss else ""),
             Column(f"loss vs {ref}, mean over seeds (± {100 * (1 - judged.noise.alpha):g}% interval)",
                    versus(lambda a: loss_diff_shown(a.versus.loss)))]
+    if any(a.val_bpb is not None for a in arms):  # the field's unit: runs of other tokenizers or text compare
+        out.append(Column("val bits per byte", lambda i, a: f"{a.val_bpb:.4f}" if a.val_bpb is not None else ""))
     if quality:
         out += [Column("time to the baseline's loss (s)", lambda i, a: quality_shown(a.at_quality)),
                 Column("vs baseline at equal loss", lambda i, a: "baseline" if i == 0 and a.at_quality else

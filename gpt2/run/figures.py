@@ -13,7 +13,7 @@ FEW_TIMED_STEPS = 10  # a speed read from fewer steps past the warm-up is no mea
 
 # What metrics.json (DVC metrics: `dvc exp show`, `dvc metrics show`) keeps: the figures people compare.
 # Everything else about the run (steps, tokens, world size, what really ran) goes to summary.json.
-COMPARED = {"train": ("loss",), "val": ("loss", "loss_se", "ppl"),
+COMPARED = {"train": ("loss",), "val": ("loss", "loss_se", "ppl", "bpb"),
             "perf": ("step_ms", "step_ms_iqr", "tokens_per_s", "tokens_per_s_iqr", "tokens_per_s_steady",
                      "tokens_per_s_wall", "mfu"),
             "mem": ("peak_gb",), "machine": ("others_busy", "steal"),
@@ -25,7 +25,8 @@ COMPARED = {"train": ("loss",), "val": ("loss", "loss_se", "ppl"),
 # (about 14 characters): what the runs list and the compare page show side by side, and the run's logged model
 # carries. Every other figure of the summary is a tag (``summary.train.loss``), so a run's charts are its curves,
 # not a page of one-point charts.
-TRACKED = {"val.loss": "val loss final", "val.loss_se": "val loss se", "perf.tokens_per_s": "tokens/s",
+TRACKED = {"val.loss": "val loss final", "val.loss_se": "val loss se", "val.bpb": "val bpb",
+           "perf.tokens_per_s": "tokens/s",
            "perf.tokens_per_s_iqr": "tokens/s IQR", "perf.step_ms": "ms/step", "perf.mfu": "MFU",
            "mem.peak_gb": "peak GB", "target.time_s": "s to target", "target.tokens": "tokens to target",
            "cost.device_hours": "device-hours", "cost.usd": "USD"}
@@ -70,5 +71,5 @@ def val_metrics(record: dict[str, Any], best: dict[str, Any]) -> dict[str, float
     out = {"val/loss": loss, "val/loss_se": record["val/loss_se"], "val/ppl": math.exp(min(loss, 50)),
            "val/best_loss": best["val/loss"], "val/best_step": best["step"]}
     out.update({f"val/{k}": record[k] for k in ("train_s", "tokens") if record.get(k) is not None})
-    out.update({k: record[k] for k in ("val/holdout_loss", "val/holdout_loss_se") if k in record})
+    out.update({k: record[k] for k in ("val/bpb", "val/holdout_loss", "val/holdout_loss_se") if k in record})
     return out

@@ -10,7 +10,8 @@ from __future__ import annotations
 # the params that differ among the runs it lists (``view``); the run names say what each experiment changed.
 # MLflow's own default shows no metric or param at all.
 COMPARE_VIEW_KEY = "gpt2-compare"
-FIGURES = ("val/loss", "val/loss_se", "eval/val_loss", "eval/val_loss_se", "tokens/s", "tokens/s IQR", "ms/step",
+FIGURES = ("val/loss", "val/loss_se", "val/bpb", "eval/val_loss", "eval/val_loss_se", "tokens/s", "tokens/s IQR",
+           "ms/step",
            "speed vs ref", "speed in noise", "loss vs ref", "loss p vs ref", "speed vs base", "MFU", "peak GB",
            "s to target")
 FIRST_PARAMS = ("model.size", "train.max_steps", "train.lr", "train.optimizer", "train.dtype", "train.compile",

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from gpt2.core import log
+from gpt2.core.tokens import bits_per_byte
 from gpt2.run.figures import val_metrics
 from gpt2.run.tracking import Tracker
 from gpt2.train import distributed
@@ -38,9 +39,10 @@ def holdout_windows(n_tokens: int, seq_len: int, count: int, seed: int, taken: n
 
 
 @torch.no_grad()
-def estimate_loss(s: Setup, split: TokenSplit, starts: np.ndarray | None = None) -> tuple[float, float]:
-    """Mean loss over the ``eval_windows`` val windows (or the windows at ``starts``), and its standard error over
-    them.
+def estimate_loss(s: Setup, split: TokenSplit, starts: np.ndarray | None = None) -> tuple[float, float, float | None]:
+    """Mean loss over the ``eval_windows`` val windows (or the windows at ``starts``), its standard error over
+    them, and the same loss in bits per byte of the text scored (None where the token folder does not say how
+    many bytes each id stands for).
 
     Each rank scores its share of the windows in micro-batches of the training's micro-batch; the
     per-window losses then meet in window order and are summed exactly (``math.fsum``), so neither
@@ -52,17 +54,25 @@ def estimate_loss(s: Setup, split: TokenSplit, starts: np.ndarray | None = None)
     mine = np.array_split(np.arange(len(starts)), s.dist.world)[s.dist.rank]
     sampler = BatchSampler(split, s.batch.micro, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device)
     losses = torch.zeros(len(starts), device=s.runtime.device, dtype=torch.float64)  # the other ranks' stay 0
+    text = torch.zeros_like(losses)  # each window's bytes of text (its targets')
+    table = None if split.token_bytes is None else torch.as_tensor(split.token_bytes.astype(np.int64),
+                                                                   device=s.runtime.device)
     s.eval_model.eval()
     for lo in range(0, len(mine), s.batch.micro):
         rows = mine[lo:lo + s.batch.micro]
         x, y = sampler.at(starts[rows])
         with s.runtime.autocast(), s.runtime.attention():
             _, per_window = s.eval_model(x, y, per_window=True)
-        losses[torch.as_tensor(rows, device=losses.device)] = per_window.double()
+        at = torch.as_tensor(rows, device=losses.device)
+        losses[at] = per_window.double()
+        if table is not None:
+            text[at] = table[y].sum(1).double()
     s.eval_model.train()
-    values = distributed.total(losses, s.dist).tolist()  # x + 0 is exact: every rank gets every window's loss
+    # x + 0 is exact: every rank gets every window's loss and bytes, in one collective
+    values, text_bytes = distributed.total(torch.stack([losses, text]), s.dist).tolist()
     n, total = len(values), math.fsum(values)
-    return total / n, standard_error(n, total, math.fsum(v * v for v in values))
+    bpb = None if table is None else bits_per_byte(total / n, n * s.seq_len, int(math.fsum(text_bytes)))
+    return total / n, standard_error(n, total, math.fsum(v * v for v in values)), bpb
 
 
 def standard_error(n: float, total: float, squares: float) -> float:
@@ -100,11 +110,12 @@ class Evaluator:
         compiles, 30-60 s for GPT-2 on a GPU), else 0."""
         started = time.perf_counter()
         with self.s.compile_watch.phase("eval"):
-            val, se = estimate_loss(self.s, self.s.val_data)
+            val, se, bpb = estimate_loss(self.s, self.s.val_data)
             held = self.holdout() if last and self.cfg.holdout_windows else {}
         compiling, self.compiles = self.compiles, False
         # with the training time and tokens so far: the curve a comparison at equal quality reads (measure/compare.py)
         self.history.val.append({"step": step, "val/loss": val, "val/loss_se": se,
+                                 **({"val/bpb": bpb} if bpb is not None else {}),
                                  "train_s": round(self.length.spent_s, 3), "tokens": step * self.s.tokens_per_step,
                                  **held})
         if held:
@@ -113,7 +124,8 @@ class Evaluator:
                         "val windows)")
         best = min(self.history.val, key=lambda r: r["val/loss"])
         self.tracker.log_metrics(val_metrics(self.history.val[-1], best), step=step)
-        logger.info(f"step {self.length.shown(step)} | val loss {val:.4f} ± {se:.4f}")
+        logger.info(f"step {self.length.shown(step)} | val loss {val:.4f} ± {se:.4f}"
+                    + (f", {bpb:.4f} bits per byte" if bpb is not None else ""))
         self.check_target(step, val)
         return time.perf_counter() - started if compiling else 0.0
 
@@ -124,7 +136,7 @@ class Evaluator:
         starts = holdout_windows(split.length, self.s.seq_len, cfg.holdout_windows, cfg.eval_seed, taken)
         if len(starts) == 0:
             return {}
-        loss, se = estimate_loss(self.s, split, starts)
+        loss, se, _ = estimate_loss(self.s, split, starts)
         return {"val/holdout_loss": loss, "val/holdout_loss_se": se}
 
     def check_target(self, step: int, val: float) -> None:

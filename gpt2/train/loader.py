@@ -47,6 +47,7 @@ class TokenSplit:
         shards = token_files.split_shards(self.meta, split)
         self._ram: Tokens | None = None
         self.vocab_size = int(self.meta["vocab_size"])
+        self.token_bytes = token_files.token_bytes(tokens_dir)  # each id's bytes of text: bits per byte (or None)
         if mode == "preload" and shared:
             parts = [shared_pages(self.dir, s) for s in shards]
             for part in parts:

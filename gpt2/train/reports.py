@@ -33,7 +33,7 @@ PLOT_COLUMNS = {
                   "step_ms": ("perf/step_ms",), "tokens_per_s": ("perf/tokens_per_s",), "mfu": ("perf/mfu",),
                   "mem_gb": ("mem/allocated_gb", "mem/rss_gb")},
     "val.tsv": {"step": ("step",), "val_loss": ("val/loss",), "val_loss_se": ("val/loss_se",),
-                "train_s": ("train_s",), "tokens": ("tokens",)},
+                "val_bpb": ("val/bpb",), "train_s": ("train_s",), "tokens": ("tokens",)},
 }
 
 def warmup_s(history: History, steps: int) -> float:
@@ -79,6 +79,7 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, th
     return {
         "train": {"loss": history.train[-1].get("train/loss") if history.train else None},
         "val": {"loss": last_val, "loss_se": last.get("val/loss_se"), "ppl": math.exp(last_val) if last else None,
+                **({"bpb": last["val/bpb"]} if "val/bpb" in last else {}),
                 "best_loss": best.get("val/loss"), "best_step": best.get("step"),
                 **({"holdout_loss": last["val/holdout_loss"], "holdout_loss_se": last["val/holdout_loss_se"]}
                    if "val/holdout_loss" in last else {})},
