@@ -48,9 +48,9 @@ def test_a_budget_run_trains_until_the_budget_is_spent_and_ends_decayed(tmp_path
     # step 8's lr: 5 of the 6 s after the warm-up spent
     assert rates[-1] == pytest.approx(2.0e-4 + 0.5 * (1 + math.cos(math.pi * 5 / 6)) * (1.0e-2 - 2.0e-4))
     val = (tmp_path / "run/reports/plots/val.tsv").read_text().splitlines()
-    assert val[0].split("\t") == ["step", "val_loss", "val_loss_se", "train_s", "tokens"]
+    assert val[0].split("\t") == ["step", "val_loss", "val_loss_se", "val_bpb", "train_s", "tokens"]
     assert [r.split("\t")[0] for r in val[1:]] == ["3", "6", "8"]  # the interval, and the end of the budget
-    assert [float(r.split("\t")[3]) for r in val[1:]] == [3.0, 6.0, 8.0]
+    assert [float(r.split("\t")[4]) for r in val[1:]] == [3.0, 6.0, 8.0]
     assert metrics["val"]["loss"] is not None
 
 

@@ -101,7 +101,7 @@ def test_the_readme_quotes_the_committed_default_run():
                   f"± {float(val[-1][2]):.2f} standard error",
                   "| val loss | ≈10.8 (ln 50257) | " + " | ".join(f"{float(row[1]):.2f}" for row in val) + " |",
                   f"loss {evaluation['val_loss']:.2f} ± {evaluation['val_loss_se']:.2f} (perplexity "
-                  f"{evaluation['val_ppl']:.0f})"):
+                  f"{evaluation['val_ppl']:.0f}; {evaluation['val_bpb']:.2f} bits per byte of text)"):
         assert quote in text, f"README.md should say: {quote}"
 
 

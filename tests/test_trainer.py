@@ -39,7 +39,7 @@ def test_micro_training_learns_and_writes_reports(tmp_path, tokens):
                                          "mem.peak_gb", "perf.mfu", "perf.step_ms",
                                          "perf.step_ms_iqr", "perf.tokens_per_s", "perf.tokens_per_s_iqr",
                                          "perf.tokens_per_s_steady", "perf.tokens_per_s_wall", "train.loss", "train_s",
-                                         "val.loss", "val.loss_se", "val.ppl", "wall_s"]
+                                         "val.bpb", "val.loss", "val.loss_se", "val.ppl", "wall_s"]
     # wall-clock throughput: every token over the whole run's time, evals and model build included; the steady
     # state: the 29 steps after the warm-up over their wall time (evals included), between the two
     wall = metrics["wall_s"]  # rounded to 10 ms: the bounds allow for it
