@@ -240,18 +240,62 @@ def two_nodes(project: Path, rdzv_id: str) -> tuple[list[subprocess.Popen], list
     return nodes, logs
 
 
+# Slurm's srun on this machine: the job's command once per node, each with its node's variables, its output to
+# node<N>.log; it waits for all of them and ends with the first failure's code. scontrol names the nodes.
+FAKE_SRUN = """#!/usr/bin/env bash
+while [[ "$1" == --* ]]; do shift; done
+pids=()
+for ((n = 0; n < SLURM_JOB_NUM_NODES; n++)); do
+  SLURM_NODEID=$n SLURM_PROCID=$n "$@" > "node$n.log" 2>&1 &
+  pids+=($!)
+  sleep 1
+done
+code=0
+for pid in "${pids[@]}"; do wait "$pid" || code=$?; done
+exit $code
+"""
+
+
+def slurm_job(project: Path, nodes: int = 2, **env: str) -> subprocess.CompletedProcess:
+    """docs/launch/gpt2.sbatch as sbatch would start it on ``nodes`` nodes of one Slurm job, here on this machine."""
+    bin_dir = project / "fake-slurm"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", "#!/usr/bin/env bash\necho 127.0.0.1\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_JOB_NODELIST": "node[1-2]",
+             "GPT2_GPUS_PER_NODE": "1", "GPT2_RDZV_PORT": str(free_port())}
+    path = f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}"
+    return subprocess.run(["bash", str(ROOT / "docs/launch/gpt2.sbatch")], cwd=project, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "PATH": path, **slurm, **env}, timeout=240)
+
+
+def test_the_slurm_script_says_what_it_lacks(tmp_path):
+    script = ["bash", str(ROOT / "docs/launch/gpt2.sbatch")]
+    outside = subprocess.run(script, cwd=tmp_path, capture_output=True, text=True,
+                             env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
+    assert outside.returncode == 2 and outside.stderr == (
+        "error: SLURM_JOB_NODELIST and SLURM_JOB_NUM_NODES are not set: submit this script with sbatch\n")
+    no_tokens = slurm_job(tmp_path)
+    assert no_tokens.returncode == 2 and no_tokens.stderr.startswith(
+        f"error: data/tokens/meta.json not found in {tmp_path}: submit from the project folder, after dvc pull")
+
+
 @pytest.mark.slow
 def test_two_nodes_train_as_one_job_and_a_dead_node_is_an_error_on_the_other(tmp_path, tokens):
     """2 nodes × 1 rank × micro-batch 2 × accumulation 2 see the batches of 1 process × micro-batch 4 ×
-    accumulation 2."""
+    accumulation 2: the Slurm script's job (docs/launch/gpt2.sbatch) with a stand-in srun that starts its two
+    nodes here."""
     single = train(micro_params(micro_batch_size=4, grad_accum_steps=2), tokens, tmp_path / "one/ckpt.pt",
                    tmp_path / "one/reports")
     project = tmp_path / "project"
     (project / "data").mkdir(parents=True)
     (project / "data/tokens").symlink_to(tokens)
     params_file(project, distributed="ddp", micro_batch_size=2, grad_accum_steps=2)
-    nodes, logs = two_nodes(project, "same")
-    assert [node.wait(timeout=240) for node in nodes] == [0, 0], logs[0].read_text()[-3000:]
+    job = slurm_job(project, OMP_NUM_THREADS="1")
+    logs = [project / f"node{n}.log" for n in (0, 1)]
+    assert job.returncode == 0, job.stderr + logs[0].read_text()[-3000:]
+    assert "2 node(s) × 1 rank(s), rendezvous at 127.0.0.1:" in job.stdout
     double = json.loads((project / "reports/train/summary.json").read_text())
     assert double["perf"]["world_size"] == 2 and double["tokens"] == single["tokens"]
     rows = (project / "reports/train/plots/train.tsv").read_text().splitlines()[1:]
