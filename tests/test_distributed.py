@@ -225,19 +225,21 @@ def test_a_rank_that_hangs_or_is_killed_is_an_error_not_a_wait(tmp_path, tokens,
     assert checkpoint.load(tmp_path / "kill/ckpt.pt")["step"] == 2
 
 
-def two_nodes(project: Path, rdzv_id: str) -> tuple[list[subprocess.Popen], list[Path]]:
-    """The README's multi-node command on two "nodes" of this machine: two torchrun launchers, one process each,
-    rendezvous on 127.0.0.1, each running the train stage's entry point in the project folder."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", rdzv_id,
-               "-m", "stages.train"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    logs = [project / f"node{n}.log" for n in (0, 1)]
-    nodes = []
-    for log in logs:
-        nodes.append(subprocess.Popen(command, cwd=project, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT))
-        time.sleep(1)  # the first launcher hosts the rendezvous
-    return nodes, logs
+def skypilot_nodes(project: Path, nodes: int = 2) -> tuple[list[subprocess.Popen], list[Path]]:
+    """docs/launch/gpt2-skypilot.yaml's run section as SkyPilot runs it on each node of a task (its variables
+    set), on ``nodes`` "nodes" of this machine: rendezvous on 127.0.0.1, each in the project folder."""
+    task = yaml.safe_load((ROOT / "docs/launch/gpt2-skypilot.yaml").read_text())
+    env = {**os.environ, **{k: str(v) for k, v in task["envs"].items()}, "PYTHONPATH": str(ROOT),
+           "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "GPT2_RDZV_PORT": str(free_port()), "SKYPILOT_NODE_IPS": "127.0.0.1\n" * nodes,
+           "SKYPILOT_NUM_NODES": str(nodes), "SKYPILOT_NUM_GPUS_PER_NODE": "1", "SKYPILOT_TASK_ID": "sky-test"}
+    logs = [project / f"node{n}.log" for n in range(nodes)]
+    started = []
+    for n, log in enumerate(logs):
+        started.append(subprocess.Popen(["bash", "-c", task["run"]], cwd=project, stdout=log.open("w"),
+                                        stderr=subprocess.STDOUT, env={**env, "SKYPILOT_NODE_RANK": str(n)}))
+        time.sleep(1)  # the first node hosts the rendezvous
+    return started, logs
 
 
 # Slurm's srun on this machine: the job's command once per node, each with its node's variables, its output to
@@ -285,7 +287,8 @@ def test_the_slurm_script_says_what_it_lacks(tmp_path):
 def test_two_nodes_train_as_one_job_and_a_dead_node_is_an_error_on_the_other(tmp_path, tokens):
     """2 nodes × 1 rank × micro-batch 2 × accumulation 2 see the batches of 1 process × micro-batch 4 ×
     accumulation 2: the Slurm script's job (docs/launch/gpt2.sbatch) with a stand-in srun that starts its two
-    nodes here."""
+    nodes here. Then the SkyPilot task's nodes (docs/launch/gpt2-skypilot.yaml): when one dies, the other ends
+    with one error line."""
     single = train(micro_params(micro_batch_size=4, grad_accum_steps=2), tokens, tmp_path / "one/ckpt.pt",
                    tmp_path / "one/reports")
     project = tmp_path / "project"
@@ -309,7 +312,7 @@ def test_two_nodes_train_as_one_job_and_a_dead_node_is_an_error_on_the_other(tmp
 
     params_file(project, distributed="ddp", micro_batch_size=2, max_steps=100_000, eval_interval=100_000,
                 checkpoint_interval=100_000, log_interval=10, resume="never", dist_timeout_s=30.0)
-    nodes, logs = two_nodes(project, "dies")
+    nodes, logs = skypilot_nodes(project)  # the SkyPilot task's run section on two nodes; one dies mid-run
     deadline = time.monotonic() + 120
     while not any("step 20/" in log.read_text() for log in logs) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -322,6 +325,7 @@ def test_two_nodes_train_as_one_job_and_a_dead_node_is_an_error_on_the_other(tmp
     assert time.monotonic() - started < 30  # a closed connection, noticed at once: not the deadline
     assert "error: rank 0/2: a collective failed" in logs[main].read_text()
     nodes[1 - main].wait(timeout=30)
+    assert "gpt2-skypilot: node 1 of 2, rendezvous at 127.0.0.1:" in logs[1].read_text()
 
 
 def test_torchrun_with_distributed_off_is_refused(monkeypatch):
