@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -224,6 +225,13 @@ def test_a_store_an_older_mlflow_made_is_kept_as_it_was_before_it_is_upgraded(tm
         command.downgrade(config, "-1")
     older = tracking.older_store(db)
     assert older is not None
+    team = tmp_path / "team.db"  # a team server's store, upgraded as docs/sharing.md says
+    shutil.copy(db, team)
+    from click.testing import CliRunner
+    from mlflow.db import commands  # `mlflow db`, in this process
+
+    upgraded = CliRunner().invoke(commands, ["upgrade", f"sqlite:///{team}"])
+    assert upgraded.exit_code == 0 and tracking.older_store(team) is None, upgraded.output
     monkeypatch.setattr(plan, "_has_metric", lambda db, key: True)
     assert plan._mlflow_mfu(None, "tiny", tmp_path) is None and tracking.older_store(db) == older  # untouched
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
