@@ -294,13 +294,21 @@ def test_two_nodes_train_as_one_job_and_a_dead_node_is_an_error_on_the_other(tmp
     project = tmp_path / "project"
     (project / "data").mkdir(parents=True)
     (project / "data/tokens").symlink_to(tokens)
-    params_file(project, distributed="ddp", micro_batch_size=2, grad_accum_steps=2)
-    job = slurm_job(project, OMP_NUM_THREADS="1")
+    params_file(project, distributed="ddp", micro_batch_size=2, grad_accum_steps=2, mlflow=True)
+    job = slurm_job(project, OMP_NUM_THREADS="1", MLFLOW_TRACKING_URI=f"sqlite:///{project}/mlflow.db")
     logs = [project / f"node{n}.log" for n in (0, 1)]
     assert job.returncode == 0, job.stderr + logs[0].read_text()[-3000:]
     assert "2 node(s) × 1 rank(s), rendezvous at 127.0.0.1:" in job.stdout
     double = json.loads((project / "reports/train/summary.json").read_text())
     assert double["perf"]["world_size"] == 2 and double["tokens"] == single["tokens"]
+    assert double["runtime"]["nodes"] == 2 and single["runtime"]["nodes"] == 1  # what ran, as MLflow tags it
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{project}/mlflow.db")
+    [tracked] = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])  # rank 0's, alone
+    assert tracked.data.tags["nodes"] == "2" and tracked.data.tags["world_size"] == "2"
+    assert tracked.data.tags["system_metrics"].startswith("node 0's only, of 2")
+    assert "ddp×2 on 2 nodes" in tracked.info.run_name
     rows = (project / "reports/train/plots/train.tsv").read_text().splitlines()[1:]
     assert [float(r.split("\t")[1]) for r in rows] == pytest.approx(train_losses(tmp_path / "one"), abs=1e-4)
     assert double["val"]["loss"] == pytest.approx(single["val"]["loss"], abs=1e-4)

@@ -64,6 +64,9 @@ def open_tracker(s: Setup, start: Start, ckpt_path: Path, report_dir: Path | Non
     if start.run_id is not None and isinstance(tracker, MlflowTracker):  # figures an earlier session could not send
         catch_up(tracker, dataclasses.asdict(start.history))
     tracker.log_params(tracked_params(params))
+    if s.dist.nodes > 1:  # MLflow samples the machine of the process that logs
+        tracker.set_tags({"system_metrics": f"node 0's only, of {s.dist.nodes}: MLflow samples the machine of rank 0, "
+                                            "which logs the run"})
     tracker.set_tags({"git_commit": git_commit(), "training_code_md5": training_code_digest(),
                       "dvc_exp_name": os.environ.get("DVC_EXP_NAME"), "torch_version": torch.__version__,
                       "comparison_run": os.environ.get("GPT2_COMPARISON_RUN"), **info})
@@ -116,7 +119,7 @@ def what_runs(s: Setup) -> dict[str, Any]:
         "sdpa_backend": backend if s.model_cfg.attention == "flash" else "manual (no SDPA)",
         "keep_host_memory": s.runtime.keep_host_memory, "mfu_against": s.throughput.mfu_against,
         "threads": torch.get_num_threads(),
-        "deterministic": cfg.deterministic, "world_size": s.dist.world,
+        "deterministic": cfg.deterministic, "world_size": s.dist.world, "nodes": s.dist.nodes,
         "micro_batch_size": s.batch.micro, "grad_accum_steps": s.batch.accum, "loss_chunk": s.model.head.chunk,
         "loss_kernel": cfg.loss_kernel, "cpu_gemm": cpu_gemm_ran(s),
         "fp8": f"{cfg.fp8} ({len(s.fp8_layers)} layers)" if s.fp8_layers else "off", "fp8_head": s.model.head.fp8,
@@ -134,7 +137,7 @@ def run_name(s: Setup) -> str:
     switches += [f"fp8 {cfg.fp8}"] * bool(s.fp8_layers) + ["fp8 head"] * s.model.head.fp8
     switches += ["liger loss"] * (cfg.loss_kernel == "liger")
     if s.dist.world > 1:
-        switches.append(f"{cfg.distributed}×{s.dist.world}")
+        switches.append(f"{cfg.distributed}×{s.dist.world}" + (f" on {s.dist.nodes} nodes" if s.dist.nodes > 1 else ""))
     length = f"{s.total_steps} steps" if s.total_steps else f"{cfg.time_budget_s:g} s"
     return f"{s.params.model.size} {length} {' '.join(switches)} {time.strftime('%m-%d %H:%M')}"
 

@@ -38,6 +38,11 @@ class Dist:
     sharded: bool = False  # fsdp: the model is split over the ranks
 
     @property
+    def nodes(self) -> int:
+        """The machines the job runs on: its ranks over the ranks torchrun started on this one."""
+        return max(1, self.world // int(os.environ.get("LOCAL_WORLD_SIZE", self.world) or self.world))
+
+    @property
     def main(self) -> bool:
         """Rank 0: the one that logs, writes reports and checkpoints."""
         return self.rank == 0
