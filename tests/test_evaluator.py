@@ -24,7 +24,10 @@ def test_reaching_the_target_records_time_tokens_steps_and_stops(tmp_path, token
     assert target["tokens"] == first * 4 * 16 and 0 < target["time_s"] <= metrics["wall_s"] + 0.01  # 2 decimals
     assert all(float(loss) > 9.0 for step, loss in val[:-1])  # the run ended at the first eval at or below it
     compared = json.loads((tmp_path / "run/reports/metrics.json").read_text())
-    assert compared["target"] == {k: target[k] for k in ("reached", "time_s", "tokens", "steps")}
+    assert compared["target"] == {k: target[k] for k in ("reached", "time_s", "tokens", "steps", "train_s")}
+    train_s = next(float(r.split("\t")[4]) for r in (tmp_path / "run/reports/plots/val.tsv").read_text()
+                   .splitlines()[1:] if int(r.split("\t")[0]) == first)
+    assert 0 < target["train_s"] == train_s < target["time_s"]  # the steps' time alone: evals and build left out
     assert "reached the target val loss 9.0" in capsys.readouterr().err
     # the checkpoint is a finished run: the same params rebuild the reports, nothing retrains
     again = run(tmp_path, tokens, micro_params(max_steps=40, eval_interval=4, target_val_loss=9.0))
@@ -40,7 +43,8 @@ def test_stop_at_target_false_records_it_and_goes_on(tmp_path, tokens):
 def test_a_target_never_reached_has_no_numbers(tmp_path, tokens):
     metrics = run(tmp_path, tokens, micro_params(max_steps=8, eval_interval=4, target_val_loss=0.5))
     assert metrics["steps"] == 8
-    assert metrics["target"] == {"val_loss": 0.5, "reached": False, "time_s": None, "tokens": None, "steps": None}
+    assert metrics["target"] == {"val_loss": 0.5, "reached": False, "time_s": None, "tokens": None, "steps": None,
+                                 "train_s": None}
 
 
 def test_time_to_target_counts_the_earlier_sessions_of_a_resumed_run(tmp_path, tokens, monkeypatch):

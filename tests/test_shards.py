@@ -191,6 +191,26 @@ def test_mixed_or_incomplete_shard_sources_are_refused(tmp_path):
         tokenize_corpus(TokenizeConfig(), tmp_path / "raw2", tmp_path / "tokens")
 
 
+def test_the_speedrun_s_yardstick_scores_the_first_val_tokens_and_times_the_target(tmp_path):
+    """The speedrun's set (docs/gpu.md), scaled down, on llm.c's FineWeb-style shards: every eval scores the val
+    split's first tokens end to end, and the run records when it reached the target loss."""
+    from conftest import micro_params
+
+    from gpt2.train import trainer
+    from gpt2.train.evaluator import windows_of
+
+    llmc_corpus(tmp_path / "fineweb")
+    tokens = pipeline(tmp_path, f"{tmp_path}/fineweb/fineweb_*.bin")
+    params = micro_params(eval_from="start", eval_windows=20, target_val_loss=10.95, stop_at_target=False)
+    s = trainer.build(params, tokens)
+    assert windows_of(s, s.val_data).tolist() == [16 * i for i in range(20)]  # block_size 16, from token 0
+    summary = trainer.train(params, tokens, tmp_path / "ckpt.pt", tmp_path / "reports")
+    assert summary["target"]["reached"] and summary["target"]["time_s"] > 0 and summary["val"]["bpb"] > 0
+    with pytest.raises(UserError, match=r"train.eval_windows 1000 × 16 tokens from the start of the val split need "
+                                        r"16,001 tokens, and .* has [\d,]+; lower train.eval_windows to \d+ or less"):
+        trainer.build(micro_params(eval_from="start", eval_windows=1000), tokens)
+
+
 def test_ids_of_another_tokenizer_are_refused(tmp_path):
     source = tmp_path / "llama"
     source.mkdir()

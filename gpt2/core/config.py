@@ -210,6 +210,10 @@ class TrainConfig:
                                   "micro-batch and the ranks", ge=1, le=10**8)
     eval_seed: int = param(1337, "which val windows: the same in every run (not train.seed), so runs compare on "
                                  "one text")
+    eval_from: Literal["random", "start"] = param(
+        "random", "random: the val windows drawn with eval_seed from the whole split | start: laid end to end from "
+                  "the split's first token, as the speedrun scores its first 10,485,760 (eval_windows 10240 at "
+                  "block_size 1024)")
     holdout_windows: int = param(0, "val windows disjoint from eval_windows, scored once after the last step: text "
                                     "no verdict is read on, where gpt2 grid/ladder --apply confirm a quality win "
                                     "(0: none)", ge=0, le=10**8)

@@ -17,7 +17,7 @@ COMPARED = {"train": ("loss",), "val": ("loss", "loss_se", "ppl", "bpb"),
             "perf": ("step_ms", "step_ms_iqr", "tokens_per_s", "tokens_per_s_iqr", "tokens_per_s_steady",
                      "tokens_per_s_wall", "mfu"),
             "mem": ("peak_gb",), "machine": ("others_busy", "steal"),
-            "target": ("reached", "time_s", "tokens", "steps"), "cost": ("device_hours", "usd"),
+            "target": ("reached", "time_s", "tokens", "steps", "train_s"), "cost": ("device_hours", "usd"),
             "wall_s": None, "train_s": None}
 
 

@@ -121,6 +121,10 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
     sampler = BatchSampler(train_data, batch.micro, seq_len, cfg.seed, cfg.batching, runtime.device,
                            dist_info.rank, dist_info.world)
     BatchSampler(val_data, batch.micro, seq_len, cfg.seed, cfg.batching, runtime.device)  # length check
+    if cfg.eval_from == "start" and cfg.eval_windows * seq_len + 1 > val_data.length:
+        raise UserError(f"train.eval_windows {cfg.eval_windows} × {seq_len} tokens from the start of the val split "
+                        f"need {cfg.eval_windows * seq_len + 1:,} tokens, and {val_data.label} has "
+                        f"{val_data.length:,}; lower train.eval_windows to {(val_data.length - 1) // seq_len} or less")
     tokens_per_step = batch.micro * seq_len * batch.accum * dist_info.world
     peaks = mfu_peaks(runtime, cfg.peak_tflops, dist_info.main)
     total = cfg.max_steps or (math.ceil(cfg.max_tokens / tokens_per_step) if cfg.max_tokens else None)

@@ -22,10 +22,19 @@ from gpt2.train.history import History
 logger = log.get("train")
 
 
-def val_windows(n_tokens: int, seq_len: int, count: int, seed: int) -> np.ndarray:
+def val_windows(n_tokens: int, seq_len: int, count: int, seed: int, start: bool = False) -> np.ndarray:
     """Where the val set's ``count`` windows begin in a split of ``n_tokens``: drawn with ``seed`` alone, so
-    the same text in every run, whatever its ``seed``, micro-batch or number of ranks."""
+    the same text in every run, whatever its ``seed``, micro-batch or number of ranks; or, from the ``start``,
+    end to end (the speedrun's first tokens)."""
+    if start:
+        return np.arange(count, dtype=np.int64) * seq_len
     return np.random.default_rng(seed).integers(0, n_tokens - seq_len, size=count)
+
+
+def windows_of(s: Setup, split: TokenSplit) -> np.ndarray:
+    """The val windows every eval scores (train.eval_windows, eval_seed, eval_from)."""
+    cfg = s.params.train
+    return val_windows(split.length, s.seq_len, cfg.eval_windows, cfg.eval_seed, cfg.eval_from == "start")
 
 
 def holdout_windows(n_tokens: int, seq_len: int, count: int, seed: int, taken: np.ndarray) -> np.ndarray:
@@ -50,7 +59,7 @@ def estimate_loss(s: Setup, split: TokenSplit, starts: np.ndarray | None = None)
     another draw of text would move it."""
     cfg = s.params.train
     if starts is None:
-        starts = val_windows(split.length, s.seq_len, cfg.eval_windows, cfg.eval_seed)
+        starts = windows_of(s, split)
     mine = np.array_split(np.arange(len(starts)), s.dist.world)[s.dist.rank]
     sampler = BatchSampler(split, s.batch.micro, s.seq_len, cfg.eval_seed, cfg.batching, s.runtime.device)
     losses = torch.zeros(len(starts), device=s.runtime.device, dtype=torch.float64)  # the other ranks' stay 0
@@ -132,7 +141,7 @@ class Evaluator:
     def holdout(self) -> dict[str, float]:
         """The loss on ``holdout_windows`` windows disjoint from the val windows, with its standard error."""
         split, cfg = self.s.val_data, self.cfg
-        taken = val_windows(split.length, self.s.seq_len, cfg.eval_windows, cfg.eval_seed)
+        taken = windows_of(self.s, split)
         starts = holdout_windows(split.length, self.s.seq_len, cfg.holdout_windows, cfg.eval_seed, taken)
         if len(starts) == 0:
             return {}
@@ -140,12 +149,14 @@ class Evaluator:
         return {"val/holdout_loss": loss, "val/holdout_loss_se": se}
 
     def check_target(self, step: int, val: float) -> None:
-        """Note when the val loss first reaches ``target_val_loss``: time, tokens and steps."""
+        """Note when the val loss first reaches ``target_val_loss``: wall time since the run began, tokens, steps, and
+        the steps' own time (``train_s``: evals and checkpoints left out, as the speedrun's clock leaves its
+        validation out)."""
         target = self.cfg.target_val_loss
         if target is None or self.history.target is not None or val > target:
             return
         self.history.target = {"time_s": round(self.elapsed_s(), 3), "tokens": step * self.s.tokens_per_step,
-                               "steps": step}
+                               "steps": step, "train_s": round(self.length.spent_s, 3)}  # steps' time alone
         self.tracker.log_metrics({f"target/{k}": v for k, v in self.history.target.items()}, step=step)
         logger.info(f"step {self.length.shown(step)} | reached the target val loss {target} in "
                     f"{self.history.target['time_s']:.1f} s, {self.history.target['tokens']:,} tokens"

@@ -148,7 +148,7 @@ def memory_figures(memory: dict[str, float]) -> dict[str, float]:
 
 def target_figures(target: float, reached: dict[str, float] | None) -> dict[str, Any]:
     """Time, tokens and steps to the target val loss; a target never reached has no numbers, only ``reached: false``."""
-    figures = reached or {"time_s": None, "tokens": None, "steps": None}
+    figures = reached or {"time_s": None, "tokens": None, "steps": None, "train_s": None}
     return {"val_loss": target, "reached": reached is not None, **figures}
 
 
