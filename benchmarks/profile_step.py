@@ -65,7 +65,7 @@ def profile_steps(params: Any, tokens: str | Path, steps: int) -> dict[str, Any]
     cuda = s.runtime.device.type == "cuda"
 
     def step(i: int) -> None:
-        set_lr(s.optimizers, lr_at(i, cfg, s.total_steps) / cfg.lr)
+        set_lr(s.optimizers, lr_at(i, cfg, s.total_steps))
         backward_micro_batches(s.step_model, batches, s.batch.accum, s.runtime, s.scaler)
         optimizer_step(s.model, s.optimizers, s.scaler, cfg.grad_clip)
 

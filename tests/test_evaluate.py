@@ -101,6 +101,7 @@ def test_val_loss_matches_a_direct_computation(trained, tmp_path, gemm, monkeypa
     mean = (losses * lengths).sum() / lengths.sum()
     assert metrics["val"]["loss"] == pytest.approx(mean, rel=1e-5) and metrics["val"]["windows"] == len(losses)
     assert metrics["val"]["bpb"] == pytest.approx((losses * lengths).sum() / (np.log(2) * text), rel=1e-5)
+    assert metrics["val"]["bytes"] == text  # the bytes of text scored, in summary.json
     written = json.loads((tmp_path / "eval/metrics.json").read_text())["eval"]
     assert written["val_bpb"] == round(metrics["val"]["bpb"], 4)
     # the standard error over windows: the ratio estimator, which with equal windows is std / sqrt(count)

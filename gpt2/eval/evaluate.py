@@ -215,8 +215,8 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = paths.CHECKPOINT, tokens_d
     spans = windows(len(val), loaded.model.cfg.block_size, cfg.max_tokens, cfg.seed)
     started = time.perf_counter()
     try:
-        loss, se, n, text = val_loss(loaded, val, spans, cfg.batch_size, token_bytes(tokens_dir))
-        bpb = bits_per_byte(loss, n, text)
+        loss, se, n, text_bytes = val_loss(loaded, val, spans, cfg.batch_size, token_bytes(tokens_dir))
+        bpb = bits_per_byte(loss, n, text_bytes)
         baseline = unigram_loss(train_counts(tokens_dir, meta, cfg.unigram_max_tokens), val, spans)
         spread = f"± {se:.4f}" if math.isfinite(se) else "(no standard error: it needs two windows, there is one)"
         per_byte = f", {bpb:.4f} bits per byte" if bpb is not None else ""
@@ -228,7 +228,7 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = paths.CHECKPOINT, tokens_d
         raise out_of_memory(cfg, loaded, out_dir) from None
     summary = {
         "val": {"loss": loss, "loss_se": se, "ppl": math.exp(loss), "tokens": n, "windows": len(spans),
-                **({"bpb": bpb, "bytes": text} if bpb is not None else {})},
+                **({"bpb": bpb, "bytes": text_bytes} if bpb is not None else {})},
         **({"hellaswag": hellaswag} if hellaswag else {}),
         "baseline": {"unigram_loss": baseline},
         "sample": {"tokens_per_s": round(tokens_per_s, 1)},
