@@ -327,24 +327,25 @@ def test_a_resume_that_died_before_its_checkpoint_is_continued_in_the_run_it_ope
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
 
-    def session(run_id=None, continues=None, lr="0.01"):
+    def session(run_id=None, continues=None, lr="0.01", ended="KILLED"):
         tracker = MlflowTracker("gpt2", run_id, "exp", str(tmp_path), run_uid="uid-1", continues=continues,
                                 params={"train.lr": lr})
         tracker.log_params({"train.lr": lr})
         if continues:
             tracker.set_tags({"resumed_from_run": continues})
             tracker.hand_over(continues, f"continued with train.lr {lr}")
-        tracker.end("KILLED")
+        tracker.end(ended)
         return tracker.run_id
 
     first = session()
     died = session(continues=first, lr="0.005")
-    assert session(continues=first, lr="0.005") == died
+    assert session(continues=first, lr="0.005", ended="FINISHED") == died
+    assert session(continues=first, lr="0.005") != died  # a finished continuation is another training's run
     other = session(continues=first, lr="0.002")
     client = mlflow.MlflowClient()
     names = {r.info.run_id: r.info.run_name for r in client.search_runs([client.get_experiment_by_name(
         "gpt2").experiment_id])}
-    assert other not in (first, died) and len(names) == 3
+    assert other not in (first, died) and len(names) == 4
     assert names[first] == f"exp (continued in {names[other]})"
     assert client.get_run(first).data.tags["continued_in_run"] == other
 

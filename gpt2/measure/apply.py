@@ -70,14 +70,15 @@ def runs_the_same(key: str, held: Any, wanted: Any) -> bool:
 
 
 def auto_here(key: str) -> str | None:
-    """What ``auto`` of ``key`` resolves to on this machine's default device (None: no auto to resolve)."""
+    """What ``auto`` of ``key`` resolves to here (None: no auto to resolve): the CPU matmul library on this CPU,
+    the dtype on the device train.device auto picks (a GPU where there is one)."""
     import torch
 
     from gpt2.model.loss import cpu_gemm
     from gpt2.run.device import dtype_for
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return {"train.cpu_gemm": lambda: cpu_gemm("auto", device.type),
+    return {"train.cpu_gemm": lambda: cpu_gemm("auto", "cpu"),
             "train.dtype": lambda: dtype_for("auto", device)}.get(key, lambda: None)()
 
 

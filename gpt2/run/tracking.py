@@ -307,12 +307,14 @@ class MlflowTracker(Tracker):
         return runs[0].info.run_id if runs else None
 
     def _continuation(self, earlier: str, run_uid: str | None, params: dict[str, Any]) -> str | None:
-        """A run that goes on from ``earlier`` with these ``params``, for this training (``run_uid``), if any."""
+        """A run that went on from ``earlier`` with these ``params`` for this training (``run_uid``) and did not
+        finish (it died before its first checkpoint, so the checkpoint still names ``earlier``), if any."""
         if run_uid is None:
             return None
-        runs = self.mlflow.MlflowClient().search_runs(
-            [self.experiment_id], f"tags.resumed_from_run = '{earlier}' and tags.run_uid = '{run_uid}'",
-            order_by=["attributes.start_time DESC"], max_results=50)
+        runs = self.mlflow.MlflowClient().search_runs(  # a finished one is another training: never reopened
+            [self.experiment_id], f"tags.resumed_from_run = '{earlier}' and tags.run_uid = '{run_uid}' "
+                                  "and attributes.status != 'FINISHED'", order_by=["attributes.start_time DESC"],
+            max_results=50)
         wanted = {k: str(v) for k, v in params.items()}
         return next((r.info.run_id for r in runs if r.data.params == wanted), None)
 
