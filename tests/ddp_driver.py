@@ -9,6 +9,7 @@ die: this rank exits at step S.
 --defer-syncs: sync only at log, eval and checkpoint steps, as on CUDA.
 --crash-at-exit R: rank R aborts (SIGABRT, as a crash in gloo's teardown does) once training returns, while
 rank 0 takes 2 s more to write its reports.
+--no-checkpoint-on R: rank R finds no checkpoint (a node whose checkpoints/ is its own disk).
 """
 
 from __future__ import annotations
@@ -41,8 +42,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hang-s", type=float, default=15.0)
     parser.add_argument("--defer-syncs", action="store_true")
     parser.add_argument("--crash-at-exit", type=int)
+    parser.add_argument("--no-checkpoint-on", type=int, help="this rank's node cannot see the checkpoint")
     args = parser.parse_args(argv)
     rank = int(os.environ["RANK"])
+    if rank == args.no_checkpoint_on:  # as a node whose checkpoints/ is its own local disk
+        from gpt2.train import resume
+
+        resume.load_for_resume = lambda path, s: None  # nothing there: a fresh start
     if args.defer_syncs:
         step_log.sync_every_step = lambda runtime: False
     if args.crash_at_exit is not None and rank == 0:

@@ -336,6 +336,17 @@ def test_two_nodes_train_as_one_job_and_a_dead_node_is_an_error_on_the_other(tmp
     assert "gpt2-skypilot: node 1 of 2, rendezvous at 127.0.0.1:" in logs[1].read_text()
 
 
+def test_ranks_that_find_different_checkpoints_stop_before_training_apart(tmp_path, tokens):
+    """Nodes that do not share checkpoints/: rank 1 starts afresh while rank 0 would resume. Both stop at once
+    with one error line, instead of training apart until a collective hangs."""
+    stopped = torchrun(tmp_path, tokens, "--fault", "signal", "--fault-rank", "0", "--fault-step", "3")
+    assert stopped.returncode == 143 and "saved" in stopped.stderr  # unfinished: rank 0 would resume it
+    job = torchrun(tmp_path, tokens, "--no-checkpoint-on", "1")
+    assert job.returncode != 0
+    assert "error: the ranks found different checkpoints at" in job.stderr
+    assert "every node must read the same" in job.stderr and "step 4/8" not in job.stderr
+
+
 def test_torchrun_with_distributed_off_is_refused(monkeypatch):
     from gpt2.core.errors import UserError
     from gpt2.train import distributed

@@ -41,7 +41,11 @@ def train(params_path: str, sets: tuple[str, ...], tokens: str, ckpt: str, out: 
 
 
 def _withdraw(evaluation: str, out: str) -> None:
+    import os
     from pathlib import Path
+
+    if int(os.environ.get("RANK", "0")) != 0:  # started by a torchrun of the user's (several nodes): rank 0's to do
+        return
 
     from gpt2.core import log
     from gpt2.train.reports import withdraw_other_evaluation

@@ -105,6 +105,21 @@ def total(value: torch.Tensor, d: Dist) -> torch.Tensor:
     return value
 
 
+def agree_on_start(step: int, finished: bool, d: Dist, device: torch.device, path: Path) -> None:
+    """Every rank must begin where the others do. Each reads the checkpoint from its own disk: on nodes that do
+    not share ``path``'s folder, some would resume and some start afresh, train apart and wait for each other at
+    the end. One all-reduce of the highest and (negated) lowest step and finished flag finds it first."""
+    if d.world < 2:
+        return
+    seen = torch.tensor([step, -step, int(finished), -int(finished)], dtype=torch.int64, device=device)
+    dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+    high, low, any_finished, all_finished = seen.tolist()
+    if high != -low or any_finished != -all_finished:
+        raise UserError(f"the ranks found different checkpoints at {path} (this one at step {step}, others from "
+                        f"step {-low} to {high}): every node must read the same {path.parent}/, on a filesystem "
+                        "they share (or storage mounted there on each); train.resume: never starts afresh on all")
+
+
 def step_consensus(losses: list[torch.Tensor], stop: bool, clock_s: float, d: Dist) -> tuple[list[float], bool, float]:
     """(each step's loss averaged over ranks, whether any rank must stop, the ranks' mean of ``clock_s``), in one
     all-reduce at a sync point: a signal that reached one rank stops every rank after the same step, and a time

@@ -128,6 +128,7 @@ def train(params: Params, tokens_dir: str | Path = paths.TOKENS, ckpt_path: str 
 def session(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> dict[str, Any]:
     """One session of a run: start (resume, reuse or afresh), announce and track, fit, report."""
     start = resume.start(ckpt_path, s)
+    distributed.agree_on_start(start.step, start.finished is not None, s.dist, s.runtime.device, ckpt_path)
     if start.finished is not None:
         return resume.reuse(start, ckpt_path, report_dir, s.dist.main)
     info = describe.announce(s)
