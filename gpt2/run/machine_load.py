@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 NOT_REPRESENTATIVE = 0.25  # other work on more than this share of the cores: timing reads low
 STEAL_NOT_REPRESENTATIVE = 0.10  # a shared VM loses a few percent to steal at all times: past this, a run reads slow
@@ -45,21 +47,34 @@ def read() -> CpuClock | None:
     except ImportError:  # psutil is a dependency, but the library runs without an install on a GPU box
         return None
     try:
-        per_core, own = psutil.cpu_times(percpu=True), psutil.Process().cpu_times()
-    except (OSError, psutil.Error):
+        per_core, own = cpu_times(psutil), psutil.Process().cpu_times()
+    except (OSError, ValueError, psutil.Error):
         return None
-    usable = usable_cores()
-    if usable is None or not usable or usable[-1] >= len(per_core):  # numbering unclear: the whole machine
-        usable = list(range(len(per_core)))
-    times = [per_core[i] for i in usable]
-    return CpuClock(time.perf_counter(), sum(getattr(t, name, 0.0) for t in times for name in BUSY),
-                    sum(getattr(t, "steal", 0.0) for t in times),
-                    own.user + own.system + own.children_user + own.children_system, len(times))
+    usable = [i for i in usable_cores() or [] if i in per_core] or list(per_core)  # unknown: the whole machine
+    return CpuClock(time.perf_counter(), sum(per_core[i][0] for i in usable), sum(per_core[i][1] for i in usable),
+                    own.user + own.system + own.children_user + own.children_system, len(usable))
+
+
+def cpu_times(psutil: Any) -> dict[int, tuple[float, float]]:
+    """Each CPU's busy and steal seconds since boot, by its number: Linux's /proc/stat names each line's CPU (an
+    offline one has none, so a list's position is not its number); elsewhere psutil's list, in its order."""
+    stat = Path("/proc/stat")
+    if not stat.is_file():
+        return {i: (sum(getattr(t, name, 0.0) for name in BUSY), getattr(t, "steal", 0.0))
+                for i, t in enumerate(psutil.cpu_times(percpu=True))}
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for line in stat.read_text().splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            ticks = [int(f) for f in fields] + [0] * 8  # user nice system idle iowait irq softirq steal
+            out[int(name[3:])] = (sum(ticks[i] for i in (0, 1, 2, 5, 6)) / tick, ticks[7] / tick)
+    return out
 
 
 def tally() -> dict[str, float]:
     """Core-seconds over a run's timed stretches, summed over its sessions (the history keeps it, checkpointed):
-    ``window_s`` (wall seconds times the machine's cores), ``others_s`` and ``steal_s``."""
+    ``window_s`` (wall seconds times the cores read), ``others_s`` and ``steal_s``."""
     return {"window_s": 0.0, "others_s": 0.0, "steal_s": 0.0}
 
 
