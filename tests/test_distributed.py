@@ -17,9 +17,11 @@ import psutil
 import pytest
 import torch
 import yaml
-from conftest import MICRO_MODEL, MICRO_TRAIN, ROOT, dvc, environment, micro_params, project_copy, set_params
+from conftest import (MICRO_MODEL, MICRO_TRAIN, ROOT, commit_all, dvc, environment, micro_params, project_copy,
+                      set_params)
 from ddp_driver import forked_job, free_port
 
+from gpt2.measure import experiments
 from gpt2.run import checkpoint
 from gpt2.train.trainer import train
 
@@ -284,17 +286,18 @@ def test_the_slurm_script_says_what_it_lacks(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_nodes_train_as_one_job_and_a_dead_node_is_an_error_on_the_other(tmp_path, tokens):
+def test_two_nodes_train_as_one_job_and_a_dead_node_is_an_error_on_the_other(tmp_path, tmp_path_factory):
     """2 nodes × 1 rank × micro-batch 2 × accumulation 2 see the batches of 1 process × micro-batch 4 ×
     accumulation 2: the Slurm script's job (docs/launch/gpt2.sbatch) with a stand-in srun that starts its two
     nodes here. Then the SkyPilot task's nodes (docs/launch/gpt2-skypilot.yaml): when one dies, the other ends
     with one error line."""
+    project = project_copy(tmp_path_factory, tmp_path)  # a DVC project, committed: the job records its run in it
+    tokens = project / "data/tokens"
     single = train(micro_params(micro_batch_size=4, grad_accum_steps=2), tokens, tmp_path / "one/ckpt.pt",
                    tmp_path / "one/reports")
-    project = tmp_path / "project"
-    (project / "data").mkdir(parents=True)
-    (project / "data/tokens").symlink_to(tokens)
-    params_file(project, distributed="ddp", micro_batch_size=2, grad_accum_steps=2, mlflow=True)
+    set_params(project, model=MICRO_MODEL, train={**MICRO_TRAIN, "distributed": "ddp", "micro_batch_size": 2,
+                                                  "grad_accum_steps": 2, "mlflow": True})
+    commit_all(project)
     job = slurm_job(project, OMP_NUM_THREADS="1", MLFLOW_TRACKING_URI=f"sqlite:///{project}/mlflow.db")
     logs = [project / f"node{n}.log" for n in (0, 1)]
     assert job.returncode == 0, job.stderr + logs[0].read_text()[-3000:]
@@ -309,6 +312,9 @@ def test_two_nodes_train_as_one_job_and_a_dead_node_is_an_error_on_the_other(tmp
     assert tracked.data.tags["nodes"] == "2" and tracked.data.tags["world_size"] == "2"
     assert tracked.data.tags["system_metrics"].startswith("node 0's only, of 2")
     assert "ddp×2 on 2 nodes" in tracked.info.run_name
+    [recorded] = [e for e in experiments.finished(project) if e.name == "gpt2-4242"]  # a DVC experiment, as dvc exp
+    assert recorded.params["train"]["distributed"] == "ddp"  # the params that ran
+    assert recorded.metrics["reports/train/metrics.json"]["val"]["loss"] == round(double["val"]["loss"], 4)
     rows = (project / "reports/train/plots/train.tsv").read_text().splitlines()[1:]
     assert [float(r.split("\t")[1]) for r in rows] == pytest.approx(train_losses(tmp_path / "one"), abs=1e-4)
     assert double["val"]["loss"] == pytest.approx(single["val"]["loss"], abs=1e-4)
