@@ -77,9 +77,11 @@ def auto_here(key: str) -> str | None:
     from gpt2.model.loss import cpu_gemm
     from gpt2.run.device import dtype_for
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return {"train.cpu_gemm": lambda: cpu_gemm("auto", "cpu"),
-            "train.dtype": lambda: dtype_for("auto", device)}.get(key, lambda: None)()
+    if key == "train.cpu_gemm":
+        return cpu_gemm("auto", "cpu")
+    if key == "train.dtype":
+        return dtype_for("auto", torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    return None
 
 
 def refuse_uncommitted(path: Path) -> None:
