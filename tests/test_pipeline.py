@@ -192,7 +192,7 @@ def test_a_grid_compares_code_revisions_each_in_its_own_checkout(tmp_path, tmp_p
     a = head()
     step = root / "gpt2/train/step.py"
     step.write_text(step.read_text().replace('    total = torch.zeros((), device=runtime.device)\n',
-                                             '    import time\n    time.sleep(0.2)\n'
+                                             '    import time\n    time.sleep(0.05)\n'
                                              '    total = torch.zeros((), device=runtime.device)\n'))
     commit_all(root)
     b = head()
@@ -207,6 +207,9 @@ def test_a_grid_compares_code_revisions_each_in_its_own_checkout(tmp_path, tmp_p
     assert slow["versus"]["loss"]["per_seed"] == [0.0, 0.0] and slow["versus"]["loss"]["test"]["p"] == 1.0
     assert [r["seed"] for r in base["runs"]] == [r["seed"] for r in slow["runs"]] == [1338, 1339]
     assert said["apply"] == {}  # the baseline is fastest: no winner
+    report = (root / "reports/grid/code.md").read_text()
+    assert "each the `train` stage of its revision in a checkout of its own (not a DVC experiment" in report
+    assert "| run names |" in report and "DVC experiment;" not in report
     assert not (root / ".dvc/tmp/gpt2-revisions").exists() or not any((root / ".dvc/tmp/gpt2-revisions").iterdir())
     assert run(root, "git", "worktree", "list").stdout.count("\n") == 1  # the checkouts are gone
     client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")

@@ -271,10 +271,12 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ju
     length = (f"each run trains for {words.at_equal_time_s:g} s of training steps (train.time_budget_s), so val "
               "losses compare at equal time" if words.at_equal_time_s else "each run trains the steps params.yaml sets")
     keys = [Column(k, lambda i, a, k=k: json_value(a.setting[k])) for k in grid]
-    ran = [Column("experiments", lambda i, a: ", ".join(r.name for r in a.runs))]
+    ran = [Column("run names" if commits else "experiments", lambda i, a: ", ".join(r.name for r in a.runs))]
+    each = (f"the `{target}` stage of its revision in a checkout of its own (not a DVC experiment: its MLflow run's "
+            "git_commit tag names the code)" if commits else f"the `{target}` stage as a DVC experiment")
     text = (f"# {name}\n\n{said}\n\n"
-            f"{len(judged.arms)} settings × {repeats} run(s), one at a time, in alternating order, each the `{target}` "
-            f"stage as a DVC experiment; {length}; the first setting is the baseline. {METHOD}\n\n"
+            f"{len(judged.arms)} settings × {repeats} run(s), one at a time, in alternating order, each {each}; "
+            f"{length}; the first setting is the baseline. {METHOD}\n\n"
             + table(judged, keys, columns(judged, words), ran))
     data = {"name": name, "report": str(out / f"{slug}.md"), "grid": grid, "repeats": repeats, "target": target,
             "time_budget_s": words.at_equal_time_s, "revisions": commits or {}, **as_data(judged, said, changes)}
