@@ -17,8 +17,8 @@ import psutil
 import pytest
 import torch
 import yaml
-from conftest import (MICRO_MODEL, MICRO_TRAIN, ROOT, commit_all, dvc, environment, micro_params, project_copy,
-                      set_params)
+from conftest import (MICRO_MODEL, MICRO_TRAIN, ROOT, commit_all, dvc, environment, micro_params, mlflow_store,
+                      project_copy, run, set_params)
 from ddp_driver import forked_job, free_port
 
 from gpt2.measure import experiments
@@ -227,14 +227,15 @@ def test_a_rank_that_hangs_or_is_killed_is_an_error_not_a_wait(tmp_path, tokens,
     assert checkpoint.load(tmp_path / "kill/ckpt.pt")["step"] == 2
 
 
-def skypilot_nodes(project: Path, nodes: int = 2) -> tuple[list[subprocess.Popen], list[Path]]:
+def skypilot_nodes(project: Path, nodes: int = 2, **extra: str) -> tuple[list[subprocess.Popen], list[Path]]:
     """docs/launch/gpt2-skypilot.yaml's run section as SkyPilot runs it on each node of a task (its variables
     set), on ``nodes`` "nodes" of this machine: rendezvous on 127.0.0.1, each in the project folder."""
     task = yaml.safe_load((ROOT / "docs/launch/gpt2-skypilot.yaml").read_text())
     env = {**os.environ, **{k: str(v) for k, v in task["envs"].items()}, "PYTHONPATH": str(ROOT),
            "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "GPT2_RDZV_PORT": str(free_port()), "SKYPILOT_NODE_IPS": "127.0.0.1\n" * nodes,
-           "SKYPILOT_NUM_NODES": str(nodes), "SKYPILOT_NUM_GPUS_PER_NODE": "1", "SKYPILOT_TASK_ID": "sky-test"}
+           "SKYPILOT_NUM_NODES": str(nodes), "SKYPILOT_NUM_GPUS_PER_NODE": "1", "SKYPILOT_TASK_ID": "sky-test",
+           **extra}
     logs = [project / f"node{n}.log" for n in range(nodes)]
     started = []
     for n, log in enumerate(logs):
@@ -285,6 +286,101 @@ def test_the_slurm_script_says_what_it_lacks(tmp_path):
         f"error: data/tokens/meta.json not found in {tmp_path}: submit from the project folder, after dvc pull")
 
 
+KUBEFLOW = ROOT / "docs/launch/gpt2-kubeflow.yaml"
+
+
+def unread_keys(given: object, read: object, path: str = "") -> list[str]:
+    """The keys of ``given`` (a manifest) that ``read`` (what the API's models made of it) lost: fields the API
+    does not have, which Kubernetes would drop or refuse."""
+    if isinstance(given, dict):
+        return [lost for key, value in given.items()
+                for lost in ([f"{path}.{key}"] if not isinstance(read, dict) or key not in read
+                             else unread_keys(value, read[key], f"{path}.{key}"))]
+    if isinstance(given, list):
+        return [lost for i, (g, r) in enumerate(zip(given, read)) for lost in unread_keys(g, r, f"{path}[{i}]")]
+    return []
+
+
+def test_the_kubeflow_trainjob_is_one_the_trainer_api_reads_whole():
+    """docs/launch/gpt2-kubeflow.yaml against Kubeflow Trainer's own models of its API (kubeflow-trainer-api, the
+    version the manifest names): every field exists there with its type, and the runtime's node container is
+    the one patched."""
+    from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
+
+    manifest = yaml.safe_load(KUBEFLOW.read_text())
+    assert (manifest["apiVersion"], manifest["kind"]) == ("trainer.kubeflow.org/v1alpha1", "TrainJob")
+    job = TrainerV1alpha1TrainJob.from_dict(manifest)  # a wrong type or a missing required field raises
+    assert unread_keys(manifest, job.to_dict()) == []
+    typo = yaml.safe_load(KUBEFLOW.read_text())
+    typo["spec"]["trainer"]["numNode"] = typo["spec"]["trainer"].pop("numNodes")
+    assert unread_keys(typo, TrainerV1alpha1TrainJob.from_dict(typo).to_dict()) == [".spec.trainer.numNode"]
+    assert job.spec.runtime_ref.name == "torch-distributed" and job.spec.trainer.num_nodes == 2
+    [patch] = job.spec.runtime_patches[0].training_runtime_spec.template.spec.replicated_jobs
+    pod = patch.template.spec.template.spec
+    assert patch.name == "node" and [c.name for c in pod.containers] == ["node"]  # the runtime's job and container
+    mounted = {m.name: m.mount_path for m in pod.containers[0].volume_mounts}
+    project = next(e.value for e in job.spec.trainer.env if e.name == "GPT2_PROJECT")
+    assert mounted["project"] == project and {v.name for v in pod.volumes} == set(mounted)
+
+
+def kubeflow_node(project: Path, rank: int, nodes: int, port: int, **env: str) -> subprocess.Popen:
+    """The TrainJob's command as one of its pods runs it: the runtime's PET_* variables and the manifest's own,
+    the project folder here instead of the volume's mount."""
+    trainer = yaml.safe_load(KUBEFLOW.read_text())["spec"]["trainer"]
+    own = {e["name"]: str(e["value"]) for e in trainer["env"] if "value" in e}
+    pet = {"PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": str(rank),
+           "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)}
+    return subprocess.Popen(trainer["command"], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, **own, **pet, "GPT2_PROJECT": str(project),
+                                            "GPT2_JOB": "gpt2-k8s", "PYTHONPATH": str(ROOT),
+                                            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env})
+
+
+def test_the_kubeflow_command_says_what_it_lacks(tmp_path):
+    trainer = yaml.safe_load(KUBEFLOW.read_text())["spec"]["trainer"]
+    outside = subprocess.run(trainer["command"], capture_output=True, text=True, cwd=tmp_path,
+                             env={k: v for k, v in os.environ.items() if not k.startswith("PET_")})
+    assert outside.returncode == 2 and outside.stderr.startswith(
+        "error: PET_NNODES, PET_NODE_RANK and PET_MASTER_ADDR are not set: run this as a Kubeflow Trainer TrainJob")
+    no_tokens = kubeflow_node(tmp_path, 0, 1, free_port())
+    assert no_tokens.wait(timeout=30) == 2 and no_tokens.stdout.read().startswith(
+        f"error: data/tokens/meta.json not found in {tmp_path}: fill the volume first")
+
+
+@pytest.mark.slow
+def test_a_kubeflow_or_skypilot_node_trains_and_the_first_records_the_dvc_experiment(tmp_path, tmp_path_factory):
+    """One pod of the TrainJob (torchrun reads the runtime's PET_* variables) trains, and the node holding rank 0
+    records the run as a DVC experiment named after the TrainJob. Then the SkyPilot task's first node runs the
+    same params (the finished checkpoint: its reports, no step), records its experiment and pushes its outputs to
+    the DVC remote; a clone pulls the experiment and its checkpoint as the task's comments say."""
+    project = project_copy(tmp_path_factory, tmp_path)
+    set_params(project, model=MICRO_MODEL, train={**MICRO_TRAIN, "distributed": "ddp", "max_steps": 4,
+                                                  "eval_interval": 4})
+    dvc(project, "remote", "add", "-d", "team", str(tmp_path / "remote"))
+    dvc(project, "push")  # the team's remote holds the corpus and its tokens
+    commit_all(project)
+    node = kubeflow_node(project, 0, 1, free_port(), MLFLOW_TRACKING_URI="", GPT2_EXP_NAME="")
+    out = node.stdout.read()
+    assert node.wait(timeout=120) == 0, out[-3000:]
+    assert "gpt2-kubeflow: node 0 of 1, rendezvous at 127.0.0.1:" in out and "step 4/4 | val loss" in out
+    summary = json.loads((project / "reports/train/summary.json").read_text())
+    assert summary["perf"]["world_size"] == 1 and summary["steps"] == 4
+    recorded = {e.name: e for e in experiments.finished(project)}
+    assert recorded["gpt2-gpt2-k8s"].params["train"]["distributed"] == "ddp"
+    assert recorded["gpt2-gpt2-k8s"].metrics["reports/train/metrics.json"]["val"]["loss"] == round(
+        summary["val"]["loss"], 4)
+
+    [sky], [log] = skypilot_nodes(project, nodes=1, GPT2_EXP_NAME="")
+    assert sky.wait(timeout=120) == 0, log.read_text()[-3000:]
+    home = tmp_path / "home"
+    run(tmp_path, "git", "clone", "-q", str(project), str(home))
+    run(home, "git", "remote", "add", "sky", str(project))  # `git remote add sky gpt2:sky_workdir` there
+    dvc(home, "exp", "pull", "sky", "gpt2-sky-test")  # its git ref, and its outputs from the DVC remote
+    dvc(home, "exp", "apply", "gpt2-sky-test")
+    assert yaml.safe_load((home / "params.yaml").read_text())["train"]["max_steps"] == 4  # the params that ran
+    assert checkpoint.load(home / "checkpoints/ckpt.pt")["step"] == 4
+
+
 @pytest.mark.slow
 def test_two_nodes_train_as_one_job_and_a_dead_node_is_an_error_on_the_other(tmp_path, tmp_path_factory):
     """2 nodes × 1 rank × micro-batch 2 × accumulation 2 see the batches of 1 process × micro-batch 4 ×
@@ -298,7 +394,7 @@ def test_two_nodes_train_as_one_job_and_a_dead_node_is_an_error_on_the_other(tmp
     set_params(project, model=MICRO_MODEL, train={**MICRO_TRAIN, "distributed": "ddp", "micro_batch_size": 2,
                                                   "grad_accum_steps": 2, "mlflow": True})
     commit_all(project)
-    job = slurm_job(project, OMP_NUM_THREADS="1", MLFLOW_TRACKING_URI=f"sqlite:///{project}/mlflow.db")
+    job = slurm_job(project, OMP_NUM_THREADS="1", MLFLOW_TRACKING_URI=mlflow_store(tmp_path_factory, project))
     logs = [project / f"node{n}.log" for n in (0, 1)]
     assert job.returncode == 0, job.stderr + logs[0].read_text()[-3000:]
     assert "2 node(s) × 1 rank(s), rendezvous at 127.0.0.1:" in job.stdout
@@ -390,6 +486,7 @@ def test_the_train_stage_launches_ranks_that_save_on_its_sigterm_and_resume_writ
         pass
 
     set_params(root, train={"max_steps": saved + 2, "mlflow": True})
+    mlflow_store(tmp_path_factory, root)
     done = dvc(root, "repro", "train")
     assert f"resuming at step {saved}/{saved + 2}" in done.stdout + done.stderr
     out = json.loads((root / "reports/train/summary.json").read_text())

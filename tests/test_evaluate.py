@@ -323,11 +323,11 @@ def test_compiled_checkpoint_evaluates(tmp_path):
     assert metrics["checkpoint_step"] == 2
 
 
-def test_evaluation_logs_into_the_training_run(tmp_path, monkeypatch):
+def test_evaluation_logs_into_the_training_run(tmp_path, tmp_path_factory, monkeypatch):
     mlflow = pytest.importorskip("mlflow")
-    from conftest import make_tokens
+    from conftest import make_tokens, mlflow_store
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_store(tmp_path_factory, tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     tokens = make_tokens(tmp_path / "tokens")
     train(micro_params(mlflow=True, max_steps=2, eval_interval=2), tokens, tmp_path / "ckpt.pt", tmp_path / "r")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT, commit_all, exp_rows, project_copy, run
+from conftest import ROOT, commit_all, exp_rows, mlflow_store, project_copy, run
 
 from gpt2.core import paths
 from gpt2.core.errors import UserError
@@ -305,6 +305,7 @@ profiles:
 def test_ladder_runs_every_rung_as_a_dvc_experiment(tmp_path, tmp_path_factory):
     mlflow = pytest.importorskip("mlflow")
     root = project_copy(tmp_path_factory, tmp_path)  # the experiments start from a commit with the tokens in dvc.lock
+    mlflow_store(tmp_path_factory, root)
     (root / "two.yaml").write_text(TWO_RUNGS)
     (root / "one.yaml").write_text(TWO_RUNGS.replace("  - name: flash attention\n    set: {model.attention: flash}\n",
                                                      ""))  # its --apply is refused before any run

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import commit_all, dvc, environment, exp_rows, new_project, project_copy, run, set_params
+from conftest import (commit_all, dvc, environment, exp_rows, mlflow_store, new_project, project_copy, run,
+                      set_params)
 
 from gpt2.measure import experiments
 
@@ -187,6 +188,7 @@ def test_a_grid_compares_code_revisions_each_in_its_own_checkout(tmp_path, tmp_p
     mlflow = pytest.importorskip("mlflow")
     root = project_copy(tmp_path_factory, tmp_path)
     set_params(root, train={"mlflow": True})
+    mlflow_store(tmp_path_factory, root)
     commit_all(root)
     head = lambda: run(root, "git", "rev-parse", "HEAD").stdout.strip()  # noqa: E731
     a = head()
@@ -239,6 +241,7 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, t
     mlflow = pytest.importorskip("mlflow")
     root = project_copy(tmp_path_factory, tmp_path, "all")
     set_params(root, train={"mlflow": True}, eval={"mlflow": True})
+    mlflow_store(tmp_path_factory, root)
     dvc(root, "commit", "-f")  # the pipeline's outputs stand for these params: every stage up to date
     assert "up to date" in dvc(root, "status").stdout
     commit_all(root)

@@ -198,10 +198,12 @@ def test_plan_falls_back_to_the_gpu_checks_committed_run_for_gpt2_on_its_card(tm
     assert plan.plan("gpt2-medium", 10e9, "h100", root=tmp_path)["mfu_source"].startswith("assumed")
 
 
-def test_plan_uses_the_mfu_of_a_finished_mlflow_run_and_skips_a_store_without_one(tmp_path):
+def test_plan_uses_the_mfu_of_a_finished_mlflow_run_and_skips_a_store_without_one(tmp_path, tmp_path_factory):
     mlflow = pytest.importorskip("mlflow")
+    from conftest import mlflow_store
+
     assert plan._has_metric(tmp_path / "none.db", "x") is True  # unreadable: let MLflow decide
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    mlflow.set_tracking_uri(mlflow_store(tmp_path_factory, tmp_path))
     mlflow.create_experiment("gpt2", artifact_location=(tmp_path / "artifacts").as_uri())
     mlflow.set_experiment("gpt2")
     with mlflow.start_run():

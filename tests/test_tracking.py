@@ -9,7 +9,7 @@ import shutil
 import signal
 
 import pytest
-from conftest import micro_params
+from conftest import micro_params, mlflow_store
 
 from gpt2.run.figures import TRACKED
 from gpt2.run import checkpoint, mlflow_ui, names, tracking
@@ -38,13 +38,13 @@ def test_the_printed_link_opens_the_run_where_it_is_and_the_runs_compared():
                             "http://127.0.0.1:5000/#/experiments/1/runs/abc")
 
 
-def test_a_run_is_named_after_what_it_changes_and_never_twice_the_same(tmp_path, monkeypatch):
+def test_a_run_is_named_after_what_it_changes_and_never_twice_the_same(tmp_path, tmp_path_factory, monkeypatch):
     before = {"train.lr": 0.001, "train.seed": 1, "eval.seed": 1, "model.attention": "flash", "train.compile": False}
     after = {**before, "train.lr": 0.002, "train.seed": 2, "model.attention": "manual"}
     assert names.changes_name(before, after) == "lr=0.002 · train.seed=2 · attention=manual"
     assert names.changes_name(before, {**after, "train.compile": True}, most=2) == ("lr=0.002 · train.seed=2 · "
                                                                                         "+2 more")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path_factory, tmp_path))
     titles = []
     for _ in range(3):  # the same change run again is another run, and reads as one
         with tracking.MlflowTracker("gpt2", run_name="lr=0.002") as tracker:
@@ -64,10 +64,10 @@ def test_flatten():
         "train.lr": 1.0, "train.betas": (0.9, 0.95), "x": 1}
 
 
-def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkeypatch):
+def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tmp_path_factory, tokens, monkeypatch):
     import mlflow
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_store(tmp_path_factory, tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("DVC_EXP_NAME", "my-exp")
     monkeypatch.setenv("GIT_AUTHOR_NAME", "Ada L")  # who ran it: git's author, as a teammate's commits name them
@@ -154,10 +154,10 @@ def test_training_logs_params_metrics_tags_and_artifact(tmp_path, tokens, monkey
     assert [a.path for a in client.list_logged_model_artifacts(model.model_id)] == ["MLmodel"]  # no copy of the weights
 
 
-def test_runs_outside_dvc_exp_are_named_after_what_they_trained(tmp_path, tokens, monkeypatch):
+def test_runs_outside_dvc_exp_are_named_after_what_they_trained(tmp_path, tmp_path_factory, tokens, monkeypatch):
     import mlflow
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = mlflow_store(tmp_path_factory, tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("DVC_EXP_NAME", raising=False)
     train(micro_params(mlflow=True, max_steps=2), tokens, tmp_path / "a" / "ckpt.pt", tmp_path / "a")
@@ -247,8 +247,8 @@ def test_a_store_an_older_mlflow_made_is_kept_as_it_was_before_it_is_upgraded(tm
     assert "older MLflow" not in caplog.text  # said once: the store is current now
 
 @pytest.mark.parametrize("fault", ["locked", "deleted", "unreachable"])
-def test_a_failing_store_never_costs_the_run_its_checkpoint_reports_or_figures(tmp_path, tokens, monkeypatch, capfd,
-                                                                              fault):
+def test_a_failing_store_never_costs_the_run_its_checkpoint_reports_or_figures(tmp_path, tmp_path_factory, tokens,
+                                                                              monkeypatch, capfd, fault):
     """A store locked for a while by another process's write, deleted mid-run, or a server that does not answer:
     one warning, the run trains to its end and writes everything. The tracker keeps what it could not send: a store
     that answers again gets it all, in order, and the run ends FINISHED; one that never does is named at the end
@@ -261,7 +261,8 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_reports_or_figures(t
     from gpt2.cli import main
 
     db = tmp_path / "mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9" if fault == "unreachable" else f"sqlite:///{db}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI",
+                       "http://127.0.0.1:9" if fault == "unreachable" else mlflow_store(tmp_path_factory, tmp_path))
     monkeypatch.setattr(tracking, "RETRY_BUDGET_S", 1.0)
     monkeypatch.setattr(tracking, "RETRY_EVERY_S", 0.0)  # try the store again at every call
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")  # its thread meets the failing store too
@@ -318,14 +319,15 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_reports_or_figures(t
     assert run.info.status == "FINISHED" and run.data.metrics["val loss final"] == round(summary["val"]["loss"], 4)
 
 
-def test_a_resume_that_died_before_its_checkpoint_is_continued_in_the_run_it_opened(tmp_path, monkeypatch):
+def test_a_resume_that_died_before_its_checkpoint_is_continued_in_the_run_it_opened(tmp_path, tmp_path_factory,
+                                                                                    monkeypatch):
     """Resumed with another lr, the session dies before it saves: the next try with that lr reopens its run; one
     with yet another lr opens a third, and the first run's name follows."""
     import mlflow
 
     from gpt2.run.tracking import MlflowTracker
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path_factory, tmp_path))
 
     def session(run_id=None, continues=None, lr="0.01", ended="KILLED"):
         tracker = MlflowTracker("gpt2", run_id, "exp", str(tmp_path), run_uid="uid-1", continues=continues,
@@ -350,13 +352,13 @@ def test_a_resume_that_died_before_its_checkpoint_is_continued_in_the_run_it_ope
     assert client.get_run(first).data.tags["continued_in_run"] == other
 
 
-def test_a_model_whose_link_to_its_run_failed_is_logged_once(tmp_path, monkeypatch):
+def test_a_model_whose_link_to_its_run_failed_is_logged_once(tmp_path, tmp_path_factory, monkeypatch):
     """The store fails after the model was made: the retry links it, and makes no second model."""
     import mlflow
 
     from gpt2.run.tracking import MlflowTracker
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_store(tmp_path_factory, tmp_path))
     monkeypatch.setattr(tracking, "RETRY_BUDGET_S", 0.0)
     monkeypatch.setattr(tracking, "RETRY_EVERY_S", 0.0)
     link, failed = mlflow.MlflowClient.log_outputs, []
