@@ -156,31 +156,6 @@ def test_stage_script_error_exit_code_and_no_traceback(tmp_path):
     assert not (root / "data" / "raw").exists()
 
 
-def test_dvc_exp_run_compares_a_switch(project):
-    commit_all(project)
-    dvc(project, "exp", "run", "-n", "manual-attn", "--set-param", "model.attention=manual", "-S", "train.lr=2.0e-2")
-    rows = {row["Experiment"]: row for row in exp_rows(project)}
-    assert rows["manual-attn"]["model.attention"] == "manual"
-    row = rows["manual-attn"]
-    assert float(row["perf.step_ms"]) > 0
-    # training's estimate and evaluate's full pass have distinct names: no file prefix needed
-    assert float(row["val.loss"]) > 0 and float(row["eval.val_loss"]) > 0
-    readme = (ROOT / "README.md").read_text()
-    command = re.search(r"<!-- exp-show -->\s*```bash\n(.+?)\n```", readme).group(1)
-    assert "--no-pager" in command  # DVC's pager cuts every line at the terminal's edge
-    shown = run(project, *shlex.split(command.replace("dvc ", f"{sys.executable} -m dvc ", 1)),
-                env={"COLUMNS": "120"}).stdout
-    assert max(map(len, shown.splitlines())) <= 120, shown
-    lines = shown.splitlines()
-    header = next(line for line in lines if "Experiment" in line)
-    # what changed is shown, nothing it needs is cut off
-    for column in ("val.loss", "perf.tokens_per_s", "perf.tokens_per_s_iqr", "model.attention", "train.lr"):
-        assert column in header, shown
-    assert "params.yaml" not in header and "train.loss" not in header and "…" not in shown
-    table = run(project, *shlex.split(command.replace("dvc ", f"{sys.executable} -m dvc ", 1)), "--md").stdout
-    assert table.startswith("| Experiment") and "| train.lr" in table and "…" not in table  # a file's, whole
-
-
 def test_a_grid_compares_code_revisions_each_in_its_own_checkout(tmp_path, tmp_path_factory):
     """`gpt2 grid --rev A,B`: B adds a sleep to every step and changes no arithmetic. Each revision runs its own
     code on the workspace's data and params, paired by seed: B reads slower, and its losses are A's to the last
@@ -221,18 +196,6 @@ def test_a_grid_compares_code_revisions_each_in_its_own_checkout(tmp_path, tmp_p
     assert sorted(r.data.tags["git_commit"] for r in children) == sorted([a, a, b, b])
 
 
-def test_an_experiment_of_the_train_stage_alone_shows_no_evaluation_of_another_run(project):
-    """The evaluate stage's outputs are persistent: without the train stage withdrawing them, the baseline's
-    evaluation would be committed with (and shown as) every train-only experiment's."""
-    commit_all(project)
-    done = dvc(project, "exp", "run", "-n", "train-only", "-S", "train.lr=3.0e-2", "train")
-    assert "withdrew the evaluation in reports/eval" in done.stderr + done.stdout
-    row = {r["Experiment"]: r for r in exp_rows(project)}["train-only"]
-    assert float(row["val.loss"]) > 0 and row["eval.val_loss"] == "", row  # `-` in the table
-    assert json.loads((project / "reports/eval/metrics.json").read_text())["eval"]["val_loss"] is None
-    assert not (project / "reports/eval/samples.md").exists()
-
-
 def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, tmp_path_factory):
     """As a new user: a pipeline run (here recorded with `dvc commit`), commit, then a grid whose first setting is
     the committed one. DVC would find that setting's stages unchanged and hand back the committed run's figures,
@@ -269,6 +232,11 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, t
     for exp in exps.values():
         figures = exp.metrics["reports/train/metrics.json"]
         assert figures["cost"]["device_hours"] > 0 and figures["cost"].get("usd") is None  # a CPU has no price
+        # evaluate's outputs persist: without the train stage withdrawing them, the committed run's evaluation
+        # would be recorded (and shown) as every train-only experiment's
+        assert (exp.metrics.get("reports/eval/metrics.json", {}).get("eval") or {}).get("val_loss") is None
+    assert (root / "reports/grid/dvc.log").read_text().count("withdrew the evaluation in reports/eval") == 2
+    shown_as_users_see_it(root)
 
     client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
@@ -310,6 +278,28 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, t
     assert model.tags["get_weights"] == f"dvc exp apply {other.data.tags['dvc_exp_name']}"
     run(root, sys.executable, "-m", "dvc", *shlex.split(model.tags["get_weights"].removeprefix("dvc ")))
     assert hashlib.md5((root / model.tags["checkpoint_path"]).read_bytes()).hexdigest() == model.tags["checkpoint_md5"]
+
+
+def shown_as_users_see_it(root: Path) -> None:
+    """`dvc exp show` of a grid's experiments: training's estimate and evaluate's full pass under distinct names
+    (`-` where a train-only run has none), and the README's command within 120 columns, cutting off nothing it
+    needs."""
+    rows = exp_rows(root)
+    committed = next(r for r in rows if r["Experiment"] == "")  # the commit: the whole pipeline ran
+    assert float(committed["val.loss"]) > 0 and float(committed["eval.val_loss"]) > 0
+    assert all(float(r["val.loss"]) > 0 and r["eval.val_loss"] == "" for r in rows if r["Experiment"])
+    readme = (ROOT / "README.md").read_text()
+    command = re.search(r"<!-- exp-show -->\s*```bash\n(.+?)\n```", readme).group(1)
+    assert "--no-pager" in command  # DVC's pager cuts every line at the terminal's edge
+    shown = run(root, *shlex.split(command.replace("dvc ", f"{sys.executable} -m dvc ", 1)),
+                env={"COLUMNS": "120"}).stdout
+    assert max(map(len, shown.splitlines())) <= 120, shown
+    header = next(line for line in shown.splitlines() if "Experiment" in line)
+    for column in ("val.loss", "perf.tokens_per_s", "perf.tokens_per_s_iqr", "train.lr"):  # what changed, too
+        assert column in header, shown
+    assert "params.yaml" not in header and "train.loss" not in header and "…" not in shown
+    table = run(root, *shlex.split(command.replace("dvc ", f"{sys.executable} -m dvc ", 1)), "--md").stdout
+    assert table.startswith("| Experiment") and "| train.lr" in table and "…" not in table  # a file's, whole
 
 
 def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes(tmp_path, tmp_path_factory):
