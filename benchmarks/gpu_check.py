@@ -25,8 +25,9 @@ run's graph breaks and recompilations (a row with any says so). The parts, in th
   largest micro-batch ``gpt2 plan`` says fits, up to 64 → cuDNN attention → bf16 residual stream (the
   levers are not rungs: ``levers`` measures each alone); peak memory against the plan's estimate.
   64 × 1024 positions already fill an H100's matmuls (llm.c's H100 setting);
-- ``long``: the fastest row at GPT-2's 0.5M-token batch with evals and checkpoints: the steady-state
-  wall clock against the step median;
+- ``long``: the fastest row for 100 steps at GPT-2's 0.5M-token batch, an eval and a checkpoint every 25
+  steps: the steady-state wall clock against the step median, with the evals after the first (which
+  compiles, set aside) and the checkpoints before the last step inside it;
 - ``peers``: the fastest row plain, under DDP in one process (its overhead) and with Muon;
 - ``fit``: the fastest row with ``micro_batch_size: auto`` at GPT-2's batch (what the memory model
   chose, its peak against the estimate), the next micro-batch up (which should not fit: out of
@@ -77,7 +78,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import nanogpt_peer  # noqa: E402
 from train_switches import run_child, synthetic_tokens  # noqa: E402
 
+from gpt2.core.memory_model import shape  # noqa: E402
 from gpt2.run.compiled import flag  # noqa: E402
+from gpt2.run.flops import llmc_share  # noqa: E402
 
 # Each rung adds its change to every rung above it.
 RUNGS: list[tuple[str, dict[str, Any]]] = [
@@ -392,8 +395,10 @@ def apart(*rows: dict[str, Any]) -> str:
     return " (rows from different cards: see the probes)" if len({r.get("machine") for r in rows}) > 1 else ""
 
 
-def table(rows: list[dict[str, Any]], machines: dict[str, Any] | None = None) -> str:
-    """The rows as markdown; where different cards measured them, a card column and each card's probe."""
+def table(rows: list[dict[str, Any]], machines: dict[str, Any] | None = None, llmc: float | None = None) -> str:
+    """The rows as markdown; where different cards measured them, a card column and each card's probe. ``llmc``:
+    llm.c's FLOP count over nanoGPT's for the model measured (gpt2/run/flops.py), said under the table so an MFU
+    is compared with llm.c's in its own count."""
     cards = list(dict.fromkeys(r.get("machine") for r in rows))
     labels = {uuid: chr(ord("A") + i) for i, uuid in enumerate(cards)} if len(cards) > 1 else {}
     head = ("| run | micro-batch × accum | ms/step (IQR) | tokens/s | steady tokens/s | whole-run tokens/s "
@@ -426,6 +431,9 @@ def table(rows: list[dict[str, Any]], machines: dict[str, Any] | None = None) ->
                        if "bf16_gemm_tflops" in p else "no probe")
             probes.append(f"{label}: {uuid or 'unknown'} ({figures})")
         text += "\nCards: " + "; ".join(probes) + ". Compare rows of one card.\n"
+    if llmc is not None:
+        text += (f"\nMFU counts a token's FLOPs as nanoGPT and nanochat do (attention as a full square); llm.c counts "
+                 f"its causal half and every parameter: in llm.c's count each MFU is {llmc:.3f} × the one shown.\n")
     return text
 
 
@@ -452,9 +460,10 @@ def profile_best(params: dict[str, Any], tokens: str, report: Report, timeout_s:
             "coverage": figures["coverage"], "by_kind": figures["by_kind"], "top": figures["top"][:10]}
 
 
-def run_tests(report: Report, limit: Limit, key: str, selection: str) -> None:
-    """``pytest tests/test_gpu.py -k selection``: its summary line in the JSON under ``key``, its whole output
-    beside it (``<json>.<key>.log``). A run past its own time keeps what it printed and does not end the job."""
+def run_tests(report: Report, limit: Limit, key: str, selection: str, machine: str) -> None:
+    """``pytest tests/test_gpu.py -k selection``: its summary line in the JSON under ``key`` (the latest card's) and
+    under ``tests by card`` for this card, its whole output beside it (``<json>.<key>.log``). A run past its own
+    time keeps what it printed and does not end the job."""
     command = [sys.executable, "-m", "pytest", "-v", "-n", "0", "-p", "no:cacheprovider", "tests/test_gpu.py",
                "-k", selection]
     try:
@@ -464,6 +473,7 @@ def run_tests(report: Report, limit: Limit, key: str, selection: str) -> None:
         output = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         summary = f"timed out after {limit.seconds:g} s; what ran is in the tests log"
     report.data[key] = summary
+    report.data.setdefault("tests by card", {}).setdefault(machine, {})[key] = summary
     if report.path is not None:
         report.path.with_suffix(f".{key.replace(' ', '_')}.log").write_text(output)
     report.save()
@@ -507,12 +517,14 @@ class Check:
         return "tuned" if train.get("compile_tuning") else "compiled"
 
     def limit(self, kind: str, before: dict[str, Any] | None) -> Limit:
-        """The limit of a row's child: twice the last one where it timed out, else ``--timeout-s``. A row that
-        timed out starts only where it can have more than it had (``MORE_THAN_LAST``): with less it would be
-        stopped again, and the time spent on it lost."""
+        """The limit of a row's child: ``--timeout-s``, and where it timed out before, at least twice the limit
+        it had then (a row stopped at 2 s under an old limit gets this command's 600 s, not 4). A row that timed
+        out starts only where it can have more than it had (``MORE_THAN_LAST``): with less it would be stopped
+        again, and the time spent on it lost."""
         if timed_out(before):
             needs = max(self.expected_s(kind), MORE_THAN_LAST * before["timeout_s"])
-            return self.budget.limit(needs, 2 * before["timeout_s"])
+            given = self.budget.timeout_s
+            return self.budget.limit(needs, None if given is None else max(given, 2 * before["timeout_s"]))
         return self.budget.limit(self.expected_s(kind))
 
     def record(self, result: dict[str, Any], stderr: str, kind: str, seconds: float, limit: Limit) -> dict[str, Any]:
@@ -723,8 +735,11 @@ class Check:
         return self.record(result, stderr, kind, self.budget.clock() - begun, limit)
 
     def tests(self, key: str, selection: str) -> None:
-        if key not in self.report.data or self.report.data[key].startswith("timed out"):
-            run_tests(self.report, self.budget.limit(COST_S[key]), key, selection)
+        """The CUDA tests, on every card that has not run them (a JSON carried from another card holds that
+        card's): a compile that fails on one card model may pass on another."""
+        ran = self.report.data.get("tests by card", {}).get(str(self.machine), {}).get(key)
+        if ran is None or ran.startswith("timed out"):
+            run_tests(self.report, self.budget.limit(COST_S[key]), key, selection, str(self.machine))
 
     def peers(self, best: dict[str, Any]) -> None:
         plain = self.measure("best, plain (for DDP)", best)
@@ -742,13 +757,20 @@ class Check:
         batch = best.get("micro_batch_size", prof["micro_batch"]) * prof["seq"]
         accum = max(1, round(GPT2_BATCH_TOKENS / batch)) if not self.smoke else 2
         steps = prof["long_steps"]
-        long = self.measure(f"{steps} steps, GPT-2 batch, evals and checkpoints",
-                            {**best, "grad_accum_steps": accum, "eval_interval": steps // 2,
-                             "eval_windows": prof["eval_windows"], "checkpoint_interval": steps // 2,
+        every = max(1, steps // 4)
+        evals = list(range(every, steps, every))  # none after the last step (final_eval: false)
+        # the steady figure runs from the first sync after the warm-up to the last step's: the first eval under
+        # compile is set aside whole (it compiles), a checkpoint after the last step falls outside
+        timed_evals = evals[1:] if best.get("compile", prof["compile"]) else evals
+        timed_saves = [s for s in evals if s > prof["warmup"]]
+        long = self.measure(f"{steps} steps, GPT-2 batch, evals and checkpoints every {every}",
+                            {**best, "grad_accum_steps": accum, "eval_interval": every,
+                             "eval_windows": prof["eval_windows"], "checkpoint_interval": every,
                              "save_checkpoint": True, "timing_warmup_steps": prof["warmup"]}, steps)
         if "failed" not in long and long.get("tokens_per_s_steady"):
             long["note"] = (f"steady-state wall clock {100 * long['tokens_per_s_steady'] / long['tokens_per_s']:.1f}%"
-                            " of the step median")
+                            f" of the step median, with the evals at steps {', '.join(map(str, timed_evals))} and "
+                            f"the checkpoints at {', '.join(map(str, timed_saves))} inside it")
         self.report.save()
 
     def fit(self, best: dict[str, Any]) -> None:
@@ -897,7 +919,9 @@ def main(smoke: bool, json_path: str | None, tokens: str | None, parts: tuple[st
     print(f"\nDevice: {report.data['device']}, torch {report.data['torch']}, {report.data['date']}; "
           f"{'smoke mode (tiny)' if smoke else 'GPT-2 124M, T=1024'}; {prof['steps']} steps per run "
           f"(the first {prof['warmup']} untimed); {report.data['seconds']:.0f} s in all.\n")
-    print(table(report.data["rows"], report.data["machines"]))
+    model = shape(prof["model"]["size"]) if not smoke else None
+    print(table(report.data["rows"], report.data["machines"],
+                llmc_share(model.params_without_wpe, model.n_layer, model.n_embd, prof["seq"]) if model else None))
 
 
 if __name__ == "__main__":

@@ -64,13 +64,13 @@ def test_parts_in_separate_jobs_build_one_table_and_every_row_is_saved_as_measur
     assert names[6:] == ["every switch on our code (best pair 1)",
                          "nanoGPT's own train.py, micro-batch 4 (best pair 1)",
                          "nanoGPT's settings on our code (run 1)", "nanoGPT's own train.py (run 1)",
-                         "4 steps, GPT-2 batch, evals and checkpoints"]
+                         "4 steps, GPT-2 batch, evals and checkpoints every 1"]
     assert not [r for r in report["rows"] if "failed" in r], report["rows"]
     rows = {r["name"]: r for r in report["rows"]}
     assert rows["+ bf16 autocast"]["dtype"] == "bf16" and rows["fp32"]["dtype"] == "fp32"
     assert rows["+ largest micro-batch"]["micro_batch"] == 4 and rows["+ flash attention"]["sdpa"] != "manual (no SDPA)"
     fastest = max(ladder, key=lambda r: r["tokens_per_s"])  # "best" is the fastest ladder row, not the last one
-    long = rows["4 steps, GPT-2 batch, evals and checkpoints"]
+    long = rows["4 steps, GPT-2 batch, evals and checkpoints every 1"]
     assert long["micro_batch"] == fastest["micro_batch"] and long["accum"] == 2
     assert "of the step median" in long["note"]
     theirs = rows["nanoGPT's own train.py (run 1)"]  # iterations of 500 (warm-up, left out) and 20 ms

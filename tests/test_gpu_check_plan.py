@@ -85,6 +85,10 @@ def test_a_timed_out_row_is_measured_again_with_twice_the_time_in_its_place(tmp_
     assert calls[-1][1] == 600.0
     assert [r["name"] for r in check.report.data["rows"]] == ["fp32", "all switches"]
     assert "failed" not in check.report.row("all switches")
+    smoke = {"name": "smoke row", "failed": "timed out after 2 s", "timeout_s": 2.0}  # an earlier job's own limit
+    again = new_check(tmp_path, None, clock, rows=[smoke])  # this job's --timeout-s: 300 s
+    again.measure("smoke row", {"compile": False})
+    assert calls[-1][1] == 300.0 and "failed" not in again.report.row("smoke row")  # not 4 s
 
 
 def test_a_row_the_budget_stops_is_recorded_with_its_time_and_starts_again_only_with_more(tmp_path, monkeypatch):
@@ -124,7 +128,9 @@ def test_the_long_row_is_a_kind_of_its_own_and_leaves_the_next_rows_cost_alone(t
     check = new_check(tmp_path, 340.0, clock)
     left = check.run(("best", "long", "peers"), None, 1)
     rows = {r["name"]: r for r in check.report.data["rows"]}
-    assert rows["100 steps, GPT-2 batch, evals and checkpoints"]["kind"] == "long"
+    assert rows["100 steps, GPT-2 batch, evals and checkpoints every 25"]["kind"] == "long"
+    [long] = [train for train, _ in calls if train["max_steps"] == 100]  # three evals: the first compiles, set aside
+    assert long["eval_interval"] == long["checkpoint_interval"] == 25 and long["final_eval"] is False
     assert check.expected_s("compiled") == 50.0 and check.expected_s("long") == 200.0
     assert "best, DDP in 1 process" in rows and left == ["peers"]  # 90 s left: DDP (50 s) runs, then Muon does not
 
@@ -231,6 +237,7 @@ def test_rows_of_different_cards_are_flagged_with_each_cards_probe():
     assert "A: uuid-1 (675.4 TFLOP/s bf16 GEMM, 3 TB/s copy); B: uuid-2" in text
     assert gpu_check.apart(*rows) == " (rows from different cards: see the probes)"
     assert gpu_check.apart(rows[0], rows[0]) == "" and "| card |" not in gpu_check.table(rows[:1], machines)
+    assert "in llm.c's count each MFU is 0.939 × the one shown" in gpu_check.table(rows, machines, 0.9393)
 
 
 RUN_UNINSTALLED = """
@@ -428,3 +435,24 @@ def test_the_ladder_part_never_stacks_a_lever_on_another(tmp_path, monkeypatch):
     levers = {key for _, change in gpu_check.LEVERS for key in change}
     assert not any(levers & {k for k, v in train.items() if v not in (None, False, "off", "torch", "default")}
                    for train, _ in calls)
+
+
+def test_the_cuda_tests_run_again_on_every_card_that_has_not_run_them(tmp_path, monkeypatch):
+    """A JSON carried from another card holds that card's test results: a new card runs the tests itself (a
+    compile that passes on one card model may fail on another); the same card does not run them twice."""
+    ran = []
+
+    def run_tests(report, limit, key, selection, machine):
+        ran.append((key, machine))
+        report.data.setdefault("tests by card", {}).setdefault(machine, {})[key] = "1 passed"
+
+    monkeypatch.setattr(gpu_check, "run_tests", run_tests)
+    earlier = new_check(tmp_path, None, Clock(), machine="card-1")
+    earlier.report.data["tests first"] = "1 passed"  # as a JSON from before tests by card
+    earlier.tests("tests first", gpu_check.FIRST_TESTS)
+    assert ran == [("tests first", "card-1")]
+    carried = new_check(tmp_path, None, Clock(), machine="card-2")
+    carried.report.data.update(earlier.report.data)
+    carried.tests("tests first", gpu_check.FIRST_TESTS)
+    carried.tests("tests first", gpu_check.FIRST_TESTS)
+    assert ran == [("tests first", "card-1"), ("tests first", "card-2")]

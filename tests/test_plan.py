@@ -15,6 +15,7 @@ from gpt2.cli import main
 from gpt2.core import memory_model
 from gpt2.measure import plan
 from gpt2.model.gpt import GPT, gpt_config
+from gpt2.run.flops import llmc_share
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -33,6 +34,10 @@ def test_flops_per_token_of_gpt2_small():
     s = memory_model.shape("gpt2")
     dense, attention = plan.flops_per_token(s.params_without_wpe, s.n_layer, s.n_embd, 1024)
     assert dense + attention == pytest.approx(855e6, rel=0.002)  # nanoGPT's figure for GPT-2 124M at T=1024
+    # llm.c's gpt2_estimate_mfu: 6 × every parameter (the padded vocabulary's and wpe's) + 6·L·C·T
+    llmc = 6 * s.params + 6 * s.n_layer * s.n_embd * 1024
+    assert llmc_share(s.params_without_wpe, s.n_layer, s.n_embd, 1024) == pytest.approx(llmc / (dense + attention))
+    assert round(0.473 * llmc / (dense + attention), 3) == 0.444  # the H100's 47.3% in llm.c's count
 
 
 def saved_activation_bytes(model: GPT, batch: int, seq: int) -> int:

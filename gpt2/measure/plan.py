@@ -79,7 +79,7 @@ def _gpu_check_mfu(device: Device, size: str, root: Path) -> tuple[float, str] |
         if not _same_device(str(data.get("device", "")), device):
             continue
         for row in data.get("rows", []):
-            if str(row.get("name", "")).endswith(GPU_CHECK_RUN) and row.get("mfu") and "failed" not in row:
+            if GPU_CHECK_RUN in str(row.get("name", "")) and row.get("mfu") and "failed" not in row:
                 return row["mfu"], (f"measured by the GPU check on an {data['device']}, {data.get('date', '')}: "
                                     f"{row['name']} ({GPU_CHECK_RESULTS}/{path.name})")
     return None
