@@ -347,6 +347,21 @@ def test_the_kubeflow_command_says_what_it_lacks(tmp_path):
         f"error: data/tokens/meta.json not found in {tmp_path}: fill the volume first")
 
 
+def test_the_skypilot_task_says_what_it_lacks(tmp_path):
+    run_section = yaml.safe_load((ROOT / "docs/launch/gpt2-skypilot.yaml").read_text())["run"]
+
+    def node(ips: str, nodes: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", run_section], cwd=tmp_path, capture_output=True, text=True,
+                              env={**os.environ, "SKYPILOT_NODE_IPS": ips, "SKYPILOT_NUM_NODES": nodes,
+                                   "SKYPILOT_NODE_RANK": "1"})
+
+    said = [node("", "2"), node("10.0.0.1\n", "2"), node("10.0.0.1\n10.0.0.2\n", "2")]
+    assert [s.returncode for s in said] == [2, 2, 2]
+    assert said[0].stderr == "error: SKYPILOT_NODE_IPS names no node: run this as a SkyPilot task (sky launch)\n"
+    assert said[1].stderr.startswith("error: SKYPILOT_NODE_IPS names 1 node(s) and SKYPILOT_NUM_NODES says 2")
+    assert said[2].stderr.startswith(f"error: data/tokens/meta.json not found on node 1 in {tmp_path}")
+
+
 @pytest.mark.slow
 def test_a_kubeflow_or_skypilot_node_trains_and_the_first_records_the_dvc_experiment(tmp_path, tmp_path_factory):
     """One pod of the TrainJob (torchrun reads the runtime's PET_* variables) trains, and the node holding rank 0
@@ -365,10 +380,11 @@ def test_a_kubeflow_or_skypilot_node_trains_and_the_first_records_the_dvc_experi
     assert "gpt2-kubeflow: node 0 of 1, rendezvous at 127.0.0.1:" in out and "step 4/4 | val loss" in out
     summary = json.loads((project / "reports/train/summary.json").read_text())
     assert summary["perf"]["world_size"] == 1 and summary["steps"] == 4
-    recorded = {e.name: e for e in experiments.finished(project)}
-    assert recorded["gpt2-gpt2-k8s"].params["train"]["distributed"] == "ddp"
-    assert recorded["gpt2-gpt2-k8s"].metrics["reports/train/metrics.json"]["val"]["loss"] == round(
-        summary["val"]["loss"], 4)
+    [ref] = [r for r in run(project, "git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
+             if r.endswith("/gpt2-gpt2-k8s")]  # a DVC experiment: its commit holds the params and figures that ran
+    assert yaml.safe_load(run(project, "git", "show", f"{ref}:params.yaml").stdout)["train"]["distributed"] == "ddp"
+    recorded = json.loads(run(project, "git", "show", f"{ref}:reports/train/metrics.json").stdout)
+    assert recorded["val"]["loss"] == round(summary["val"]["loss"], 4)
 
     [sky], [log] = skypilot_nodes(project, nodes=1, GPT2_EXP_NAME="")
     assert sky.wait(timeout=120) == 0, log.read_text()[-3000:]
