@@ -227,11 +227,12 @@ def test_a_rank_that_hangs_or_is_killed_is_an_error_not_a_wait(tmp_path, tokens,
     assert checkpoint.load(tmp_path / "kill/ckpt.pt")["step"] == 2
 
 
-def skypilot_nodes(project: Path, nodes: int = 2, **extra: str) -> tuple[list[subprocess.Popen], list[Path]]:
+def skypilot_nodes(project: Path, nodes: int = 2, base: dict[str, str] | None = None,
+                   **extra: str) -> tuple[list[subprocess.Popen], list[Path]]:
     """docs/launch/gpt2-skypilot.yaml's run section as SkyPilot runs it on each node of a task (its variables
     set), on ``nodes`` "nodes" of this machine: rendezvous on 127.0.0.1, each in the project folder."""
     task = yaml.safe_load((ROOT / "docs/launch/gpt2-skypilot.yaml").read_text())
-    env = {**os.environ, **{k: str(v) for k, v in task["envs"].items()}, "PYTHONPATH": str(ROOT),
+    env = {**(base or os.environ), **{k: str(v) for k, v in task["envs"].items()}, "PYTHONPATH": str(ROOT),
            "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "GPT2_RDZV_PORT": str(free_port()), "SKYPILOT_NODE_IPS": "127.0.0.1\n" * nodes,
            "SKYPILOT_NUM_NODES": str(nodes), "SKYPILOT_NUM_GPUS_PER_NODE": "1", "SKYPILOT_TASK_ID": "sky-test",
@@ -297,14 +298,16 @@ def unread_keys(given: object, read: object, path: str = "") -> list[str]:
                 for lost in ([f"{path}.{key}"] if not isinstance(read, dict) or key not in read
                              else unread_keys(value, read[key], f"{path}.{key}"))]
     if isinstance(given, list):
+        if not isinstance(read, list) or len(read) != len(given):
+            return [f"{path}[]"]
         return [lost for i, (g, r) in enumerate(zip(given, read)) for lost in unread_keys(g, r, f"{path}[{i}]")]
     return []
 
 
 def test_the_kubeflow_trainjob_is_one_the_trainer_api_reads_whole():
     """docs/launch/gpt2-kubeflow.yaml against Kubeflow Trainer's own models of its API (kubeflow-trainer-api, the
-    version the manifest names): every field exists there with its type, and the runtime's node container is
-    the one patched."""
+    version the manifest names): every field exists there with its type; the patch names the replicated job and
+    the container that the torch-distributed runtime calls node, and mounts the volume where GPT2_PROJECT says."""
     from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
 
     manifest = yaml.safe_load(KUBEFLOW.read_text())
@@ -323,16 +326,24 @@ def test_the_kubeflow_trainjob_is_one_the_trainer_api_reads_whole():
     assert mounted["project"] == project and {v.name for v in pod.volumes} == set(mounted)
 
 
+def without_git_identity(home: Path) -> dict[str, str]:
+    """This process's environment as a fresh pod or VM has it: no git user (no GIT_* names, an empty home)."""
+    home.mkdir(parents=True, exist_ok=True)
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(("GIT_AUTHOR", "GIT_COMMITTER"))},
+            "HOME": str(home), "XDG_CONFIG_HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1"}
+
+
 def kubeflow_node(project: Path, rank: int, nodes: int, port: int, **env: str) -> subprocess.Popen:
     """The TrainJob's command as one of its pods runs it: the runtime's PET_* variables and the manifest's own,
-    the project folder here instead of the volume's mount."""
+    the project folder here instead of the volume's mount, and no git identity."""
     trainer = yaml.safe_load(KUBEFLOW.read_text())["spec"]["trainer"]
     own = {e["name"]: str(e["value"]) for e in trainer["env"] if "value" in e}
     pet = {"PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": str(rank),
            "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)}
     return subprocess.Popen(trainer["command"], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, **own, **pet, "GPT2_PROJECT": str(project),
-                                            "GPT2_JOB": "gpt2-k8s", "PYTHONPATH": str(ROOT),
+                            text=True, env={**without_git_identity(project.parent / "pod-home"), **own, **pet,
+                                            "GPT2_PROJECT": str(project), "GPT2_JOB": "gpt2-k8s",
+                                            "PYTHONPATH": str(ROOT),
                                             "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env})
 
 
@@ -364,37 +375,50 @@ def test_the_skypilot_task_says_what_it_lacks(tmp_path):
 
 @pytest.mark.slow
 def test_a_kubeflow_or_skypilot_node_trains_and_the_first_records_the_dvc_experiment(tmp_path, tmp_path_factory):
-    """One pod of the TrainJob (torchrun reads the runtime's PET_* variables) trains, and the node holding rank 0
-    records the run as a DVC experiment named after the TrainJob. Then the SkyPilot task's first node runs the
-    same params (the finished checkpoint: its reports, no step), records its experiment and pushes its outputs to
-    the DVC remote; a clone pulls the experiment and its checkpoint as the task's comments say."""
+    """One pod of the TrainJob (torchrun reads the runtime's PET_* variables), evicted: the SIGTERM its first
+    process gets reaches the ranks, which save. Applied again, it resumes, finishes, and the node holding rank 0
+    records the run as a DVC experiment named after the TrainJob, with no git identity of its own. Then the
+    SkyPilot task's first node runs the same params (the finished checkpoint: its reports, no step), records its
+    experiment and pushes its outputs to the DVC remote; a clone pulls the experiment and its checkpoint as the
+    task's comments say."""
     project = project_copy(tmp_path_factory, tmp_path)
-    set_params(project, model=MICRO_MODEL, train={**MICRO_TRAIN, "distributed": "ddp", "max_steps": 4,
-                                                  "eval_interval": 4})
+    set_params(project, model=MICRO_MODEL, train={**MICRO_TRAIN, "distributed": "ddp", "max_steps": 100_000,
+                                                  "eval_interval": 100_000})
     dvc(project, "remote", "add", "-d", "team", str(tmp_path / "remote"))
     dvc(project, "push")  # the team's remote holds the corpus and its tokens
     commit_all(project)
+    evicted = kubeflow_node(project, 0, 1, free_port(), MLFLOW_TRACKING_URI="", GPT2_EXP_NAME="")
+    for line in evicted.stdout:
+        if "| loss " in line:
+            evicted.send_signal(signal.SIGTERM)  # to bash, the pod's first process, as the kubelet sends it
+            break
+    said = evicted.stdout.read()
+    assert evicted.wait(timeout=120) == 143, said[-3000:]
+    assert "interrupted by SIGTERM at step" in said, said[-3000:]
+    saved = checkpoint.load(project / "checkpoints/ckpt.pt")["step"]
+    set_params(project, train={"max_steps": saved + 2})
     node = kubeflow_node(project, 0, 1, free_port(), MLFLOW_TRACKING_URI="", GPT2_EXP_NAME="")
     out = node.stdout.read()
     assert node.wait(timeout=120) == 0, out[-3000:]
-    assert "gpt2-kubeflow: node 0 of 1, rendezvous at 127.0.0.1:" in out and "step 4/4 | val loss" in out
+    assert "gpt2-kubeflow: node 0 of 1, rendezvous at 127.0.0.1:" in out and f"resuming at step {saved}/" in out
     summary = json.loads((project / "reports/train/summary.json").read_text())
-    assert summary["perf"]["world_size"] == 1 and summary["steps"] == 4
+    assert summary["perf"]["world_size"] == 1 and summary["steps"] == saved + 2
     [ref] = [r for r in run(project, "git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
-             if r.endswith("/gpt2-gpt2-k8s")]  # a DVC experiment: its commit holds the params and figures that ran
+             if "/gpt2-gpt2-k8s-" in r]  # a DVC experiment: its commit holds the params and figures that ran
     assert yaml.safe_load(run(project, "git", "show", f"{ref}:params.yaml").stdout)["train"]["distributed"] == "ddp"
     recorded = json.loads(run(project, "git", "show", f"{ref}:reports/train/metrics.json").stdout)
     assert recorded["val"]["loss"] == round(summary["val"]["loss"], 4)
 
-    [sky], [log] = skypilot_nodes(project, nodes=1, GPT2_EXP_NAME="")
+    [sky], [log] = skypilot_nodes(project, nodes=1, base=without_git_identity(tmp_path / "vm-home"),
+                                  GPT2_EXP_NAME="")
     assert sky.wait(timeout=120) == 0, log.read_text()[-3000:]
     home = tmp_path / "home"
     run(tmp_path, "git", "clone", "-q", str(project), str(home))
     run(home, "git", "remote", "add", "sky", str(project))  # `git remote add sky gpt2:sky_workdir` there
     dvc(home, "exp", "pull", "sky", "gpt2-sky-test")  # its git ref, and its outputs from the DVC remote
     dvc(home, "exp", "apply", "gpt2-sky-test")
-    assert yaml.safe_load((home / "params.yaml").read_text())["train"]["max_steps"] == 4  # the params that ran
-    assert checkpoint.load(home / "checkpoints/ckpt.pt")["step"] == 4
+    assert yaml.safe_load((home / "params.yaml").read_text())["train"]["max_steps"] == saved + 2  # what ran
+    assert checkpoint.load(home / "checkpoints/ckpt.pt")["step"] == saved + 2
 
 
 @pytest.mark.slow

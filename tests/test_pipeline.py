@@ -234,7 +234,7 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, t
         assert figures["cost"]["device_hours"] > 0 and figures["cost"].get("usd") is None  # a CPU has no price
         # evaluate's outputs persist: without the train stage withdrawing them, the committed run's evaluation
         # would be recorded (and shown) as every train-only experiment's
-        assert (exp.metrics.get("reports/eval/metrics.json", {}).get("eval") or {}).get("val_loss") is None
+        assert (exp.metrics["reports/eval/metrics.json"].get("eval") or {}).get("val_loss") is None
     assert (root / "reports/grid/dvc.log").read_text().count("withdrew the evaluation in reports/eval") == 2
     shown_as_users_see_it(root)
 
@@ -285,7 +285,7 @@ def shown_as_users_see_it(root: Path) -> None:
     (`-` where a train-only run has none), and the README's command within 120 columns, cutting off nothing it
     needs."""
     rows = exp_rows(root)
-    committed = next(r for r in rows if r["Experiment"] == "")  # the commit: the whole pipeline ran
+    [committed] = [r for r in rows if r["rev"] not in ("workspace", "") and not r["Experiment"]]  # the commit
     assert float(committed["val.loss"]) > 0 and float(committed["eval.val_loss"]) > 0
     assert all(float(r["val.loss"]) > 0 and r["eval.val_loss"] == "" for r in rows if r["Experiment"])
     readme = (ROOT / "README.md").read_text()

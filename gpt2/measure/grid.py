@@ -1,4 +1,5 @@
-"""`gpt2 grid`: every combination of a few settings as DVC experiments, judged against the first with its noise.
+"""`gpt2 grid`: every combination of a few settings as DVC experiments (code revisions, ``--rev``, each in a
+checkout of its own: revisions.py), judged against the first with its noise.
 
 ``-S key=a,b`` gives one setting per combination of the values, in the order DVC would expand
 them; the first combination is the baseline every other is compared with. Each setting runs
@@ -272,8 +273,8 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ju
               "losses compare at equal time" if words.at_equal_time_s else "each run trains the steps params.yaml sets")
     keys = [Column(k, lambda i, a, k=k: json_value(a.setting[k])) for k in grid]
     ran = [Column("run names" if commits else "experiments", lambda i, a: ", ".join(r.name for r in a.runs))]
-    each = (f"the `{target}` stage of its revision in a checkout of its own (not a DVC experiment: its MLflow run's "
-            "git_commit tag names the code)" if commits else f"the `{target}` stage as a DVC experiment")
+    each = (f"the `{target}` stage of its revision in a checkout of its own (not a DVC experiment: the JSON's "
+            "revisions name each commit)" if commits else f"the `{target}` stage as a DVC experiment")
     text = (f"# {name}\n\n{said}\n\n"
             f"{len(judged.arms)} settings × {repeats} run(s), one at a time, in alternating order, each {each}; "
             f"{length}; the first setting is the baseline. {METHOD}\n\n"

@@ -43,13 +43,16 @@ def flops_per_token(n_params_without_wpe: int, n_layer: int, n_embd: int, seq_le
     return 6.0 * n_params_without_wpe, 12.0 * n_layer * n_embd * seq_len
 
 
-def llmc_share(n_params_without_wpe: int, n_layer: int, n_embd: int, seq_len: int) -> float:
+def llmc_share(n_params_without_wpe: int, n_layer: int, n_embd: int, seq_len: int,
+               block_size: int | None = None) -> float:
     """llm.c's count of a token's FLOPs over nanoGPT's (this project's and nanochat's): llm.c counts every
     parameter, the position embedding's too, and only the causal half of attention (6·n_layer·n_embd·T where
     nanoGPT counts the whole square). An MFU here times this is the same run's MFU in llm.c's count, which a
-    comparison with llm.c's figures needs: 0.939 for GPT-2 124M at T = 1024."""
+    comparison with llm.c's figures needs: 0.939 for GPT-2 124M at T = 1024. ``block_size``: the position
+    embedding's rows (``seq_len`` where not given)."""
     dense, attention = flops_per_token(n_params_without_wpe, n_layer, n_embd, seq_len)
-    return (6.0 * (n_params_without_wpe + seq_len * n_embd) + attention / 2) / (dense + attention)
+    position = (block_size or seq_len) * n_embd
+    return (6.0 * (n_params_without_wpe + position) + attention / 2) / (dense + attention)
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float | None, world: int) -> float | None:
