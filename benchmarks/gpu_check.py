@@ -44,7 +44,8 @@ job probes its card (``machine_probe``) and every row records which card measure
 cost. A row starts only if what it is expected to cost fits what is left of ``--budget-s``; else it
 is left to the next job, and cheaper rows still run. A child past ``--timeout-s`` (by default 300 s on a
 GPU, or its expected cost where that is more) or past the end of the budget is stopped with a row that
-says so and the time it had; the next job measures it again with twice that time, and starts it
+says so and the time it had; the next job measures it again with twice that time or its own --timeout-s,
+whichever is more, and starts it
 only where it can have more than it had. Each
 child's stderr tail is kept in ``<json>.stderr.log``, pytest's output in ``<json>.tests_first.log``
 and ``<json>.tests.log``. Where the output folder starts empty every job (the lent box), ``--carried
@@ -79,6 +80,7 @@ import nanogpt_peer  # noqa: E402
 from train_switches import run_child, synthetic_tokens  # noqa: E402
 
 from gpt2.core.memory_model import shape  # noqa: E402
+from gpt2.measure.compare import ratio_inside_noise, typical_disagreement  # noqa: E402
 from gpt2.run.compiled import flag  # noqa: E402
 from gpt2.run.flops import llmc_share  # noqa: E402
 
@@ -251,13 +253,16 @@ PARTS = ("tests", "best", "nanogpt", "levers", "ladder", "long", "peers", "fit",
 BEST_ROW_PARTS = {"peers", "long", "fit", "profile"}  # each starts from the fastest row measured
 FIRST_TESTS = "compiled_bf16"  # pytest -k: the compiled CUDA test, run first; the rest of test_gpu.py runs last
 # What a row costs on a GPU (process start, compile, the steps) until this card has measured one of its kind: the
-# dearest of each kind on an H100 (2026-11-26: compiled rows 19-58 s, the tests 30 and 60 s). The long row took 125 s
+# dearest of each kind on an H100 (compiled rows 19-58 s on 2026-11-26, 72-75 s cold on card E on 2026-11-27; the
+# tests 30 and 60 s). The long row took 125 s
 # on the H200 with a warm compile cache; cold, 200-290 s is the estimate. max-autotune's is the least it takes: cold,
 # it compiled past 443 s on an H100 (2026-11-27), so it gets the rest of a job that has 450 s left, and a job stopped
 # by its budget leaves the row to the next (docs/benchmarks.md, "GPU check"). Coordinate-descent tuning alone
 # (Inductor's own kernels, not the matmuls) is unmeasured: three times a compiled row is the estimate.
-COST_S = {"plain": 30.0, "compiled": 60.0, "tuned": 180.0, "autotune": 450.0, "long": 250.0, "tests first": 40.0,
+COST_S = {"plain": 30.0, "compiled": 75.0, "tuned": 225.0, "autotune": 450.0, "long": 250.0, "tests first": 40.0,
           "tests": 90.0}
+# A compiled row whose configuration this job ran already, its compile cached: 19-34 s on an H100 (2026-11-26/27)
+WARM_S = 30.0
 MORE_THAN_LAST = 1.25  # a row that timed out starts again only with a quarter more time than it had at least
 SMOKE_COST_S = 20.0
 
@@ -389,6 +394,20 @@ def reusable(r: dict[str, Any]) -> bool:
     return "failed" not in r and "superseded" not in r
 
 
+def config_key(params: dict[str, Any]) -> str:
+    """A training configuration as one string: the model and train settings a child ran."""
+    return json.dumps([params.get("model"), params.get("train")], sort_keys=True, default=str)
+
+
+def lever_verdict(v: dict[str, Any]) -> str:
+    """A lever's rounds in one line: its median gain, the rounds' range, and whether it is outside noise."""
+    each = [100 * (r - 1) for r in v["paired"]]
+    return (f"{100 * (v['median'] - 1):+.1f}% tokens/s vs every switch, median of {len(each)} alternating rounds on "
+            f"one card ({min(each):+.1f} to {max(each):+.1f}%): "
+            + ("inside noise" if v["inside_noise"] else "outside noise")
+            + f" (floor {100 * v['floor']:.1f}%)")
+
+
 def apart(*rows: dict[str, Any]) -> str:
     """A note for a comparison between rows that different cards measured (instances of one model differ by a
     few percent, about one rung's gain)."""
@@ -483,12 +502,13 @@ def run_tests(report: Report, limit: Limit, key: str, selection: str, machine: s
 
 class Check:
     """The parts of one job, each row measured in a fresh process and saved the moment it is measured. A row
-    already in the JSON is kept, except one that timed out (measured again with twice its time)."""
+    already in the JSON is kept, except one that timed out (measured again with more time)."""
 
     def __init__(self, report: Report, prof: dict[str, Any], gpu: bool, smoke: bool, token_dir: str, tmp: str,
                  budget: Budget, machine: str | None) -> None:
         self.report, self.prof, self.gpu, self.smoke = report, prof, gpu, smoke
         self.token_dir, self.tmp, self.budget, self.machine = token_dir, tmp, budget, machine
+        self.warm: dict[str, float] = {}  # what each configuration cost when this job last ran it (compile cached)
 
     def runs_here(self, name: str) -> bool:
         """Whether a ladder rung or a lever can show anything here: CUDA-only switches get no row on a CPU, nor
@@ -497,10 +517,13 @@ class Check:
             return False
         return self.prof["compile"] or name not in COMPILE_ONLY
 
-    def expected_s(self, kind: str) -> float:
-        """What a row of this kind is expected to cost here: the dearest one this card measured, else COST_S."""
+    def expected_s(self, kind: str, params: dict[str, Any] | None = None) -> float:
+        """What a row of this kind is expected to cost here: what ``params`` cost when this job last ran them (its
+        compile is cached now: at most WARM_S), else the dearest row of the kind this card measured, else COST_S."""
         if self.smoke:
             return SMOKE_COST_S
+        if params is not None and config_key(params) in self.warm:
+            return min(self.warm[config_key(params)], WARM_S)
         seen = [r["seconds"] for r in self.report.data["rows"]
                 if r.get("kind") == kind and r.get("machine") == self.machine and "seconds" in r and "failed" not in r]
         return max(seen) if seen else COST_S[kind]
@@ -516,16 +539,16 @@ class Check:
             return "autotune"
         return "tuned" if train.get("compile_tuning") else "compiled"
 
-    def limit(self, kind: str, before: dict[str, Any] | None) -> Limit:
+    def limit(self, kind: str, before: dict[str, Any] | None, params: dict[str, Any] | None = None) -> Limit:
         """The limit of a row's child: ``--timeout-s``, and where it timed out before, at least twice the limit
         it had then (a row stopped at 2 s under an old limit gets this command's 600 s, not 4). A row that timed
         out starts only where it can have more than it had (``MORE_THAN_LAST``): with less it would be stopped
         again, and the time spent on it lost."""
         if timed_out(before):
-            needs = max(self.expected_s(kind), MORE_THAN_LAST * before["timeout_s"])
+            needs = max(self.expected_s(kind, params), MORE_THAN_LAST * before["timeout_s"])
             given = self.budget.timeout_s
             return self.budget.limit(needs, None if given is None else max(given, 2 * before["timeout_s"]))
-        return self.budget.limit(self.expected_s(kind))
+        return self.budget.limit(self.expected_s(kind, params))
 
     def record(self, result: dict[str, Any], stderr: str, kind: str, seconds: float, limit: Limit) -> dict[str, Any]:
         """Save a measured row with what it cost and which card measured it, and say it; then, if the job's budget
@@ -540,24 +563,26 @@ class Check:
         return result
 
     def measure(self, name: str, train: dict[str, Any], steps: int | None = None, note: str = "", run: bool = True,
-                fresh: bool = False) -> dict[str, Any] | None:
+                fresh: bool = False, reuse: bool = True) -> dict[str, Any] | None:
         """The row ``name``: from the JSON if measured before, else measured now (when ``run``). A row of the same
-        configuration that this card measured already is reused, not run again. ``fresh``: measured now whatever
-        the JSON holds (a pair's halves run back to back)."""
+        configuration that this card measured already is reused, not run again, unless ``reuse`` is False (a
+        repeat). ``fresh``: measured now whatever the JSON holds (a pair's halves run back to back)."""
         before = self.report.row(name)
         if not fresh and ((before is not None and not measure_again(before)) or not run):
             return before
         params = train_params(self.prof, train, steps or self.prof["steps"])
-        twin = None if fresh else self.run_of(params, self.machine)
+        twin = None if fresh or not reuse else self.run_of(params, self.machine)
         if twin is not None:
             copy = {**twin, "name": name, "note": f"the run of '{twin['name']}' (the same configuration)"}
             self.report.add(copy)
             return copy
         kind = self.kind(params["train"])
-        limit = self.limit(kind, before)
+        limit = self.limit(kind, before, params)
         begun = self.budget.clock()
         metrics, error, stderr = run_child(params, self.token_dir, f"{self.tmp}/{len(self.report.data['rows'])}",
                                            limit.seconds)
+        if not error:
+            self.warm[config_key(params)] = self.budget.clock() - begun
         micro = (metrics or {}).get("runtime", {}).get("micro_batch_size", params["train"]["micro_batch_size"])
         estimate = estimate_gb(self.prof, params, micro) if micro != "auto" else None
         result = {**row(name, metrics, error, estimate, params["train"], note), "model": params["model"]}
@@ -609,6 +634,42 @@ class Check:
         self.report.save()
         if together := self.winners_together(base):  # each won alone: together they are our side's best
             step(together[0], self.measure, *together)
+
+    def lever_rounds(self, base: dict[str, Any], levers: list[tuple[str, dict[str, Any]]], rounds: int, step: Any
+                     ) -> dict[str, dict[str, Any]]:
+        """Every switch and each lever on top of it, ``rounds`` times on this card, alternating (every other round
+        in reverse order, so that a drift of the card's speed weighs on each alike); each lever judged by the CPU
+        grid's noise rule (gpt2.measure.compare): its tokens/s over the same round's baseline, round by round, must
+        agree on the direction and their median lie beyond the noise floor (how far the levers' paired ratios
+        typically disagree). A round a job left is measured by the next, with the same names. The verdicts, by
+        lever, also under ``lever rounds`` in the JSON, by card."""
+        card = str(self.machine)[:8]
+        beside = ", beside " + ", ".join(name.removeprefix("+ ") for name, _ in levers)  # its pairs: never reused
+        arms = [("all switches", base)] + [(f"all switches {name}", {**base, **change}) for name, change in levers]
+        rows: dict[str, list[dict[str, Any] | None]] = {name: [] for name, _ in arms}
+        for k in range(1, rounds + 1):
+            for name, config in (arms if k % 2 else arms[::-1]):
+                label = f"{name} (card {card}, round {k}{beside if config is base else ''})"
+                rows[name].append(step(f"{name}, round {k}", self.measure, label, config, None, "", True, False,
+                                       False))
+        paired = {name: [lever["tokens_per_s"] / baseline["tokens_per_s"]
+                         for lever, baseline in zip(rows[f"all switches {name}"], rows["all switches"])
+                         if lever is not None and baseline is not None and "failed" not in lever
+                         and "failed" not in baseline]
+                  for name, _ in levers}
+        floor = typical_disagreement(list(paired.values()))
+        verdicts = {}
+        for name, ratios in paired.items():
+            if not ratios:
+                continue
+            median = statistics.median(ratios)
+            verdicts[name] = {"paired": [round(r, 4) for r in ratios], "median": round(median, 4),
+                              "floor": round(floor, 4), "inside_noise": ratio_inside_noise(ratios, floor)}
+            last = next(r for r in reversed(rows[f"all switches {name}"]) if r is not None and "failed" not in r)
+            last["note"] = lever_verdict(verdicts[name])
+        self.report.data.setdefault("lever rounds", {}).setdefault(str(self.machine), {}).update(verdicts)
+        self.report.save()
+        return verdicts
 
     def gain(self, r: dict[str, Any]) -> float | None:
         """Row ``r``'s tokens/s over every switch's on the card that measured ``r`` (None without that row)."""
@@ -668,24 +729,28 @@ class Check:
         return [(r, config) for name, config in named
                 for r in [self.report.row(name)] if r is not None and "failed" not in r]
 
-    def nanogpt_pairs(self, nanogpt: Path, repeats: int, base: dict[str, Any], step: Any) -> None:
+    def nanogpt_pairs(self, nanogpt: Path, repeats: int, base: dict[str, Any], step: Any,
+                      best: dict[str, Any] | None = None) -> None:
         """Ours and nanoGPT's own train.py, alternating, both halves of a pair in one job on one card (a pair split
         by a job's end, or measured on two cards, is measured again whole). First each side at its best (every
         switch of ours, with the lever, or the levers together, that beat it; nanoGPT's defaults at the same
         micro-batch), then both at nanoGPT's settings. The best pair's name says which levers ours ran with, so a
-        pair from before a lever won stays in the table as it was."""
+        pair from before a lever won stays in the table as it was. ``best``: ours at these settings, in the best
+        pair only (the levers do not change nanoGPT's settings, whose pairs stand)."""
         settings = {**NANOGPT, **({} if self.gpu else {"dtype": "fp32"})}  # nanoGPT on a CPU runs fp32 whatever asked
-        best = self.fastest_switches(base)
+        given, best = best is not None, best or self.fastest_switches(base)
         largest = best.get("micro_batch_size", settings["micro_batch_size"])
-        levers = "".join(f" {name}" for name, change in LEVERS
-                         if change.items() <= best.items() and not change.items() <= base.items())
+        changed = {key: value for key, value in best.items() if base.get(key) != value}
+        named = [(name, change) for name, change in LEVERS if change.items() <= changed.items()]
+        levers = "".join(f" {name}" for name, _ in named) + "".join(
+            f" + {key}={value}" for key, value in changed.items() if not any(key in c for _, c in named))
         tag = "best pair {k}" + (f", ours{levers}" if levers else "")
         matchups = (("nanogpt_best_ratio", "best", best, largest,
                      (f"every switch{levers} on our code ({tag})",
                       f"nanoGPT's own train.py, micro-batch {largest} ({tag})")),
                     ("nanogpt_ratio", "nanoGPT pair", settings, settings["micro_batch_size"],
                      ("nanoGPT's settings on our code (run {k})", "nanoGPT's own train.py (run {k})")))
-        for key, what, ours_config, micro, labels in matchups:
+        for key, what, ours_config, micro, labels in matchups[:1] if given else matchups:
             pairs = []
             for k in range(1, repeats + 1):
                 names = tuple(label.format(k=k) for label in labels)
@@ -801,7 +866,7 @@ class Check:
                 return
             self.report.data.setdefault("earlier profiles", []).append(old)
             del self.report.data["profile"]
-        limit = self.budget.limit(self.expected_s(self.kind(best)))
+        limit = self.budget.limit(self.expected_s(self.kind(best), params))
         profiled = profile_best(params, self.token_dir, self.report, limit.seconds)
         self.report.data["profile"] = {**profiled, "train": params["train"], "machine": self.machine}
         self.report.save()
@@ -867,7 +932,8 @@ class Check:
               help="runs of each side in the nanogpt part")
 @click.option("--timeout-s", default=None, type=float,
               help="a child running longer is stopped and its row says 'timed out'; the next job measures it again "
-                   "with twice the time (default: 300 on a GPU, which a cold compiled GPT-2 124M row fits)")
+                   "with this limit or twice its old one, whichever is more (default: 300 on a GPU, which a cold "
+                   "compiled GPT-2 124M row fits)")
 @click.option("--budget-s", default=None, type=float,
               help="this job's time (set it from what is left of the command's and the device's time): no child "
                    "starts unless what it is expected to cost fits; the next job continues")

@@ -5,6 +5,7 @@ kernels, FP8 on its MLP (torchao's recipes and ours), and Liger's fused linear +
     pip install torchao liger-kernel   # optional, or carried as wheels to a box without network (docs/gpu.md)
     python3 benchmarks/gpu_levers.py                 # every part
     python3 benchmarks/gpu_levers.py gemms fp8-mlp   # some: gemms, attention, fp8-mlp, liger
+    python3 benchmarks/gpu_levers.py gemms attention --json out/levers.json  # the tables' rows also as JSON
 
 CUDA only. ``gemms`` times each of GPT-2 124M's matmul shapes (64 × 1024 positions) in bf16 and in FP8 with
 one scale per tensor and one per row: what FP8 can buy before its casts. ``attention``: every attention kernel
@@ -49,12 +50,13 @@ def bench(fn, reps: int = 10, device: str = "cuda") -> float:
     return start.elapsed_time(end) / reps
 
 
-def attention(device: str = "cuda", batch: int = 64, heads: int = 12, seq: int = 1024, head_dim: int = 64) -> None:
+def attention(device: str = "cuda", batch: int = 64, heads: int = 12, seq: int = 1024, head_dim: int = 64
+              ) -> list[dict]:
     """The attention's share of the step is the kernel's rate at this shape: causal, d = 64, T = 1024, q, k and v
     views of the packed qkv projection as the model makes them. One row per kernel: forward alone, the backward
     (forward and backward, less the forward), and how far its output and input gradient are from the math
     backend's. FLOPs as the profile counts them: 2·B·H·T²·d forward (the causal half of four matmul-passes' worth),
-    2.5 times that backward."""
+    2.5 times that backward. Returns the rows: each kernel's milliseconds and differences, or why it is unavailable."""
     from torch.nn.attention import SDPBackend
 
     qkv = torch.randn(batch, seq, 3, heads, head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
@@ -83,6 +85,7 @@ def attention(device: str = "cuda", batch: int = 64, heads: int = 12, seq: int =
     print(f"| kernel (B {batch}, H {heads}, T {seq}, d {head_dim}, causal, bf16) | forward ms (TFLOP/s) | "
           "backward ms (TFLOP/s) | max abs diff: output, input gradient |")
     print("|---|---|---|---|")
+    rows = []
     for name, (run, backend) in kernels.items():
         try:
             with kernel(backend):
@@ -92,11 +95,16 @@ def attention(device: str = "cuda", batch: int = 64, heads: int = 12, seq: int =
                 grad_diff = (gradient(run) - reference_grad).abs().max().item()
                 bwd = bench(lambda: gradient(run), device=device) - fwd
         except Exception as exc:  # a kernel this box or this shape lacks: say which and why
-            print(f"| {name} | unavailable: {str(exc).strip().splitlines()[0][:100]} | | |", flush=True)
+            why = str(exc).strip().splitlines()[0][:100]
+            print(f"| {name} | unavailable: {why} | | |", flush=True)
+            rows.append({"kernel": name, "unavailable": why})
             continue
         rates = forward_flop / fwd / 1e9, 2.5 * forward_flop / bwd / 1e9
         print(f"| {name} | {fwd:.3f} ({rates[0]:.0f}) | {bwd:.3f} ({rates[1]:.0f}) | {diff:.4f}, {grad_diff:.4f} |",
               flush=True)
+        rows.append({"kernel": name, "forward_ms": fwd, "backward_ms": bwd, "output_diff": diff,
+                     "gradient_diff": grad_diff})
+    return rows
 
 
 @contextlib.contextmanager
@@ -216,20 +224,21 @@ GEMMS = {
 }
 
 
-def fp8_gemms(device: str = "cuda", shapes: dict[str, tuple[int, int, int]] = GEMMS) -> None:
+def fp8_gemms(device: str = "cuda", shapes: dict[str, tuple[int, int, int]] = GEMMS) -> list[dict]:
     """Each shape's matmul in bf16 (cuBLAS) and from e4m3 operands with one scale per tensor (cuBLAS) and one per
     row (CUTLASS's rowwise kernel), fast accumulation on, bf16 out: the ceiling of what each FP8 recipe can buy
-    before its casts."""
+    before its casts. Returns the rows: each shape's milliseconds per kernel (None where it failed)."""
     e4m3 = torch.float8_e4m3fn
     print("| shape (M × K × N) | bf16 ms (TFLOP/s) | FP8 tensorwise | FP8 rowwise |")
     print("|---|---|---|---|")
+    table = []
     for name, (m, k, n) in shapes.items():
         a, b = (torch.randn(rows, k, device=device).to(torch.bfloat16) for rows in (m, n))
         a8, b8 = a.to(e4m3), b.to(e4m3)
         one = torch.ones((), device=device)
         rows, cols = torch.ones(m, 1, device=device), torch.ones(1, n, device=device)
         flop = 2 * m * k * n
-        cells = []
+        cells, times = [], []
         for call in (lambda: a @ b.t(),
                      lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
                                               use_fast_accum=True),
@@ -238,29 +247,43 @@ def fp8_gemms(device: str = "cuda", shapes: dict[str, tuple[int, int, int]] = GE
             try:
                 ms = bench(call, device=device)
                 cells.append(f"{ms:.3f} ({flop / ms / 1e9:.0f})")
+                times.append(ms)
             except RuntimeError as exc:
                 cells.append(f"failed: {str(exc).splitlines()[0][:80]}")
+                times.append(None)
         print(f"| {name}: {m:,} × {k:,} × {n:,} | " + " | ".join(cells) + " |", flush=True)
+        table.append({"shape": name, "m": m, "k": k, "n": n, "bf16_ms": times[0], "tensorwise_ms": times[1],
+                     "rowwise_ms": times[2]})
+    return table
 
 
 PARTS = {"gemms": fp8_gemms, "attention": attention, "fp8-mlp": fp8_mlp, "liger": liger_head}
 
 
-def main() -> None:
-    if not torch.cuda.is_available():
-        sys.exit("error: gpu_levers.py measures CUDA kernels and this machine has no CUDA device")
-    parts = sys.argv[1:] or list(PARTS)
-    unknown = [p for p in parts if p not in PARTS]
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="the optional GPU levers alone, on GPT-2 124M's shapes")
+    parser.add_argument("parts", nargs="*", metavar="PART", help=f"some of {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--json", type=Path, help="also write the gemms and attention tables' rows here")
+    args = parser.parse_args(argv)
+    unknown = [p for p in args.parts if p not in PARTS]
     if unknown:
         sys.exit(f"error: unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    if not torch.cuda.is_available():
+        sys.exit("error: gpu_levers.py measures CUDA kernels and this machine has no CUDA device")
     torch.manual_seed(0)
     print("torch", torch.__version__, "compute capability", torch.cuda.get_device_capability(),
           torch.cuda.get_device_name())
-    for part in parts:
+    out: dict = {"device": torch.cuda.get_device_name(), "torch": str(torch.__version__)}
+    for part in args.parts or list(PARTS):
         try:
-            PARTS[part]()
+            out[part] = PARTS[part]()
         except ImportError as exc:
             print(f"{part}: {exc.name} is not installed: left out (pip install {exc.name})")
+        if args.json is not None:  # each table the moment it is measured: a job stopped midway keeps the first
+            args.json.write_text(json.dumps({k: v for k, v in out.items() if v is not None}, indent=1))
 
 
 if __name__ == "__main__":

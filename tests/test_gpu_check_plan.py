@@ -1,8 +1,11 @@
 """benchmarks/gpu_check.py's plan on a GPU, with fake children and a fake clock: what runs first, what a job leaves
-to the next, a timed-out row measured again, rows of different cards flagged."""
+to the next, a timed-out row measured again, rows of different cards flagged; and gpu_next.py's plan for the next GPU
+minutes, replayed at the costs the committed table measured."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks")]
 
 import gpu_check  # noqa: E402
+import gpu_next  # noqa: E402
 
 
 class Clock:
@@ -255,12 +259,12 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("script", ["nanogpt_peer.py", "gpu_check.py"])
+@pytest.mark.parametrize("script", ["nanogpt_peer.py", "gpu_check.py", "gpu_next.py", "gpu_levers.py"])
 def test_the_gpu_box_scripts_run_as_copied_without_installing_the_project(script, tmp_path):
     result = subprocess.run([sys.executable, "-c", RUN_UNINSTALLED, str(ROOT / "benchmarks" / script)], cwd=tmp_path,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "Usage:" in result.stdout
+    assert "usage:" in result.stdout.lower()
 
 
 def test_peers_and_fit_compare_with_the_plain_row_and_say_what_the_memory_model_got(tmp_path, monkeypatch):
@@ -456,3 +460,167 @@ def test_the_cuda_tests_run_again_on_every_card_that_has_not_run_them(tmp_path, 
     carried.tests("tests first", gpu_check.FIRST_TESTS)
     carried.tests("tests first", gpu_check.FIRST_TESTS)
     assert ran == [("tests first", "card-1"), ("tests first", "card-2")]
+
+
+COMMITTED = json.loads((ROOT / "benchmarks/results/gpu_check.json").read_text())
+
+
+def committed_costs() -> tuple[float, float, dict[str, float]]:
+    """What the H100 that measured the committed table took: a compiled row of every switch cold (its first
+    compile), the same warm (the best pairs' second runs, compile cached), and the CUDA tests."""
+    rows = {r["name"]: r for r in COMMITTED["rows"]}
+    cold = max(rows["all switches (card e54119b9)"]["seconds"], rows["all switches + FP8 LM head"]["seconds"])
+    warm = max(rows[f"every switch on our code (best pair {k})"]["seconds"] for k in (1, 2))
+    tests = {key: float(re.search(r"in ([\d.]+)s", COMMITTED[key]).group(1)) for key in ("tests first", "tests")}
+    return cold, warm, tests
+
+
+def levers_table(rowwise_speedup: float, flash_speedup: float) -> dict:
+    """gpu_levers.py gemms attention's JSON: the rowwise FP8 matmuls at ``rowwise_speedup`` × bf16 on every shape,
+    SDPA's flash kernel at ``flash_speedup`` × cuDNN's, FlexAttention faster than both, FA3 missing."""
+    gemms = [{"shape": name, "m": m, "k": k, "n": n, "bf16_ms": 1.0, "tensorwise_ms": 0.7,
+              "rowwise_ms": 1.0 / rowwise_speedup} for name, (m, k, n) in gpu_next.GEMMS.items()]
+    attention = [{"kernel": "math (reference)", "forward_ms": 9.0, "backward_ms": 20.0},
+                 {"kernel": "cuDNN (SDPA)", "forward_ms": 1.0, "backward_ms": 2.0},
+                 {"kernel": "flash (SDPA)", "forward_ms": 1.0 / flash_speedup, "backward_ms": 2.0 / flash_speedup},
+                 {"kernel": "FA3 (SDPA's flash backend)", "unavailable": "no FA3 package"},
+                 {"kernel": "FlexAttention (compiled)", "forward_ms": 0.8, "backward_ms": 1.6}]
+    return {"device": "H100", "gemms": gemms, "attention": attention}
+
+
+def replay(tmp_path, monkeypatch, levers: dict, gains: dict, nanogpt: Path | None = None, data: dict | None = None):
+    """One job of gpu_next's plan on a new card (or on the card of ``data``, the table the last job returned), each
+    child costing what the committed table measured (cold the first time this job runs a configuration, warm
+    after), the tokens/s of every switch times each lever's gain in that round."""
+    clock, events, seen = Clock(), [], set()
+    cold, warm, tests = committed_costs()
+
+    def run_child(params, tokens, out, timeout_s):
+        train, key = params["train"], gpu_check.config_key(params)
+        cost = warm if key in seen else cold * (3 if train.get("compile_tuning") else 1)
+        seen.add(key)
+        if timeout_s is not None and cost > timeout_s:
+            clock.now += timeout_s
+            return None, f"timed out after {timeout_s:g} s", ""
+        clock.now += cost
+        changed = tuple(k for k in ("fp8_head", "fp8", "sdpa_backend", "compile_tuning")
+                        if train.get(k) not in (None, False, "off", "cudnn"))
+        events.append(("row", changed))
+        speed = 500_000.0 * (1 + 0.002 * (-1) ** len(events))  # every run a little apart
+        for k in changed:
+            speed *= gains.get(k, [1.0] * 3)[sum(1 for e in events if e == ("row", changed)) - 1]
+        return metrics(speed), "", ""
+
+    def run_tests(report, limit, key, selection, machine):
+        clock.now += tests[key]
+        events.append(("tests", key))
+        report.data.setdefault("tests by card", {}).setdefault(machine, {})[key] = "passed"
+
+    def probe(out, timeout_s):
+        clock.now += 75.0  # 15 s of matmuls, a minute of attention kernels
+        events.append(("probe", timeout_s))
+        return levers
+
+    def profile_best(params, tokens, report, timeout_s):
+        clock.now += warm + 10.0  # a run under the profiler
+        events.append(("profile", tuple(k for k in ("fp8_head", "fp8") if params["train"].get(k) not in
+                                        (None, False, "off"))))
+        return {"ms_per_step": 1.0, "by_kind": {"matmul": 1.0}}
+
+    def nanogpt_run(folder, args, timeout_s):
+        clock.now += warm
+        events.append(("nanogpt", None))
+        return [30.0] * 20, {"peak_gb": 9.0}, "", ""
+
+    monkeypatch.setattr(gpu_check, "run_child", run_child)
+    monkeypatch.setattr(gpu_check, "run_tests", run_tests)
+    monkeypatch.setattr(gpu_check, "profile_best", profile_best)
+    monkeypatch.setattr(gpu_check.nanogpt_peer, "run", nanogpt_run)
+    check = new_check(tmp_path, gpu_next.BUDGET_S, clock, machine="new-card", stretch=True,
+                      rows=(data or COMMITTED)["rows"])
+    check.report.data.update({k: json.loads(json.dumps(v)) for k, v in (data or {}).items() if k != "rows"})
+    lines = gpu_next.run_plan(check, tmp_path, nanogpt, probe)
+    assert clock.now <= 9 * 60, (clock.now, lines)  # one command under 9 minutes, the start of the box apart
+    return check, events, lines
+
+
+GAINS = {"fp8_head": [1.024, 1.026, 1.025], "fp8": [1.001, 0.998, 1.002], "compile_tuning": [0.985, 0.99, 0.988]}
+ROWWISE_RECIPE = "+ FP8 matmuls (rowwise, forward and input gradient)"
+
+
+def test_the_next_gpu_minutes_fit_9_minutes_a_job_at_the_committed_costs_and_judge_each_lever(tmp_path, monkeypatch):
+    """Three jobs on a new H100. The first: the go/no-go (our FP8 recipe's matmuls 1.3 × bf16's: go; FlexAttention
+    faster but not selectable), then every switch and the FP8 head in three alternating rounds (the head wins
+    outside noise), its profile and the CUDA tests. The second races nanoGPT with the head first, then judges our
+    FP8 recipe (inside noise); the third, Inductor's tuning (slower, outside noise). Each under 9 minutes."""
+    check, events, lines = replay(tmp_path, monkeypatch, levers_table(1.3, 1.0), GAINS, nanogpt=tmp_path)
+    base, head, recipe, tuning = (), ("fp8_head",), ("fp8",), ("compile_tuning",)
+    assert events[0][0] == "probe"
+    assert [changed for kind, changed in events if kind == "row"] == [base, head, head, base, base, head]
+    assert events[7:] == [("profile", head), ("tests", "tests first"), ("tests", "tests")]
+    assert "FP8 rowwise recipe: go: rowwise FP8 matmuls 1.30× bf16's on the blocks' shapes (needs 1.15×)" in lines
+    assert any(line.startswith("attention: FlexAttention (compiled) runs 1.25× cuDNN's") for line in lines)
+    assert "attention: no-go: no kernel the trainer can select beats cuDNN's by 1.03× (FlexAttention (compiled) " \
+           "1.25×, flash (SDPA) 1.00×)" in lines
+    assert f"rounds: every switch and + FP8 LM head, 3 each; left for the next job: {ROWWISE_RECIPE}, " \
+           "+ coordinate-descent tuning" in lines
+    verdict = check.report.data["lever rounds"]["new-card"]["+ FP8 LM head"]
+    assert verdict["inside_noise"] is False and verdict["median"] > 1.02
+    note = check.report.row("all switches + FP8 LM head (card new-card, round 3)")["note"]
+    assert note.startswith("+2.1% tokens/s vs every switch, median of 3 alternating rounds on one card (+2.0 to ")
+    assert note.endswith("outside noise (floor 1.0%)")
+    assert check.report.row("all switches (card new-card, round 2, beside FP8 LM head)") is not None
+    assert lines[-1] == "left for the next job (too little of --budget-s): best 1"  # the pair: 150 s, 40 s left
+    assert check.report.data["plans"][-1]["decisions"] == lines
+
+    check, events, lines = replay(tmp_path, monkeypatch, levers_table(1.3, 1.0), GAINS, tmp_path, check.report.data)
+    assert "judged in rounds by an earlier job: + FP8 LM head" in lines
+    assert [kind for kind, _ in events[:3]] == ["probe", "row", "nanogpt"]  # the pair the head earned, first
+    assert check.report.row("every switch + FP8 LM head on our code (best pair 1, ours + FP8 LM head)") is not None
+    assert not any(r["name"].startswith("nanoGPT's settings on our code") and r.get("machine") == "new-card"
+                   for r in check.report.data["rows"])  # the levers leave nanoGPT's settings, and that ratio, alone
+    assert [changed for kind, changed in events[3:] if kind == "row"] == [base, recipe, recipe, base, base, recipe]
+    assert check.report.data["lever rounds"]["new-card"][ROWWISE_RECIPE]["inside_noise"] is True  # no direction
+    assert [kind for kind, _ in events[9:]] == []  # the head's profile and the tests: the first job's
+
+    check, events, lines = replay(tmp_path, monkeypatch, levers_table(1.3, 1.0), GAINS, tmp_path, check.report.data)
+    assert [changed for kind, changed in events if kind == "row"] == [base, tuning, tuning, base, base, tuning]
+    slower = check.report.data["lever rounds"]["new-card"]["+ coordinate-descent tuning"]
+    assert slower["inside_noise"] is False and slower["median"] < 1  # a loss, outside noise
+    assert ("nanogpt", None) not in events  # its best is the head's, raced already
+
+
+def test_without_a_lever_that_wins_outside_noise_nanogpt_is_not_raced_again(tmp_path, monkeypatch):
+    check, events, lines = replay(tmp_path, monkeypatch, levers_table(1.05, 1.10),
+                                  {"fp8_head": [1.01, 0.995, 1.02]}, nanogpt=tmp_path)
+    assert "FP8 rowwise recipe: no-go: rowwise FP8 matmuls 1.05× bf16's on the blocks' shapes (needs 1.15×)" in lines
+    assert "attention: go: flash (SDPA) 1.10× cuDNN's forward and backward" in lines
+    assert {changed for kind, changed in events if kind == "row"} == {(), ("fp8_head",)}
+    assert ("nanogpt", None) not in events and ("profile", ()) in events  # nothing won: every switch profiled
+    assert "nanoGPT: not raced again: no lever won outside noise, so its ratio stands" in lines
+    assert any(line.startswith("rounds: every switch and + FP8 LM head, 3 each; left for the next job: "
+                               "+ flash attention") for line in lines)
+
+
+def test_the_go_no_go_names_a_faster_kernel_the_trainer_cannot_select_and_trains_one_it_can():
+    chosen, lines = gpu_next.go_no_go(levers_table(1.2, 1.05))
+    assert [name for name, _ in chosen] == ["+ FP8 LM head", ROWWISE_RECIPE, "+ flash attention"]
+    assert chosen[-1][1] == {"sdpa_backend": "flash"}
+    assert lines[-2].startswith("attention: FlexAttention (compiled) runs 1.25× cuDNN's forward and backward, but "
+                                "the trainer cannot select it yet")
+    chosen, lines = gpu_next.go_no_go({})  # the probe failed or timed out: only the head, and why
+    assert [name for name, _ in chosen] == ["+ FP8 LM head"]
+    assert lines[1:] == ["FP8 rowwise recipe: no-go: the rowwise FP8 matmuls did not run here (gpu_levers.py gemms)",
+                         "attention: no-go: cuDNN's kernel, which every switch runs, did not run here"]
+
+
+def test_a_table_is_carried_from_the_last_job_else_continued_from_the_committed_one(tmp_path):
+    out = tmp_path / "out/gpu_check.json"
+    assert gpu_next.start_table(out, tmp_path / "nothing", "NVIDIA H200").startswith("no table carried")
+    assert json.loads(out.read_text())["device"] == "NVIDIA H200"
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    (carried / "gpu_check.json").write_text('{"rows": []}')
+    again = tmp_path / "again/gpu_check.json"
+    assert gpu_next.start_table(again, carried, "NVIDIA H100 80GB HBM3") == f"carried from {carried}: gpu_check.json"
+    assert json.loads(again.read_text()) == {"rows": []}

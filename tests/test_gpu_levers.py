@@ -13,8 +13,12 @@ from gpt2.model.fp8 import cpu_has_rowwise_matmul  # noqa: E402
 
 
 def test_the_attention_table_checks_every_kernel_against_math_and_names_what_is_missing(capsys):
-    gpu_levers.attention("cpu", batch=1, heads=2, seq=64, head_dim=16)
+    kernels = gpu_levers.attention("cpu", batch=1, heads=2, seq=64, head_dim=16)
     rows = {line.split(" | ")[0].lstrip("| "): line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert [k["kernel"] for k in kernels] == list(rows)  # the rows gpu_next.py's go/no-go reads (--json)
+    flash = next(k for k in kernels if k["kernel"] == "flash (SDPA)")
+    assert flash["forward_ms"] > 0 and flash["backward_ms"] > 0 and 0 < flash["output_diff"] < 0.05
+    assert next(k for k in kernels if k["kernel"] == "cuDNN (SDPA)")["unavailable"]
     assert list(rows) == ["math (reference)", "flash (SDPA)", "cuDNN (SDPA)", "memory-efficient (SDPA)",
                           "FA3 (SDPA's flash backend)", "FA4 (SDPA's flash backend)", "FlexAttention (compiled)"]
     output_diff, gradient_diff = (float(x) for x in rows["flash (SDPA)"].split(" | ")[-1].rstrip(" |").split(", "))
@@ -24,7 +28,8 @@ def test_the_attention_table_checks_every_kernel_against_math_and_names_what_is_
 
 
 def test_the_fp8_matmul_table_times_bf16_and_both_fp8_scalings(capsys):
-    gpu_levers.fp8_gemms("cpu", {"a small one": (64, 32, 48)})
+    [shape_row] = gpu_levers.fp8_gemms("cpu", {"a small one": (64, 32, 48)})
+    assert shape_row["bf16_ms"] > 0 and (shape_row["rowwise_ms"] is not None) == cpu_has_rowwise_matmul()
     row = capsys.readouterr().out.splitlines()[2]
     shape, *cells = row.strip("| ").split(" | ")
     timed = [re.fullmatch(r"\d+\.\d{3} \(\d+\)", cell) is not None for cell in cells]  # ms (TFLOP/s)
