@@ -15,6 +15,7 @@ rank 0 takes 2 s more to write its reports.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import multiprocessing
 import os
 import signal
@@ -105,7 +106,7 @@ def forked_job(argv: list[str], nproc: int, timeout: float = 300) -> subprocess.
         deadline = time.monotonic() + timeout
         while any(p.exitcode is None for p in ranks) and not any(p.exitcode for p in ranks):
             if time.monotonic() > deadline:  # what subprocess.run's timeout does: a hang is not a failure to accept
-                raise subprocess.TimeoutExpired(["ddp_driver.py", *argv], timeout, stderr=_output(logs))
+                raise subprocess.TimeoutExpired(["ddp_driver.py", *argv], timeout, stderr=_stacks(ranks, logs))
             time.sleep(0.1)  # torchrun's monitor interval
         failed = [p.exitcode for p in ranks if p.exitcode]  # before this job stops the others itself
         stop_by = time.monotonic() + 30  # a rank failed: torchrun stops the others, SIGKILL 30 s later
@@ -121,6 +122,17 @@ def forked_job(argv: list[str], nproc: int, timeout: float = 300) -> subprocess.
                 process.join()
     code = next((128 - c if c < 0 else c for c in failed), 0)
     return subprocess.CompletedProcess(["ddp_driver.py", *argv], code, "", _output(logs))
+
+
+def _stacks(ranks: list, logs: list[Path]) -> str:
+    """The ranks' output with each live rank's Python stacks at the end: where a hung job waits."""
+    for process in ranks:
+        if process.exitcode is None:
+            os.kill(process.pid, signal.SIGUSR1)  # faulthandler, registered in _rank, writes the stacks
+    time.sleep(1.0)
+    text = _output(logs)
+    print(text[-20000:], file=sys.stderr)  # pytest shows a test's stderr, not an exception's attributes
+    return text
 
 
 def _output(logs: list[Path]) -> str:
@@ -142,6 +154,7 @@ def _rank(argv: list[str], log: Path, env: dict[str, str], cwd: str) -> None:
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(out, 1)
     os.dup2(out, 2)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # _stacks: where this rank waits if the job hangs
     from gpt2.core.entry import end
 
     main(argv)
