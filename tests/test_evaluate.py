@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -272,6 +273,20 @@ def test_vocab_mismatch_with_the_token_files(tmp_path, trained):
         (other / name).write_bytes((trained / "tokens" / name).read_bytes())
     (other / "meta.json").write_text(json.dumps({**meta, "vocab_size": 60000}))
     with pytest.raises(UserError, match="trained on a vocab of 50257 but .* has 60000"):
+        evaluate(quick(), trained / "ckpt.pt", other, tmp_path / "eval")
+    assert not (tmp_path / "eval").exists()
+
+
+def test_a_token_outside_the_checkpoints_vocab_is_refused_before_scoring(tmp_path, trained):
+    """Tokens of another tokenizer under the same vocab size: an id the model has no row for, in a scored window,
+    stops evaluate with one line, before anything is written."""
+    other = tmp_path / "tokens"
+    shutil.copytree(trained / "tokens", other)
+    val = np.fromfile(other / "val.bin", dtype=np.uint16)
+    val[5] = 60_000
+    val.tofile(other / "val.bin")
+    with pytest.raises(UserError, match=r"val.bin holds token id 60000, outside the checkpoint's vocab of 50257; "
+                                        "the tokens do not match this checkpoint"):
         evaluate(quick(), trained / "ckpt.pt", other, tmp_path / "eval")
     assert not (tmp_path / "eval").exists()
 

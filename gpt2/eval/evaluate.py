@@ -144,7 +144,18 @@ def resolve_prompts(cfg: EvalConfig, meta: dict[str, Any], val: Any) -> tuple[st
     return document_openings(val, meta["eot_id"])
 
 
-def document_openings(val: Any, eot_id: int, count: int = 3, length: int = 8, scan: int = 1 << 20) -> tuple[str, ...]:
+PROMPT_SCAN = 1 << 20  # tokens at the head of the val split where ``auto`` prompts are looked for
+
+
+def highest_id(val: Tokens, spans: list[tuple[int, int]]) -> int:
+    """The highest token id evaluate reads: in the scored windows and where ``auto`` prompts come from. Not the
+    whole split's: a 10 B-token val split would be read end to end for a score of 1 M tokens."""
+    pieces = [np.asarray(val[start:start + length + 1]) for start, length in spans] + [np.asarray(val[:PROMPT_SCAN])]
+    return max(int(piece.max()) for piece in pieces if len(piece))
+
+
+def document_openings(val: Any, eot_id: int, count: int = 3, length: int = 8, scan: int = PROMPT_SCAN
+                      ) -> tuple[str, ...]:
     """The first line of the first ``length`` tokens of the first ``count`` val documents (blank ones skipped)."""
     from gpt2.data.tokenizer import gpt2_encoding
 
@@ -206,13 +217,13 @@ def evaluate(cfg: EvalConfig, ckpt_path: str | Path = paths.CHECKPOINT, tokens_d
     label = f"{tokens_dir}/{split_label(meta, 'val')}"
     if len(val) < 2:
         raise UserError(f"{label} has {len(val)} tokens: nothing to score; use a larger corpus")
-    top = max(int(chunk.max()) for _, chunk in read_chunks(tokens_dir, split_shards(meta, "val")))
+    spans = windows(len(val), loaded.model.cfg.block_size, cfg.max_tokens, cfg.seed)
+    top = highest_id(val, spans)
     if top >= model_vocab:
         raise UserError(f"{label} holds token id {top}, outside the checkpoint's vocab of {model_vocab}; "
                         "the tokens do not match this checkpoint: re-run tokenize or retrain")
     prompts = resolve_prompts(cfg, meta, val)
     encoded = encode_prompts(prompts, loaded.model.cfg.block_size)
-    spans = windows(len(val), loaded.model.cfg.block_size, cfg.max_tokens, cfg.seed)
     started = time.perf_counter()
     try:
         loss, se, n, text_bytes = val_loss(loaded, val, spans, cfg.batch_size, token_bytes(tokens_dir))
