@@ -401,6 +401,8 @@ def config_key(params: dict[str, Any]) -> str:
 
 def lever_verdict(v: dict[str, Any]) -> str:
     """A lever's rounds in one line: its median gain, the rounds' range, and whether it is outside noise."""
+    if "failed" in v:
+        return f"failed: {v['failed']}"
     each = [100 * (r - 1) for r in v["paired"]]
     return (f"{100 * (v['median'] - 1):+.1f}% tokens/s vs every switch, median of {len(each)} alternating rounds on "
             f"one card ({min(each):+.1f} to {max(each):+.1f}%): "
@@ -641,32 +643,38 @@ class Check:
         in reverse order, so that a drift of the card's speed weighs on each alike); each lever judged by the CPU
         grid's noise rule (gpt2.measure.compare): its tokens/s over the same round's baseline, round by round, must
         agree on the direction and their median lie beyond the noise floor (how far the levers' paired ratios
-        typically disagree). A round a job left is measured by the next, with the same names. The verdicts, by
-        lever, also under ``lever rounds`` in the JSON, by card."""
+        typically disagree). A lever is judged only on all its rounds: one that a job's budget cut short is left
+        unjudged, for a later job to measure again. Every row is named after its card and the set of levers it
+        was measured with, so pairs never mix sets. A lever whose row failed (not for time) is judged failed, with
+        why, as is every lever where the baseline failed. The verdicts, by lever, also under ``lever rounds`` in
+        the JSON, by card."""
         card = str(self.machine)[:8]
-        beside = ", beside " + ", ".join(name.removeprefix("+ ") for name, _ in levers)  # its pairs: never reused
+        of = ", ".join(name.removeprefix("+ ") for name, _ in levers)
         arms = [("all switches", base)] + [(f"all switches {name}", {**base, **change}) for name, change in levers]
         rows: dict[str, list[dict[str, Any] | None]] = {name: [] for name, _ in arms}
         for k in range(1, rounds + 1):
             for name, config in (arms if k % 2 else arms[::-1]):
-                label = f"{name} (card {card}, round {k}{beside if config is base else ''})"
-                rows[name].append(step(f"{name}, round {k}", self.measure, label, config, None, "", True, False,
-                                       False))
-        paired = {name: [lever["tokens_per_s"] / baseline["tokens_per_s"]
-                         for lever, baseline in zip(rows[f"all switches {name}"], rows["all switches"])
-                         if lever is not None and baseline is not None and "failed" not in lever
-                         and "failed" not in baseline]
-                  for name, _ in levers}
-        floor = typical_disagreement(list(paired.values()))
-        verdicts = {}
-        for name, ratios in paired.items():
-            if not ratios:
+                rows[name].append(step(f"{name}, round {k}", self.measure, f"{name} (card {card}, round {k} of: {of})",
+                                       config, None, "", True, False, False))
+        verdicts: dict[str, dict[str, Any]] = {}
+        complete: dict[str, list[float]] = {}
+        for name, _ in levers:
+            mine = rows[f"all switches {name}"]
+            broken = [("" if series is mine else "every switch failed: ") + r["failed"]
+                      for series in (rows["all switches"], mine) for r in series
+                      if r is not None and "failed" in r and not timed_out(r)]
+            if broken:
+                verdicts[name] = {"failed": broken[0], "paired": [], "median": None, "inside_noise": True}
                 continue
-            median = statistics.median(ratios)
-            verdicts[name] = {"paired": [round(r, 4) for r in ratios], "median": round(median, 4),
+            pairs = [(r, b) for r, b in zip(mine, rows["all switches"]) if r is not None and b is not None
+                     and "failed" not in r and "failed" not in b]
+            if len(pairs) == rounds:
+                complete[name] = [r["tokens_per_s"] / b["tokens_per_s"] for r, b in pairs]
+        floor = typical_disagreement(list(complete.values()))
+        for name, ratios in complete.items():
+            verdicts[name] = {"paired": [round(r, 4) for r in ratios], "median": round(statistics.median(ratios), 4),
                               "floor": round(floor, 4), "inside_noise": ratio_inside_noise(ratios, floor)}
-            last = next(r for r in reversed(rows[f"all switches {name}"]) if r is not None and "failed" not in r)
-            last["note"] = lever_verdict(verdicts[name])
+            rows[f"all switches {name}"][-1]["note"] = lever_verdict(verdicts[name])
         self.report.data.setdefault("lever rounds", {}).setdefault(str(self.machine), {}).update(verdicts)
         self.report.save()
         return verdicts
@@ -745,10 +753,10 @@ class Check:
         levers = "".join(f" {name}" for name, _ in named) + "".join(
             f" + {key}={value}" for key, value in changed.items() if not any(key in c for _, c in named))
         tag = "best pair {k}" + (f", ours{levers}" if levers else "")
-        matchups = (("nanogpt_best_ratio", "best", best, largest,
+        matchups = (("nanogpt_best_ratio", "nanoGPT best pair", best, largest,
                      (f"every switch{levers} on our code ({tag})",
                       f"nanoGPT's own train.py, micro-batch {largest} ({tag})")),
-                    ("nanogpt_ratio", "nanoGPT pair", settings, settings["micro_batch_size"],
+                    ("nanogpt_ratio", "nanoGPT settings pair", settings, settings["micro_batch_size"],
                      ("nanoGPT's settings on our code (run {k})", "nanoGPT's own train.py (run {k})")))
         for key, what, ours_config, micro, labels in matchups[:1] if given else matchups:
             pairs = []

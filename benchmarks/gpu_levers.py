@@ -283,7 +283,9 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError as exc:
             print(f"{part}: {exc.name} is not installed: left out (pip install {exc.name})")
         if args.json is not None:  # each table the moment it is measured: a job stopped midway keeps the first
-            args.json.write_text(json.dumps({k: v for k, v in out.items() if v is not None}, indent=1))
+            partial = args.json.with_name(args.json.name + ".partial")
+            partial.write_text(json.dumps({k: v for k, v in out.items() if v is not None}, indent=1))
+            partial.replace(args.json)  # whole or not at all: a reader never sees half a file
 
 
 if __name__ == "__main__":

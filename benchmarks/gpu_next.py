@@ -53,7 +53,9 @@ GO_ATTENTION = 1.03  # a selectable backend over cuDNN, forward and backward: le
 PROBE_S = 90.0  # gpu_levers.py gemms attention: 15 s of matmuls, about a minute of attention (FlexAttention compiles)
 # the blocks' four linear layers, forward and input gradient: where the recipe runs FP8 (not the head's matmuls)
 BLOCK_SHAPES = [name for name in GEMMS if not name.startswith("LM head")]
-SELECTABLE = {"flash (SDPA)": "flash", "memory-efficient (SDPA)": "efficient"}  # kernel → train.sdpa_backend
+# the kernels train.sdpa_backend can select: (the lever's name, its setting)
+SELECTABLE = {"flash (SDPA)": ("+ SDPA flash backend", "flash"),
+              "memory-efficient (SDPA)": ("+ SDPA memory-efficient backend", "efficient")}
 REFERENCE_ATTENTION = "cuDNN (SDPA)"  # what every switch runs (sdpa_backend: cudnn)
 HEAD = dict(LEVERS)["+ FP8 LM head"]
 ROWWISE = "+ FP8 matmuls (rowwise, forward and input gradient)"
@@ -66,26 +68,36 @@ def committed_table(device: str) -> Path:
 
 
 def start_table(json_path: Path, carried: Path | None, device: str) -> str:
-    """The table this job continues, beside ``json_path``: what the last job returned, else the committed one."""
-    if carried is not None and (carried / json_path.name).is_file():
+    """The table this job continues, beside ``json_path``: what the last job returned, else the committed one, if
+    either is of this card's model (a table of another model would be set aside by the report: it starts anew)."""
+    def of_this_model(path: Path) -> bool:
+        return path.is_file() and json.loads(path.read_text()).get("device") == device
+
+    if json_path.exists():
+        return f"continuing {json_path}"
+    if carried is not None and of_this_model(carried / json_path.name):
         return f"carried from {carried}: " + ", ".join(gpu_check.bring_carried(carried, json_path))
-    if not json_path.exists():
+    if of_this_model(committed_table(device)):
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_bytes(committed_table(device).read_bytes())
-        return f"no table carried: continuing {committed_table(device).relative_to(ROOT)}"
-    return f"continuing {json_path}"
+        return f"no table of the {device} carried: continuing {committed_table(device).relative_to(ROOT)}"
+    return f"no table of the {device} carried or committed: a new table"
 
 
 def probe_levers(out: Path, timeout_s: float) -> dict[str, Any]:
     """``gpu_levers.py gemms attention`` in a child: its tables beside the JSON (``levers.md``), its rows."""
     path = out / "levers.json"
+    path.unlink(missing_ok=True)  # an earlier job's tables are not this card's
+    out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(ROOT / "benchmarks/gpu_levers.py"), "gemms", "attention", "--json", str(path)]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
         (out / "levers.md").write_text(result.stdout + result.stderr)
-    except subprocess.TimeoutExpired as exc:
-        (out / "levers.md").write_text(str(exc.stdout or "") + f"\ntimed out after {timeout_s:g} s\n")
-    return json.loads(path.read_text()) if path.is_file() else {}
+    except subprocess.TimeoutExpired as exc:  # what it printed comes as bytes, whatever text= says
+        printed = "".join(part.decode(errors="replace") if isinstance(part, bytes) else (part or "")
+                          for part in (exc.stdout, exc.stderr))
+        (out / "levers.md").write_text(printed + f"\ntimed out after {timeout_s:g} s\n")
+    return json.loads(path.read_text()) if path.is_file() else {}  # gpu_levers.py writes it whole or not at all
 
 
 def go_no_go(levers: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], list[str]]:
@@ -114,8 +126,9 @@ def go_no_go(levers: dict[str, Any]) -> tuple[list[tuple[str, dict[str, Any]]], 
                      if name != REFERENCE_ATTENTION and name != "math (reference)"), reverse=True)
     for speedup, name in faster:
         if speedup >= GO_ATTENTION and name in SELECTABLE:
+            lever, backend = SELECTABLE[name]
             lines.append(f"attention: go: {name} {speedup:.2f}× cuDNN's forward and backward")
-            chosen.append((f"+ {SELECTABLE[name]} attention", {"sdpa_backend": SELECTABLE[name]}))
+            chosen.append((lever, {"sdpa_backend": backend}))
             return chosen, lines
         if speedup >= GO_ATTENTION:
             lines.append(f"attention: {name} runs {speedup:.2f}× cuDNN's forward and backward, but the trainer "
@@ -145,7 +158,7 @@ def fit(levers: list[tuple[str, dict[str, Any]]], check: Check, base: dict[str, 
 
 
 def judged(check: Check) -> dict[str, dict[str, Any]]:
-    """Each lever's latest verdict from its rounds, on whichever card measured them."""
+    """Each lever's verdict from its rounds (where several cards judged it, the card listed last in the JSON's)."""
     latest: dict[str, dict[str, Any]] = {}
     for verdicts in check.report.data.get("lever rounds", {}).values():
         latest.update(verdicts)
@@ -155,8 +168,8 @@ def judged(check: Check) -> dict[str, dict[str, Any]]:
 def winners(check: Check, base: dict[str, Any]) -> dict[str, Any]:
     """Every switch with each lever that won outside noise, the largest gain first where two set the same key."""
     verdicts = judged(check)
-    won = sorted(((v["median"], name) for name, v in verdicts.items() if not v["inside_noise"] and v["median"] > 1),
-                 reverse=True)
+    won = sorted(((v["median"], name) for name, v in verdicts.items()
+                  if not v["inside_noise"] and v["median"] is not None and v["median"] > 1), reverse=True)
     best, taken = dict(base), set()
     for _, name in won:
         change = dict(LEVERS).get(name) or attention_lever(name)
@@ -167,9 +180,8 @@ def winners(check: Check, base: dict[str, Any]) -> dict[str, Any]:
 
 
 def attention_lever(name: str) -> dict[str, Any] | None:
-    """The change a lever named ``+ <backend> attention`` makes (go_no_go names them so)."""
-    backend = name.removeprefix("+ ").removesuffix(" attention")
-    return {"sdpa_backend": backend} if backend in SELECTABLE.values() else None
+    """The change an attention lever of go_no_go's makes."""
+    return next(({"sdpa_backend": backend} for lever, backend in SELECTABLE.values() if lever == name), None)
 
 
 def still_to_come(check: Check, best: dict[str, Any]) -> float:
@@ -183,10 +195,14 @@ def still_to_come(check: Check, best: dict[str, Any]) -> float:
 
 
 def raced(check: Check, best: dict[str, Any]) -> bool:
-    """Whether ours at ``best`` has run a whole best pair with nanoGPT already (a pair split by a job is not)."""
+    """Whether ours at ``best`` and nanoGPT have run a best pair already, both halves measured (a pair a job
+    split, or one whose nanoGPT half failed, is not)."""
     train = gpu_check.train_params(check.prof, best, check.prof["steps"])["train"]
-    return any("(best pair" in r["name"] and r.get("train") == train and "failed" not in r
-               for r in check.report.data["rows"] if r["name"].startswith("every switch"))
+    rows = check.report.data["rows"]
+    ours = [r["name"][r["name"].index(" (best pair"):] for r in rows if r["name"].startswith("every switch")
+            and " (best pair" in r["name"] and r.get("train") == train and "failed" not in r]
+    return any(r["name"].startswith("nanoGPT's own train.py") and r["name"].endswith(pair) and "failed" not in r
+               for pair in ours for r in rows)
 
 
 def run_plan(check: Check, out: Path, nanogpt: Path | None, probe: Any = probe_levers) -> list[str]:
@@ -255,6 +271,11 @@ def main(out: Path, carried: Path | None, nanogpt: Path | None, budget_s: float,
 
     if not torch.cuda.is_available():
         raise click.UsageError("no CUDA device here: the plan measures a GPU (its CPU replay is in the test suite)")
+    if nanogpt is not None:
+        try:
+            gpu_check.nanogpt_peer.check_checkout(nanogpt)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--nanogpt") from None
     budget = Budget(budget_s, 300.0, stretch=True)
     device = torch.cuda.get_device_name()
     json_path = out / "gpu_check.json"

@@ -15,6 +15,7 @@ rank 0 takes 2 s more to write its reports.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import multiprocessing
 import os
@@ -128,7 +129,8 @@ def _stacks(ranks: list, logs: list[Path]) -> str:
     """The ranks' output with each live rank's Python stacks at the end: where a hung job waits."""
     for process in ranks:
         if process.exitcode is None:
-            os.kill(process.pid, signal.SIGUSR1)  # faulthandler, registered in _rank, writes the stacks
+            with contextlib.suppress(ProcessLookupError):  # it may end between the check and the signal
+                os.kill(process.pid, signal.SIGUSR1)  # faulthandler, registered in _rank, writes the stacks
     time.sleep(1.0)
     text = _output(logs)
     print(text[-20000:], file=sys.stderr)  # pytest shows a test's stderr, not an exception's attributes

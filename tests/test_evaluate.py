@@ -277,9 +277,12 @@ def test_vocab_mismatch_with_the_token_files(tmp_path, trained):
     assert not (tmp_path / "eval").exists()
 
 
-def test_a_token_outside_the_checkpoints_vocab_is_refused_before_scoring(tmp_path, trained):
+def test_a_token_outside_the_checkpoints_vocab_is_refused_before_scoring(tmp_path, trained, monkeypatch):
     """Tokens of another tokenizer under the same vocab size: an id the model has no row for, in a scored window,
     stops evaluate with one line, before anything is written."""
+    from gpt2.eval import evaluate as module
+
+    monkeypatch.setattr(module, "PROMPT_SCAN", 0)  # only the scored windows are read for it
     other = tmp_path / "tokens"
     shutil.copytree(trained / "tokens", other)
     val = np.fromfile(other / "val.bin", dtype=np.uint16)

@@ -227,7 +227,7 @@ def test_nanogpt_pairs_best_first_each_measured_whole_on_one_card(tmp_path, monk
     assert "ours ÷ nanoGPT" in rows[best]["note"] and "nanogpt_best_ratio" in check.report.data
     assert rows["nanoGPT's settings on our code (run 1)"]["machine"] == "card-1"  # measured again, beside theirs
     assert rows["nanoGPT's own train.py (run 1)"]["machine"] == "card-1" and len(theirs) == 3
-    assert left == ["nanoGPT pair 2"] and "nanoGPT's own train.py (run 2)" not in rows  # 50 s left: not half a pair
+    assert left == ["nanoGPT settings pair 2"] and "nanoGPT's own train.py (run 2)" not in rows  # 50 s: not half
     assert "ours ÷ nanoGPT" in rows["nanoGPT's own train.py (run 1)"]["note"]
 
 
@@ -566,11 +566,11 @@ def test_the_next_gpu_minutes_fit_9_minutes_a_job_at_the_committed_costs_and_jud
            "+ coordinate-descent tuning" in lines
     verdict = check.report.data["lever rounds"]["new-card"]["+ FP8 LM head"]
     assert verdict["inside_noise"] is False and verdict["median"] > 1.02
-    note = check.report.row("all switches + FP8 LM head (card new-card, round 3)")["note"]
+    note = check.report.row("all switches + FP8 LM head (card new-card, round 3 of: FP8 LM head)")["note"]
     assert note.startswith("+2.1% tokens/s vs every switch, median of 3 alternating rounds on one card (+2.0 to ")
     assert note.endswith("outside noise (floor 1.0%)")
-    assert check.report.row("all switches (card new-card, round 2, beside FP8 LM head)") is not None
-    assert lines[-1] == "left for the next job (too little of --budget-s): best 1"  # the pair: 150 s, 40 s left
+    assert check.report.row("all switches (card new-card, round 2 of: FP8 LM head)") is not None
+    assert lines[-1] == "left for the next job (too little of --budget-s): nanoGPT best pair 1"  # 150 s; 40 s left
     assert check.report.data["plans"][-1]["decisions"] == lines
 
     check, events, lines = replay(tmp_path, monkeypatch, levers_table(1.3, 1.0), GAINS, tmp_path, check.report.data)
@@ -599,12 +599,12 @@ def test_without_a_lever_that_wins_outside_noise_nanogpt_is_not_raced_again(tmp_
     assert ("nanogpt", None) not in events and ("profile", ()) in events  # nothing won: every switch profiled
     assert "nanoGPT: not raced again: no lever won outside noise, so its ratio stands" in lines
     assert any(line.startswith("rounds: every switch and + FP8 LM head, 3 each; left for the next job: "
-                               "+ flash attention") for line in lines)
+                               "+ SDPA flash backend") for line in lines)
 
 
 def test_the_go_no_go_names_a_faster_kernel_the_trainer_cannot_select_and_trains_one_it_can():
     chosen, lines = gpu_next.go_no_go(levers_table(1.2, 1.05))
-    assert [name for name, _ in chosen] == ["+ FP8 LM head", ROWWISE_RECIPE, "+ flash attention"]
+    assert [name for name, _ in chosen] == ["+ FP8 LM head", ROWWISE_RECIPE, "+ SDPA flash backend"]
     assert chosen[-1][1] == {"sdpa_backend": "flash"}
     assert lines[-2].startswith("attention: FlexAttention (compiled) runs 1.25× cuDNN's forward and backward, but "
                                 "the trainer cannot select it yet")
@@ -616,11 +616,65 @@ def test_the_go_no_go_names_a_faster_kernel_the_trainer_cannot_select_and_trains
 
 def test_a_table_is_carried_from_the_last_job_else_continued_from_the_committed_one(tmp_path):
     out = tmp_path / "out/gpu_check.json"
-    assert gpu_next.start_table(out, tmp_path / "nothing", "NVIDIA H200").startswith("no table carried")
+    assert gpu_next.start_table(out, tmp_path / "nothing", "NVIDIA H200").startswith("no table of the NVIDIA H200")
     assert json.loads(out.read_text())["device"] == "NVIDIA H200"
     carried = tmp_path / "carried"
     carried.mkdir()
-    (carried / "gpu_check.json").write_text('{"rows": []}')
+    (carried / "gpu_check.json").write_text('{"device": "NVIDIA H100 80GB HBM3", "rows": []}')
     again = tmp_path / "again/gpu_check.json"
     assert gpu_next.start_table(again, carried, "NVIDIA H100 80GB HBM3") == f"carried from {carried}: gpu_check.json"
-    assert json.loads(again.read_text()) == {"rows": []}
+    assert json.loads(again.read_text())["rows"] == []
+    other = tmp_path / "other/gpu_check.json"  # an H100's table carried to an H200: the H200's committed one
+    assert gpu_next.start_table(other, carried, "NVIDIA H200").startswith("no table of the NVIDIA H200 carried")
+    assert json.loads(other.read_text())["device"] == "NVIDIA H200"
+    new = tmp_path / "new/gpu_check.json"
+    assert gpu_next.start_table(new, carried, "NVIDIA B200") == "no table of the NVIDIA B200 carried or committed: " \
+                                                                 "a new table"
+    assert not new.exists()
+
+
+def test_a_lever_cut_short_by_the_budget_stays_unjudged_and_a_failing_one_is_judged_failed(tmp_path, monkeypatch):
+    """Rounds a job's budget cut leave the lever for a later job (one pair is no verdict); a lever whose rows fail
+    for another reason than time is judged failed, with why, so no later job spends its minutes on it again."""
+    clock, calls = Clock(), []
+    fake_children(monkeypatch, clock, {"plain": 30.0, "compiled": 100.0, "autotune": 400.0}, calls)
+    check = new_check(tmp_path, 350.0, clock)
+    base, head = check.all_switches(), [("+ FP8 LM head", {"fp8_head": True})]
+    left = []
+
+    def step(what, action, *args):
+        try:
+            return action(*args)
+        except gpu_check.OutOfBudget:
+            left.append(what)
+
+    assert check.lever_rounds(base, head, 3, step) == {}  # 350 s: round 1 and half of round 2
+    assert "all switches + FP8 LM head, round 2" not in left and "all switches, round 2" in left
+    assert "lever rounds" not in check.report.data or not check.report.data["lever rounds"]["card-1"]
+
+    def failing(params, tokens, out, timeout_s):
+        clock.now += 10.0
+        if params["train"].get("fp8_head"):
+            return None, "torch._inductor.exc.InductorError: LoweringException", ""
+        return metrics(1000.0), "", ""
+
+    monkeypatch.setattr(gpu_check, "run_child", failing)
+    again = new_check(tmp_path / "again", None, clock, machine="card-2")
+    verdicts = again.lever_rounds(base, head, 3, step)
+    assert verdicts["+ FP8 LM head"] == {"failed": "torch._inductor.exc.InductorError: LoweringException",
+                                         "paired": [], "median": None, "inside_noise": True}
+    assert gpu_next.judged(again)["+ FP8 LM head"]["failed"].startswith("torch._inductor")
+    assert gpu_next.winners(again, base) == base  # a failed lever never joins the best
+
+
+def test_a_best_pair_whose_nanogpt_half_failed_is_raced_again(tmp_path):
+    check = new_check(tmp_path, None, Clock())
+    best = {**check.all_switches(), "fp8_head": True}
+    train = gpu_check.train_params(check.prof, best, check.prof["steps"])["train"]
+    tag = " (best pair 1, ours + FP8 LM head)"
+    ours = {"name": "every switch + FP8 LM head on our code" + tag, "train": train, "tokens_per_s": 1.0}
+    theirs = {"name": "nanoGPT's own train.py, micro-batch 64" + tag, "failed": "timed out after 60 s"}
+    check.report.data["rows"] = [ours, theirs]
+    assert not gpu_next.raced(check, best)
+    theirs.pop("failed")
+    assert gpu_next.raced(check, best) and not gpu_next.raced(check, check.all_switches())
