@@ -49,6 +49,19 @@ def test_an_inert_arm_s_move_is_the_noise_floor():
     assert judged.arms[2].versus.speed.inside_noise is True and judged.arms[1].versus.speed.inside_noise is True
 
 
+def test_what_the_seeds_can_detect_is_read_from_arms_whose_loss_moves_from_seed_to_seed():
+    """An arm that ran the baseline's numerics (a faster kernel, a data loader) moves the loss by 0 on every seed:
+    it says nothing of the spread, and the sentence reads no '0.0000' from it."""
+    base = arm("base", [(100, 6.00), (100, 6.02), (100, 5.99)], None)
+    same = arm("same numerics", [(120, 6.00), (121, 6.02), (119, 5.99)])
+    moved = arm("moved", [(100, 5.98), (100, 6.03), (100, 5.96)])
+    said = report.seeds_sentence(judge([base, same, moved]), WORDS, 3)
+    detectable = judge([base, moved]).arms[1].versus.loss.test.detectable
+    assert f"a val loss difference smaller than {detectable:.4f} is likely missed" in said and detectable > 0
+    assert "0.0000" not in said
+    assert "likely missed" not in report.seeds_sentence(judge([base, same]), WORDS, 3)
+
+
 def test_the_paired_t_test_is_scipy_s_and_says_what_more_seeds_would_decide():
     differences = [-0.031, -0.012, -0.026]
     test = compare.paired_test(differences, alpha=0.01)

@@ -474,7 +474,8 @@ def test_rungs_compare_at_the_baseline_s_loss_and_the_winners_are_applied(tmp_pa
     text = table_of(tmp_path, judged, spec, p, changes)
     assert "| baseline |" in text and "| not reached (0/3) |" in text
     assert "cost to the baseline's loss (USD)" in text and "| +0.700 ± " in text
-    assert "What `--apply` writes into params.yaml: model.pad_vocab=true, train.keep_host_memory=true." in text
+    assert ("The winning settings, which `--apply` writes into params.yaml where it holds others: "
+            "model.pad_vocab=true, train.keep_host_memory=true.") in text
     data = json.loads((tmp_path / "report/ladder.json").read_text())
     assert data["apply"] == {"train.keep_host_memory": True, "model.pad_vocab": True}
     assert data["rows"][2]["versus"]["loss"]["test"]["p"] < 0.01

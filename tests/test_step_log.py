@@ -1,4 +1,4 @@
-"""Sync points: deferred reads log the same numbers and still catch a NaN loss (train/step_log.py)."""
+"""Sync points: deferred reads log the same numbers and still catch a NaN loss; the ETA (train/step_log.py)."""
 
 from __future__ import annotations
 
@@ -63,3 +63,27 @@ def test_deferred_syncs_log_the_same_numbers_and_still_catch_a_nan(tmp_path, tok
     monkeypatch.setattr(trainer, "backward_micro_batches", poisoned)
     with pytest.raises(Diverged, match=r"loss is nan at step 2: "):  # found at step 4's sync, named by its step
         run(tmp_path, tokens, params, "nan")
+
+
+def test_the_eta_leaves_out_the_first_step_which_holds_the_warm_up(tmp_path, tokens, monkeypatch, caplog):
+    """A compiled run's first step takes minutes: an ETA read from it would promise hours for a run of minutes."""
+    import logging
+    import re
+    import time
+
+    original, calls = trainer.backward_micro_batches, {"n": 0}
+
+    def slow_first(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            time.sleep(2.0)  # as a first step that compiles
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "backward_micro_batches", slow_first)
+    with caplog.at_level(logging.INFO, logger="gpt2.train"):
+        run(tmp_path, tokens, micro_params(max_steps=12))
+    lines = {int(m.group(1)): m.group(0) for m in re.finditer(r"step (\d+)/12 \| loss .*", caplog.text)}
+    assert "ETA" not in lines[1]
+    eta = re.search(r"ETA (\d+):(\d\d):(\d\d)", lines[2])
+    hours, minutes, seconds = map(int, eta.groups())
+    assert 3600 * hours + 60 * minutes + seconds < 10  # 10 steps of a micro model, not 10 × the first's 2 s

@@ -185,7 +185,7 @@ def verdict(judged: Judged, words: Words, repeats: int, changes: list[Change], l
         parts.append("Not run, as this device cannot show them: "
                      + "; ".join(f"{label(a)} ({a.skipped})" for a in unshown) + ".")
     if changes:
-        parts.append("What `--apply` writes into params.yaml: "
+        parts.append("The winning settings, which `--apply` writes into params.yaml where it holds others: "
                      + ", ".join(f"{c.key}={json_value(c.value)}" for c in changes) + f". {note}".rstrip())
     else:
         parts.append(note or f"Nothing for `--apply` to write: no {what} wins outside noise without losing elsewhere.")
@@ -252,13 +252,16 @@ def seeds_sentence(judged: Judged, words: Words, repeats: int) -> str:
                  f"from seed to seed ({noise.loss.low:.4f}–{noise.loss.high:.4f})")
         said += (f"; its time to its median final val loss, {noise.time_to_loss.shown('.1f')} s." if noise.time_to_loss
                  else ".")
-    tests = [a.versus.loss.test for a in judged.compared if a.versus.loss and a.versus.loss.test]
+    # an arm whose loss moves by the same amount on every seed (one that ran the same numerics: 0) shows no spread
+    tests = [a.versus.loss.test for a in judged.compared if a.versus.loss and a.versus.loss.test
+             and a.versus.loss.test.detectable > 0]
     if tests:
         import statistics
 
         said += (f" With {tests[0].n} seeds, a val loss difference smaller than "
                  f"{statistics.median(t.detectable for t in tests):.4f} is likely missed at {level} (80% power, from "
-                 f"the measured spread of the differences; median over the {words.what}s).")
+                 f"the measured spread of the differences; median over the {words.what}s whose difference moves "
+                 "from seed to seed).")
     return said
 
 

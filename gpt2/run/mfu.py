@@ -37,8 +37,8 @@ def mfu_peaks(runtime: Runtime, peak_tflops: float | None, main: bool = True) ->
     figures = cpu_peak_figures(peaks, runtime.dtype)
     if fresh:
         logger.info(f"train: measured this CPU's matmul peak in {time.perf_counter() - started:.1f} s: "
-                    f"{figures['mfu_against'].removeprefix(CPU_PEAK)} (kept in {cache_path()}; `gpt2 peak` measures "
-                    "it again)")
+                    f"{figures['mfu_against'].removeprefix(CPU_PEAK).strip('()')} (kept in {cache_path()}; `gpt2 peak` "
+                    "measures it again)")
     if peaks.get("under_load"):
         logger.warning(f"the CPU's matmul peak was measured under load ({100 * peaks.get('load', 0):.0f}% of the "
                        "cores busy with other work): it may read low and MFU high; the next run on a quiet machine "

@@ -213,10 +213,13 @@ class StepLog:
         record |= memory_gb(s.runtime)
         self.history.train.append({"step": step, **record})
         self.tracker.log_metrics(record, step=step)
-        eta_s = self.length.eta_s(step, statistics.median(self.history.step_s[-20:]))
+        # the session's first step holds the compile and the first allocations (minutes under compile): the ETA
+        # reads the steps after it, and shows from the second step on
+        later = self.history.step_s[self.session_start + 1:]
+        eta = f" | ETA {clock(self.length.eta_s(step, statistics.median(later[-20:])))}" if later else ""
         shown = f" | MFU {100 * utilization:.1f}%" if utilization is not None else ""
         kind = "tf32" if s.runtime.dtype == "fp32" and s.runtime.tf32 else s.runtime.dtype
         shown += f" ({100 * own:.0f}% of the {kind} peak)" if own is not None else ""
         logger.info(f"step {self.length.shown(step)} | loss {record['train/loss']:.4f} | lr {lr:.2e} | "
                     f"norm {record['train/grad_norm']:.2f} | {1000 * dt:.0f} ms | {tokens_per_s / 1000:.1f}K tok/s"
-                    f"{shown} | ETA {clock(eta_s)}")
+                    f"{shown}{eta}")
