@@ -97,6 +97,20 @@ def test_repeat_r_trains_its_own_seed_in_every_setting_and_the_grid_judges_them(
     assert sorted(r.sets["train.seed"] for r in planned) == [1, 2]
 
 
+def test_a_key_given_one_value_is_every_runs_and_no_settings_label(tmp_path, monkeypatch, caplog):
+    """-S train.max_steps=100 -S model.attention=flash,manual compares two settings, each trained 100 steps: the
+    labels name the attention only, the report and the JSON say what every run had."""
+    planned = fake_grid(monkeypatch, tmp_path, lambda name, sets: run(name, 100))
+    with caplog.at_level("INFO", logger="gpt2.grid"):
+        data = grid.run_grid(("train.max_steps=100", "model.attention=flash,manual"), name="attn", repeats=1)
+    assert all(r.sets["train.max_steps"] == 100 for r in planned) and len(planned) == 2
+    assert [row["setting"] for row in data["rows"]] == [{"model.attention": "flash"}, {"model.attention": "manual"}]
+    assert [row["label"] for row in data["rows"]] == ["model.attention=flash", "model.attention=manual"]
+    assert data["grid"] == {"model.attention": ["flash", "manual"]} and data["held"] == {"train.max_steps": 100}
+    assert "2 settings × 1 run(s) (model.attention; every run with train.max_steps=100)" in caplog.text
+    assert "every run with train.max_steps=100; the first setting" in (tmp_path / "reports/grid/attn.md").read_text()
+
+
 def test_a_run_that_kept_the_committed_figures_did_not_run_in_the_comparison(tmp_path, monkeypatch, caplog):
     """DVC skips a train stage whose params equal dvc.lock's and reports the committed run's figures, measured
     some other time: such a run is missing from the comparison, and said so."""

@@ -50,7 +50,7 @@ def test_each_rung_is_the_one_above_plus_its_change():
     assert p.sets[8]["model.attention"] == "flash"  # what `dvc exp run -S` is given
     assert trains[-2]["grad_accum_steps"] == 2048 // (8 * 128)  # "target": the profile's batch in micro-batches
     assert trains[-1]["optimizer"] == "muon" and trains[-1]["target_val_loss"] is None
-    assert all(t["max_steps"] == 12 and not t["save_checkpoint"] and t["resume"] == "never" for t in trains)
+    assert all(t["max_steps"] == 13 and not t["save_checkpoint"] and t["resume"] == "never" for t in trains)
     assert {s["model"]["size"] for s in p.sections} == {"tiny"}
     assert p.sets[7]["train.compile"] is True and p.sets[7]["model.size"] == "tiny"
     assert trains[0]["cpu_gemm"] == "blas" and p.sets[6]["train.cpu_gemm"] == "onednn"

@@ -160,6 +160,8 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
     if "train.seed" in grid and repeats > 1:
         raise UserError("-S train.seed makes the seeds the settings: with --repeats above 1 a repeat would train a "
                         "seed again and pass for another; give --repeats 1 (or leave the seed to the repeats)")
+    grid, held = swept(grid)
+    fixed.update(held)
     experiments.check_repo(root)
     if not revs:  # each revision checks its own params.yaml; here a setting that can only fail stops the grid now
         load_params(params_path)  # the file itself first: its own error is not a setting's
@@ -190,7 +192,8 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
         combos = settings(grid)
         taken = {e.name for e in experiments.finished(root)}
         names = [[_free(f"{slug}-{i + 1}-{r + 1}", taken) for r in range(repeats)] for i in range(len(combos))]
-        logger.info(f"grid {name!r}: {len(combos)} settings × {repeats} run(s) ({', '.join(grid)}), one at a time; "
+        logger.info(f"grid {name!r}: {len(combos)} settings × {repeats} run(s) ({', '.join(grid)}"
+                    + (f"; every run with {describe(held)}" if held else "") + "), one at a time; "
                     f"the first, {describe(combos[0])}, is the baseline"
                     + (f"; repeat r trains train.seed {', '.join(map(str, seeds))}" if seeds[0] is not None else ""))
         for checkout in checkouts.values():
@@ -220,11 +223,12 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
     words = Words("setting", "the baseline", time_budget_s)
     changes, note = decide(judged, words, out / f"{slug}.md", apply)
     text, data = write_report(out, slug, name, grid, judged, repeats, target, words, changes, note,
-                              {label: c.commit for label, c in checkouts.items()})
+                              {label: c.commit for label, c in checkouts.items()}, held)
     if (raw.get("train") or {}).get("mlflow", True) if mlflow is None else mlflow:
         log_parent("grid", name, judged, [out / f"{slug}{s}" for s in (".md", ".json", ".png")], text,
                    (raw.get("train") or {}).get("experiment", "gpt2"), started,
-                   {f"grid.{k}": ",".join(map(str, v)) for k, v in grid.items()} | {"grid.repeats": repeats},
+                   {f"grid.{k}": ",".join(map(str, v)) for k, v in grid.items()} | {"grid.repeats": repeats}
+                   | {f"grid.{k}": str(v) for k, v in held.items()},
                    {"grid.baseline": describe(combos[0])},
                    {run.name: {"grid.setting": arm.label, "grid.run": str(run.repeat + 1)}
                     for arm in arms for run in arm.runs}, "grid.setting",
@@ -265,9 +269,11 @@ def decide(judged: Judged, words: Words, report: Path | str, held_out: bool) -> 
 
 def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], judged: Judged, repeats: int,
                  target: str, words: Words, changes: list[Change], note: str = "",
-                 commits: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+                 commits: dict[str, str] | None = None, held: dict[str, Any] | None = None
+                 ) -> tuple[str, dict[str, Any]]:
     """``<slug>.md`` (verdict and table), ``<slug>.json`` and ``<slug>.png``, written as one; returns the markdown
-    and the JSON's content (what ``--json`` prints)."""
+    and the JSON's content (what ``--json`` prints). ``held``: the settings every run has alike."""
+    held = held or {}
     said = verdict(judged, words, repeats, changes, lambda a: a.label, note)
     length = (f"each run trains for {words.at_equal_time_s:g} s of training steps (train.time_budget_s), so val "
               "losses compare at equal time" if words.at_equal_time_s else "each run trains the steps params.yaml sets")
@@ -277,13 +283,25 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ju
             "revisions name each commit)" if commits else f"the `{target}` stage as a DVC experiment")
     text = (f"# {name}\n\n{said}\n\n"
             f"{len(judged.arms)} settings × {repeats} run(s), one at a time, in alternating order, each {each}; "
-            f"{length}; the first setting is the baseline. {METHOD}\n\n"
+            f"{length}" + (f"; every run with {describe(held)}" if held else "")
+            + f"; the first setting is the baseline. {METHOD}\n\n"
             + table(judged, keys, columns(judged, words), ran))
-    data = {"name": name, "report": str(out / f"{slug}.md"), "grid": grid, "repeats": repeats, "target": target,
+    data = {"name": name, "report": str(out / f"{slug}.md"), "grid": grid, "held": held, "repeats": repeats,
+            "target": target,
             "time_budget_s": words.at_equal_time_s, "revisions": commits or {}, **as_data(judged, said, changes)}
     write_files(out, {f"{slug}.md": text, f"{slug}.json": json.dumps(data, indent=2) + "\n",
                       f"{slug}.png": render_png(judged, name, said, lambda a: a.label)})
     return text, data
+
+
+def swept(grid: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """The keys a grid compares (two values or more), and those given one value, which every run has alike and
+    no label repeats (``-S train.max_steps=100 -S model.attention=flash,manual``). A grid of one setting keeps its
+    keys; a single seed stays a setting, as the repeats would otherwise set their own."""
+    many = {k: v for k, v in grid.items() if len(v) > 1 or k == "train.seed"}
+    if not many:
+        return grid, {}
+    return many, {k: v[0] for k, v in grid.items() if k not in many}
 
 
 def describe(setting: dict[str, Any]) -> str:
