@@ -100,7 +100,8 @@ def test_repeat_r_trains_its_own_seed_in_every_setting_and_the_grid_judges_them(
 def test_a_key_given_one_value_is_every_runs_and_no_settings_label(tmp_path, monkeypatch, caplog):
     """-S train.max_steps=100 -S model.attention=flash,manual compares two settings, each trained 100 steps: the
     labels name the attention only, the report and the JSON say what every run had."""
-    planned = fake_grid(monkeypatch, tmp_path, lambda name, sets: run(name, 100))
+    planned = fake_grid(monkeypatch, tmp_path, lambda name, sets: run(
+        name, (100 if sets["model.attention"] == "flash" else 150) + sets["train.seed"]))
     with caplog.at_level("INFO", logger="gpt2.grid"):
         data = grid.run_grid(("train.max_steps=100", "model.attention=flash,manual"), name="attn", repeats=1)
     assert all(r.sets["train.max_steps"] == 100 for r in planned) and len(planned) == 2
@@ -108,7 +109,15 @@ def test_a_key_given_one_value_is_every_runs_and_no_settings_label(tmp_path, mon
     assert [row["label"] for row in data["rows"]] == ["model.attention=flash", "model.attention=manual"]
     assert data["grid"] == {"model.attention": ["flash", "manual"]} and data["held"] == {"train.max_steps": 100}
     assert "2 settings × 1 run(s) (model.attention; every run with train.max_steps=100)" in caplog.text
-    assert "every run with train.max_steps=100; the first setting" in (tmp_path / "reports/grid/attn.md").read_text()
+    assert grid.swept({"train.max_steps": [100]}) == ({"train.max_steps": [100]}, {})  # a grid of one setting
+    assert grid.swept({"train.max_steps": [100]}, compared_elsewhere=True) == ({}, {"train.max_steps": 100})
+    assert "each run trains train.max_steps=100; the first setting" in (tmp_path / "reports/grid/attn.md").read_text()
+    planned.clear()  # a winner measured under a setting params.yaml lacks: the verdict names what --apply leaves
+    data = grid.run_grid(("train.max_steps=100", "model.attention=flash,manual"), name="held", repeats=3,
+                         mlflow=False)
+    assert data["apply"] == {"model.attention": "manual"}
+    assert ("The winner was measured with train.max_steps=100 on every run, which params.yaml does not hold and "
+            "`--apply` does not write") in data["verdict"]
 
 
 def test_a_run_that_kept_the_committed_figures_did_not_run_in_the_comparison(tmp_path, monkeypatch, caplog):

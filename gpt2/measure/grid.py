@@ -160,7 +160,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
     if "train.seed" in grid and repeats > 1:
         raise UserError("-S train.seed makes the seeds the settings: with --repeats above 1 a repeat would train a "
                         "seed again and pass for another; give --repeats 1 (or leave the seed to the repeats)")
-    grid, held = swept(grid)
+    grid, held = swept(grid, compared_elsewhere=bool(revs))
     fixed.update(held)
     experiments.check_repo(root)
     if not revs:  # each revision checks its own params.yaml; here a setting that can only fail stops the grid now
@@ -222,6 +222,10 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
     judged = judge(arms, alpha)
     words = Words("setting", "the baseline", time_budget_s)
     changes, note = decide(judged, words, out / f"{slug}.md", apply)
+    if changes and (unheld := {k: v for k, v in held.items() if (raw.get(k.split(".")[0]) or {}).get(
+            k.split(".", 1)[1], object()) != v}):
+        note = (f"{note} The winner was measured with {describe(unheld)} on every run, which {params_path} does "
+                "not hold and `--apply` does not write: set it too to train as it was measured.").strip()
     text, data = write_report(out, slug, name, grid, judged, repeats, target, words, changes, note,
                               {label: c.commit for label, c in checkouts.items()}, held)
     if (raw.get("train") or {}).get("mlflow", True) if mlflow is None else mlflow:
@@ -273,10 +277,15 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ju
                  ) -> tuple[str, dict[str, Any]]:
     """``<slug>.md`` (verdict and table), ``<slug>.json`` and ``<slug>.png``, written as one; returns the markdown
     and the JSON's content (what ``--json`` prints). ``held``: the settings every run has alike."""
-    held = held or {}
     said = verdict(judged, words, repeats, changes, lambda a: a.label, note)
-    length = (f"each run trains for {words.at_equal_time_s:g} s of training steps (train.time_budget_s), so val "
-              "losses compare at equal time" if words.at_equal_time_s else "each run trains the steps params.yaml sets")
+    data_held, held = dict(held or {}), dict(held or {})  # the report's sentence takes the run's length out
+    budget = words.at_equal_time_s or held.pop("train.time_budget_s", None)
+    given = {k: held.pop(k) for k in ("train.max_steps", "train.max_tokens") if k in held}
+    if budget:
+        length = (f"each run trains for {budget:g} s of training steps (train.time_budget_s), so val losses "
+                  "compare at equal time")
+    else:
+        length = f"each run trains {describe(given)}" if given else "each run trains the steps params.yaml sets"
     keys = [Column(k, lambda i, a, k=k: json_value(a.setting[k])) for k in grid]
     ran = [Column("run names" if commits else "experiments", lambda i, a: ", ".join(r.name for r in a.runs))]
     each = (f"the `{target}` stage of its revision in a checkout of its own (not a DVC experiment: the JSON's "
@@ -286,20 +295,22 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ju
             f"{length}" + (f"; every run with {describe(held)}" if held else "")
             + f"; the first setting is the baseline. {METHOD}\n\n"
             + table(judged, keys, columns(judged, words), ran))
-    data = {"name": name, "report": str(out / f"{slug}.md"), "grid": grid, "held": held, "repeats": repeats,
-            "target": target,
-            "time_budget_s": words.at_equal_time_s, "revisions": commits or {}, **as_data(judged, said, changes)}
+    data = {"name": name, "report": str(out / f"{slug}.md"), "grid": grid, "held": data_held, "repeats": repeats,
+            "target": target, "time_budget_s": words.at_equal_time_s, "revisions": commits or {},
+            **as_data(judged, said, changes)}
     write_files(out, {f"{slug}.md": text, f"{slug}.json": json.dumps(data, indent=2) + "\n",
                       f"{slug}.png": render_png(judged, name, said, lambda a: a.label)})
     return text, data
 
 
-def swept(grid: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+def swept(grid: dict[str, list[Any]], compared_elsewhere: bool = False
+          ) -> tuple[dict[str, list[Any]], dict[str, Any]]:
     """The keys a grid compares (two values or more), and those given one value, which every run has alike and
     no label repeats (``-S train.max_steps=100 -S model.attention=flash,manual``). A grid of one setting keeps its
-    keys; a single seed stays a setting, as the repeats would otherwise set their own."""
+    keys, unless something else is compared (``compared_elsewhere``: the revisions of ``--rev``); a single seed
+    stays a setting, as the repeats would otherwise set their own."""
     many = {k: v for k, v in grid.items() if len(v) > 1 or k == "train.seed"}
-    if not many:
+    if not many and not compared_elsewhere:
         return grid, {}
     return many, {k: v[0] for k, v in grid.items() if k not in many}
 

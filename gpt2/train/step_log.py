@@ -213,10 +213,13 @@ class StepLog:
         record |= memory_gb(s.runtime)
         self.history.train.append({"step": step, **record})
         self.tracker.log_metrics(record, step=step)
-        # the session's first step holds the compile and the first allocations (minutes under compile): the ETA
-        # reads the steps after it, and shows from the second step on
-        later = self.history.step_s[self.session_start + 1:]
-        eta = f" | ETA {clock(self.length.eta_s(step, statistics.median(later[-20:])))}" if later else ""
+        # the session's warm-up steps hold the compile and the first allocations (minutes under compile): the ETA
+        # reads the steps past them once there are any, the steps after the first before, and no step alone
+        # (a time budget's ETA is the budget left, known from the start)
+        session = self.history.step_s[self.session_start:]
+        later = session[self.cfg.timing_warmup_steps:] or session[1:]
+        eta = (f" | ETA {clock(self.length.eta_s(step, statistics.median(later[-20:]) if later else 0.0))}"
+               if later or isinstance(self.length, Budget) else "")
         shown = f" | MFU {100 * utilization:.1f}%" if utilization is not None else ""
         kind = "tf32" if s.runtime.dtype == "fp32" and s.runtime.tf32 else s.runtime.dtype
         shown += f" ({100 * own:.0f}% of the {kind} peak)" if own is not None else ""

@@ -147,7 +147,7 @@ def resolve(ladder: Ladder, raw_params: dict[str, Any], device: str, model: str 
             target: float | None = None, time_budget_s: float | None = None) -> Resolved:
     """Each rung's complete model and train params on ``device`` (cpu, cuda or mps), validated.
 
-    Every run measures its val loss 6 times over ``steps``, a curve to read at the baseline's final
+    Every run measures its val loss every ``steps // 6`` steps and at its end, a curve to read at the baseline's final
     val loss. With a target val loss, ``steps`` is the cap, the val loss is measured 20 times over it
     (over params.yaml's ``eval_windows``, not the profile's), and a run stops at the first measurement
     at or below the target. With a time budget every run trains that long instead of ``steps`` (which
