@@ -299,7 +299,7 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ju
             "target": target, "time_budget_s": words.at_equal_time_s, "revisions": commits or {},
             **as_data(judged, said, changes)}
     write_files(out, {f"{slug}.md": text, f"{slug}.json": json.dumps(data, indent=2) + "\n",
-                      f"{slug}.png": render_png(judged, name, said, lambda a: a.label)})
+                      f"{slug}.png": render_png(judged, name, words, lambda a: a.label)})
     return text, data
 
 

@@ -8,6 +8,7 @@ everything that judges is written here once, over :class:`gpt2.measure.compare.J
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -310,17 +311,19 @@ def as_data(judged: Judged, said: str, changes: list[Change]) -> dict[str, Any]:
             "noise": dataclasses.asdict(judged.noise), "rows": [dataclasses.asdict(a) for a in judged.arms]}
 
 
-def render_png(judged: Judged, title: str, said: str, label: Callable[[Arm], str]) -> bytes:
+def render_png(judged: Judged, title: str, words: Words, label: Callable[[Arm], str]) -> bytes:
     """Speed against the baseline, how much sooner at the baseline's val loss, and the val loss with one point per
-    seed; blue where an arm differs from its reference outside noise, gray inside, a note where not run."""
+    seed; blue where an arm differs from its reference outside noise, gray inside, a note where not run. Its title
+    is what was decided; the noise and the method are the report's (the PNG sits beside it)."""
     import textwrap
 
     plt = pyplot()
     arms = judged.arms
     shown = arms[::-1]
-    head = textwrap.fill(said.replace("**", "").replace("\n\n", " "), 170)
-    height = 0.42 * len(arms) + 2.2 + 0.16 * (head.count("\n") + 1)
-    fig, (speed, sooner, loss) = plt.subplots(1, 3, figsize=(15, height), dpi=100, sharey=True)
+    head = textwrap.fill(decided(judged, words, label), 150)
+    height = 0.42 * len(arms) + 2.6 + 0.18 * (head.count("\n") + 1)
+    fig, (speed, sooner, loss) = plt.subplots(1, 3, figsize=(15, height), dpi=100, sharey=True,
+                                              layout="constrained")
     _bars(speed, arms, lambda a: (a.vs_baseline, a.versus.speed if a.versus else None))
     _bars(sooner, arms, lambda a: (a.at_quality.vs_baseline, a.versus.sooner if a.versus else None)
           if a.at_quality else (None, None))
@@ -335,12 +338,14 @@ def render_png(judged: Judged, title: str, said: str, label: Callable[[Arm], str
                       markersize=12, capsize=3, color=color)
     speed.set_yticks(range(len(shown)), [textwrap.shorten(label(a), 48) for a in shown])
     speed.set_ylim(-0.6, len(shown) - 0.4)
-    speed.set(xlabel="tokens/s vs the baseline (median of runs paired by repeat, min–max)", title="Speed")
-    sooner.set(xlabel="how much sooner at the baseline's final val loss (paired by repeat)", title="At equal loss")
-    loss.set(xlabel=f"{judged.by}'s final val loss: a dot per seed, the median ± 2 s.e. of the scored text",
+    wrap = functools.partial(textwrap.fill, width=52)  # three panels side by side: each label within its own
+    speed.set(xlabel=wrap("tokens/s vs the baseline (median of runs paired by repeat, min–max)"), title="Speed")
+    sooner.set(xlabel=wrap("how much sooner at the baseline's final val loss (paired by repeat)"),
+               title="At equal loss")
+    loss.set(xlabel=wrap(f"{judged.by}'s final val loss: a dot per seed, the median ± 2 s.e. of the scored text"),
              title="Quality (blue: apart from its reference)")
-    fig.suptitle(f"{title}\n{head}", fontsize=8)
-    return png(fig)
+    fig.suptitle(f"{title}\n{head}", fontsize=9)
+    return png(fig, tight=False)  # laid out by the constrained layout, title and wrapped labels included
 
 
 def _bars(ax: Any, arms: list[Arm], figures: Callable[[Arm], tuple[Ratio | None, Ratio | None]]) -> None:

@@ -175,7 +175,7 @@ def write_report(out: Path, judged: Judged, ladder: Ladder, resolved: Resolved, 
     data = {"date": today, "device": resolved.device, "report": str(out / "ladder.md"), "time_budget_s": budget,
             "repeats": resolved.profile.repeats, **as_data(judged, said, changes)}
     write_files(out, {"ladder.md": text, "ladder.json": json.dumps(data, indent=2) + "\n",
-                      "ladder.png": render_png(judged, describe(resolved, judged), said,
+                      "ladder.png": render_png(judged, describe(resolved, judged), words,
                                                lambda a: f"{judged.arms.index(a)} {a.label}")})
     return text, data
 
