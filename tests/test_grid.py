@@ -303,7 +303,7 @@ def test_a_grid_over_the_seed_refuses_repeats_that_would_train_a_seed_again(tmp_
 def test_what_a_comparison_will_cost_is_said_before_it_starts(tmp_path):
     """Each run's training at the pace of the workspace's last training (its ms per step, its evals' share), plus
     the start and save of each; without a pace or a budget, it says the cost is measured after the first run."""
-    from gpt2.measure.experiments import RUN_START_S, Planned, expected_cost
+    from gpt2.measure.experiments import RUN_START_S, Planned, expected_cost, keep_run_start
 
     (tmp_path / "params.yaml").write_text("train:\n  max_steps: 100\n")
     budget = Planned("a", {"train.time_budget_s": 60, "train.max_steps": None}, "a", "a")
@@ -314,7 +314,12 @@ def test_what_a_comparison_will_cost_is_said_before_it_starts(tmp_path):
     summary.parent.mkdir(parents=True)
     summary.write_text(json.dumps({"perf": {"step_ms": 500.0}, "train_s": 100.0, "wall_s": 110.0}))
     said = expected_cost(tmp_path, [budget, steps], "grid")  # 66 s + 55 s of training and evals, two starts
-    assert RUN_START_S == 30 and "2 run(s), about 0:03:01 in all" in said
+    assert RUN_START_S == 30 and "2 run(s), about 0:03:01 in all" in said and "(a 2-core CPU's)" in said
+    (tmp_path / ".dvc").mkdir()  # a comparison here took 12 s and 17 s beyond its 66 s and 55 s of training
+    keep_run_start(tmp_path, [(budget, 78.0), (steps, 72.0)])
+    said = expected_cost(tmp_path, [budget, steps], "grid")
+    assert "about 0:02:30 in all" in said and "about 14 s to start and save it (the median of the last " \
+                                                  "comparison's 2 run(s) here)" in said
 
 
 def test_an_agent_loop_keeps_only_what_holds_on_held_out_text(tmp_path, monkeypatch, capsys):

@@ -215,6 +215,8 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, t
                "--json")
     assert "grid: [2/2] train.lr=0.03, run 1 (lr-2-1)" in done.stderr
     assert "repeat r trains train.seed 1338" in done.stderr and "grid: 2 run(s), about " in done.stderr
+    kept = json.loads((root / ".dvc/tmp/gpt2-run-start.json").read_text())  # the next estimate's start and save
+    assert kept["runs"] == 2 and kept["run_start_s"] > 0
     table = (root / "reports/grid/lr.md").read_text()
     said = table.split("\n\n")[1:3]  # beside the other test worker, its first words may name the runs it slowed
     assert any(part.startswith("**One run per setting: no interval") for part in said), table

@@ -141,7 +141,30 @@ class Planned:
 
 
 RUN_START_S = 30.0  # a run's cost beside its training and evals (DVC's temporary workspace, the stages' start,
-# the saves): 25-30 s for the tiny model on a 2-core CPU (docs/benchmarks.md); the ETA after each run is measured
+# the saves): 25-30 s for the tiny model on a 2-core AVX2 CPU (docs/benchmarks.md), until a comparison here measures it
+RUN_START_FILE = ".dvc/tmp/gpt2-run-start.json"  # what the last comparison here measured (neither git nor DVC track it)
+
+
+def run_start_s(root: Path) -> tuple[float, str]:
+    """A run's cost beside its training at the workspace's pace here, and where the figure comes from: what the last
+    comparison in this workspace measured, else RUN_START_S."""
+    measured = _json_file(root / RUN_START_FILE) or {}
+    if isinstance(measured.get("run_start_s"), (int, float)):
+        return float(measured["run_start_s"]), f"the median of the last comparison's {measured.get('runs')} run(s) here"
+    return RUN_START_S, "a 2-core CPU's"
+
+
+def keep_run_start(root: Path, finished_runs: list[tuple[Planned, float]]) -> None:
+    """What each finished run took beyond its training at the workspace's pace, its median kept for the next
+    comparison's estimate (a faster CPU starts DVC and the stages in half the time of RUN_START_S)."""
+    pace = _json_file(root / paths.TRAIN_SUMMARY)
+    base = (_params(root).get("train") or {})
+    rest = [took - seconds for run, took in finished_runs
+            if (seconds := run_seconds(_train_of(run, base), pace)) is not None]
+    if rest and (root / ".dvc").is_dir():
+        path = root / RUN_START_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"run_start_s": round(max(0.0, statistics.median(rest)), 1), "runs": len(rest)}))
 
 
 def run_seconds(train: dict[str, Any], pace: dict[str, Any] | None) -> float | None:
@@ -159,38 +182,45 @@ def run_seconds(train: dict[str, Any], pace: dict[str, Any] | None) -> float | N
 
 def expected_cost(root: Path, planned: list[Planned], what: str) -> str:
     """What ``planned`` will cost in all, said before the first run: each run's training at the pace of the last
-    training in the workspace (reports/train/summary.json), plus ``RUN_START_S`` a run."""
+    training in the workspace (reports/train/summary.json), plus a run's start and save (``run_start_s``)."""
     from gpt2.core.progress import clock
-    from gpt2.core.schema import read_yaml
 
     pace = _json_file(root / paths.TRAIN_SUMMARY)
-    base = (read_yaml(root / paths.PARAMS, "params", "--params") or {}).get("train") or {}
-    seconds = []
-    for run in planned:
-        train = (run.params or {}).get("train") if run.params else {
-            **base, **{k.split(".", 1)[1]: v for k, v in run.sets.items() if k.startswith("train.")}}
-        seconds.append(run_seconds(train or {}, pace))
+    base = (_params(root).get("train") or {})
+    seconds = [run_seconds(_train_of(run, base), pace) for run in planned]
     if any(s is None for s in seconds):
         return (f"{what}: {len(planned)} run(s); what they cost is measured once the first ends (a run has neither a "
                 f"time budget nor steps that {paths.TRAIN_SUMMARY}, a training here, can pace)")
-    total = sum(seconds) + RUN_START_S * len(planned)
+    start, source = run_start_s(root)
+    total = sum(seconds) + start * len(planned)
     return (f"{what}: {len(planned)} run(s), about {clock(total)} in all: {statistics.median(seconds):.0f} s of "
-            f"training and evals a run (at the pace of {paths.TRAIN_SUMMARY}), and about {RUN_START_S:.0f} s to "
-            "start and save it (a 2-core CPU's); the ETA after each run is measured")
+            f"training and evals a run (at the pace of {paths.TRAIN_SUMMARY}), and about {start:.0f} s to "
+            f"start and save it ({source}); the ETA after each run is measured")
+
+
+def _params(root: Path) -> dict[str, Any]:
+    from gpt2.core.schema import read_yaml
+
+    return read_yaml(root / paths.PARAMS, "params", "--params") or {}
+
+
+def _train_of(run: Planned, base: dict[str, Any]) -> dict[str, Any]:
+    """The train section ``run`` trains with: its revision's params, else the workspace's with its settings."""
+    if run.params:
+        return (run.params or {}).get("train") or {}
+    return {**base, **{k.split(".", 1)[1]: v for k, v in run.sets.items() if k.startswith("train.")}}
 
 
 def too_short(root: Path, planned: list[Planned], what: str) -> list[str]:
     """Before the first run: the runs whose speed will rest on a handful of steps, or whose time budget ends inside
     the warm-up that a training here took (reports/train/summary.json's ``perf.warmup_s``)."""
-    from gpt2.core.schema import read_yaml
     from gpt2.run.figures import FEW_TIMED_STEPS
 
     pace = (_json_file(root / paths.TRAIN_SUMMARY) or {}).get("perf") or {}
-    base = (read_yaml(root / paths.PARAMS, "params", "--params") or {}).get("train") or {}
+    base = _params(root).get("train") or {}
     short, inside = [], []
     for run in planned:
-        train = ((run.params or {}).get("train") or {}) if run.params else {
-            **base, **{k.split(".", 1)[1]: v for k, v in run.sets.items() if k.startswith("train.")}}
+        train = _train_of(run, base)
         warmup = train.get("timing_warmup_steps", 5)
         if train.get("time_budget_s") and pace.get("warmup_s") and train["time_budget_s"] <= pace["warmup_s"]:
             inside.append((run.name, train["time_budget_s"]))
@@ -239,6 +269,7 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what
     for warning in too_short(root, planned, what):
         logger.warning(warning)
     durations: list[float] = []
+    succeeded: list[tuple[Planned, float]] = []
     for done, run in enumerate(planned):
         left = statistics.median(durations) * (len(planned) - done) if durations else 0.0
         eta = f", the last took {durations[-1]:.0f} s, ETA {clock(left)}" if durations else ""
@@ -253,6 +284,9 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what
             error.exit_code = 143 if isinstance(interrupt, Terminated) else 130
             raise error from None
         durations.append(time.perf_counter() - started)
+        if code == 0:
+            succeeded.append((run, durations[-1]))
+            keep_run_start(root, succeeded)  # the next comparison's estimate: this machine's
         if run.checkout and code == 0 and (found := revisions.collect(run.checkout, run.name)):
             collected[run.name] = found
         if code != 0:
