@@ -238,3 +238,5 @@ def test_the_curves_flag_a_noisy_step_time_and_keep_a_flat_memory_line_off_the_f
     steady = [{**row, "perf/step_ms": 100.0 + row["step"] % 2} for row in train]
     reports.render_curves(steady, [], "steady")
     assert "noisy" not in titles["ms (warm-up steps left out)"]
+    reports.render_curves(steady, [], "summary", {"step_ms": 184.055, "step_ms_iqr": 9.2})  # every timed step's
+    assert titles["ms (warm-up steps left out)"] == "Step time: median 184 ms, IQR 5%"  # as metrics.json says

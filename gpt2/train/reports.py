@@ -156,7 +156,8 @@ def write_reports(report_dir: Path, summary: dict[str, Any], history: History) -
     """metrics.json (compared figures), summary.json (the whole summary), plots/*.tsv and plots/curves.png."""
     files: dict[str, str | bytes] = {f"plots/{name}": plot_table(PLOT_COLUMNS[name], rows)
                                      for name, rows in (("train.tsv", history.train), ("val.tsv", history.val))}
-    png = render_curves(history.train, history.val, f"{summary['params']:,} parameters, {summary['steps']} steps")
+    png = render_curves(history.train, history.val, f"{summary['params']:,} parameters, {summary['steps']} steps",
+                        summary.get("perf"))
     if png is not None:
         files["plots/curves.png"] = png
     files["summary.json"] = json_text(summary)
@@ -206,8 +207,11 @@ def plot_table(columns: dict[str, tuple[str, ...]], rows: list[dict[str, Any]]) 
     return "\n".join(lines) + "\n"
 
 
-def render_curves(train: list[dict[str, Any]], val: list[dict[str, Any]], title: str) -> bytes | None:
-    """The training curves as one PNG (loss, step time, tokens/s, memory), readable without a browser.
+def render_curves(train: list[dict[str, Any]], val: list[dict[str, Any]], title: str,
+                  perf: dict[str, Any] | None = None) -> bytes | None:
+    """The training curves as one PNG (loss, step time, tokens/s, memory), readable without a browser. The step
+    time's title gives ``perf``'s median and IQR over every timed step, the figures metrics.json holds (the curve
+    shows the logged steps only), or the logged steps' where there is no ``perf``.
 
     DVC's own plots render to HTML that loads Vega from a CDN: blank offline. matplotlib is optional
     here (GPU boxes may lack it): without it the PNG is skipped with a note, the TSVs remain."""
@@ -236,8 +240,10 @@ def render_curves(train: list[dict[str, Any]], val: list[dict[str, Any]], title:
     steps_ms = series(train, "perf/step_ms")
     step_ms.plot(*steps_ms, linewidth=1)
     step_ms.set(ylabel="ms (warm-up steps left out)", title="Step time")
-    if len(steps_ms[1]) >= 2:  # the logged steps' median and spread; noisy: one run cannot give its speed
-        median, spread = statistics.median(steps_ms[1]), iqr(steps_ms[1])
+    timed = (perf or {}).get("step_ms"), (perf or {}).get("step_ms_iqr")
+    if timed[0] or len(steps_ms[1]) >= 2:  # noisy: one run cannot give its speed
+        median, spread = timed if timed[0] and timed[1] is not None else (statistics.median(steps_ms[1]),
+                                                                          iqr(steps_ms[1]))
         noisy = spread > NOISY_STEP_IQR * median
         step_ms.axhline(median, color="C3" if noisy else "C2", linestyle=":", linewidth=1)
         step_ms.set_title(f"Step time: median {median:,.3g} ms, IQR {100 * spread / median:.0f}%"
