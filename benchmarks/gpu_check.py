@@ -285,6 +285,20 @@ class OutOfBudget(Exception):
     """The job's time budget (``--budget-s``) is nearly spent: stop before a child that would not finish."""
 
 
+def stepper(left: list[str]) -> Any:
+    """``step(what, action, *args)``: ``action(*args)``, or, where the budget cannot fit it, None with ``what``
+    added to ``left`` (what the next job does) and said."""
+    def step(what: str, action: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return action(*args, **kwargs)
+        except OutOfBudget:
+            left.append(what)
+            print(f"gpu_check: {what}: left for the next job (too little of --budget-s left)", file=sys.stderr)
+            return None
+
+    return step
+
+
 @dataclasses.dataclass
 class Budget:
     """This job's time (``--budget-s``; None: no end) and a child's own limit (``--timeout-s``). ``stretch``: the
@@ -885,14 +899,7 @@ class Check:
         known in the first minute), then the headline rows, the rest of the tests last. What does not fit the
         budget is left to the next job, and the job goes on with what does; the names of what was left."""
         left: list[str] = []
-
-        def step(what: str, action: Any, *args: Any) -> Any:
-            try:
-                return action(*args)
-            except OutOfBudget:
-                left.append(what)
-                print(f"gpu_check: {what}: left for the next job (too little of --budget-s left)", file=sys.stderr)
-                return None
+        step = stepper(left)
 
         if "tests" in parts:
             step("tests (compiled)", self.tests, "tests first", FIRST_TESTS)

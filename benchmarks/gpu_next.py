@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import gpu_check  # noqa: E402
-from gpu_check import LEVERS, WARM_S, Budget, Check, OutOfBudget, Report  # noqa: E402
+from gpu_check import LEVERS, WARM_S, Budget, Check, Report  # noqa: E402
 from gpu_levers import GEMMS  # noqa: E402
 
 ROUNDS = 3  # the fewest whose paired ratios can agree on a direction against a spread (docs/benchmarks.md)
@@ -211,13 +211,7 @@ def run_plan(check: Check, out: Path, nanogpt: Path | None, probe: Any = probe_l
     with it, that pair runs first."""
     lines: list[str] = []
     left: list[str] = []
-
-    def step(what: str, action: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return action(*args, **kwargs)
-        except OutOfBudget:
-            left.append(what)
-            return None
+    step = gpu_check.stepper(left)
 
     def left_s() -> float:
         return (check.budget.seconds or 1e9) - check.budget.spent()
@@ -269,13 +263,13 @@ def run_plan(check: Check, out: Path, nanogpt: Path | None, probe: Any = probe_l
 def main(out: Path, carried: Path | None, nanogpt: Path | None, budget_s: float, tokens: str | None) -> None:
     import torch
 
-    if not torch.cuda.is_available():
-        raise click.UsageError("no CUDA device here: the plan measures a GPU (its CPU replay is in the test suite)")
-    if nanogpt is not None:
+    if nanogpt is not None:  # before anything is measured: a wrong folder would fail the race minutes in
         try:
             gpu_check.nanogpt_peer.check_checkout(nanogpt)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--nanogpt") from None
+    if not torch.cuda.is_available():
+        raise click.UsageError("no CUDA device here: the plan measures a GPU (its CPU replay is in the test suite)")
     budget = Budget(budget_s, 300.0, stretch=True)
     device = torch.cuda.get_device_name()
     json_path = out / "gpu_check.json"

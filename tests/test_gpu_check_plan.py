@@ -678,3 +678,11 @@ def test_a_best_pair_whose_nanogpt_half_failed_is_raced_again(tmp_path):
     assert not gpu_next.raced(check, best)
     theirs.pop("failed")
     assert gpu_next.raced(check, best) and not gpu_next.raced(check, check.all_switches())
+
+
+def test_a_folder_that_is_no_nanogpt_checkout_stops_the_plan_before_anything_runs(tmp_path):
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(gpu_next.main, ["--out", str(tmp_path / "out"), "--nanogpt", str(tmp_path)])
+    assert result.exit_code == 2 and "no train.py, model.py, configurator.py there" in result.output
+    assert not (tmp_path / "out").exists()  # no table started, no probe run

@@ -39,13 +39,13 @@ def apply(changes: list[Change], params_path: str | Path = paths.PARAMS) -> str:
     path = Path(params_path)
     text = path.read_text()
     data = yaml.safe_load(text) or {}
-    todo = [c for c in changes if not runs_the_same(c.key, _get(data, c.key), c.value)]
+    todo = [c for c in changes if not runs_the_same(c.key, value_of(data, c.key), c.value)]
     if not changes:
         return "nothing to apply: no setting is better than the baseline outside noise; params.yaml is unchanged"
     if not todo:
         return "params.yaml already holds every winning setting: " + "; ".join(
-            f"{c.key}={_scalar(c.value)}" + ("" if bare_off(_get(data, c.key)) == bare_off(c.value) else
-                                             f" ({c.key} {_scalar(_get(data, c.key))} runs it here, and is kept)")
+            f"{c.key}={_scalar(c.value)}" + ("" if bare_off(value_of(data, c.key)) == bare_off(c.value) else
+                                             f" ({c.key} {_scalar(value_of(data, c.key))} runs it here, and is kept)")
             for c in changes)
     refuse_uncommitted(path)
     new = text
@@ -169,7 +169,8 @@ def _scalar(value: Any, like: str = "") -> str:
     return json.dumps(value)
 
 
-def _get(data: dict[str, Any], key: str) -> Any:
+def value_of(data: dict[str, Any], key: str) -> Any:
+    """params.yaml's ``section.key`` in ``data``, or a marker no value equals where it is missing."""
     section, _, name = key.partition(".")
     return (data.get(section) or {}).get(name, _MISSING)
 

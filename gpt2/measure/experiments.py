@@ -158,7 +158,7 @@ def keep_run_start(root: Path, finished_runs: list[tuple[Planned, float]]) -> No
     """What each finished run took beyond its training at the workspace's pace, its median kept for the next
     comparison's estimate (a faster CPU starts DVC and the stages in half the time of RUN_START_S)."""
     pace = _json_file(root / paths.TRAIN_SUMMARY)
-    base = (_params(root).get("train") or {})
+    base = _params(root).get("train") or {}
     rest = [took - seconds for run, took in finished_runs
             if (seconds := run_seconds(_train_of(run, base), pace)) is not None]
     if rest and (root / ".dvc").is_dir():
@@ -186,7 +186,7 @@ def expected_cost(root: Path, planned: list[Planned], what: str) -> str:
     from gpt2.core.progress import clock
 
     pace = _json_file(root / paths.TRAIN_SUMMARY)
-    base = (_params(root).get("train") or {})
+    base = _params(root).get("train") or {}
     seconds = [run_seconds(_train_of(run, base), pace) for run in planned]
     if any(s is None for s in seconds):
         return (f"{what}: {len(planned)} run(s); what they cost is measured once the first ends (a run has neither a "
@@ -207,7 +207,7 @@ def _params(root: Path) -> dict[str, Any]:
 def _train_of(run: Planned, base: dict[str, Any]) -> dict[str, Any]:
     """The train section ``run`` trains with: its revision's params, else the workspace's with its settings."""
     if run.params:
-        return (run.params or {}).get("train") or {}
+        return run.params.get("train") or {}
     return {**base, **{k.split(".", 1)[1]: v for k, v in run.sets.items() if k.startswith("train.")}}
 
 

@@ -27,7 +27,7 @@ from gpt2.core.atomic import write_files
 from gpt2.core.config import load_params, read_yaml
 from gpt2.core.errors import UserError
 from gpt2.measure import experiments, revisions
-from gpt2.measure.apply import Change
+from gpt2.measure.apply import Change, value_of, runs_the_same
 from gpt2.measure.compare import ALPHA, Arm, Judged, judge, read_run
 from gpt2.measure.parent_run import log_parent
 from gpt2.measure.report import (METHOD, Column, Words, as_data, columns, decide_best, render_png, table,
@@ -222,8 +222,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
     judged = judge(arms, alpha)
     words = Words("setting", "the baseline", time_budget_s)
     changes, note = decide(judged, words, out / f"{slug}.md", apply)
-    if changes and (unheld := {k: v for k, v in held.items() if (raw.get(k.split(".")[0]) or {}).get(
-            k.split(".", 1)[1], object()) != v}):
+    if changes and (unheld := {k: v for k, v in held.items() if not runs_the_same(k, value_of(raw, k), v)}):
         note = (f"{note} The winner was measured with {describe(unheld)} on every run, which {params_path} does "
                 "not hold and `--apply` does not write: set it too to train as it was measured.").strip()
     text, data = write_report(out, slug, name, grid, judged, repeats, target, words, changes, note,
@@ -278,9 +277,9 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ju
     """``<slug>.md`` (verdict and table), ``<slug>.json`` and ``<slug>.png``, written as one; returns the markdown
     and the JSON's content (what ``--json`` prints). ``held``: the settings every run has alike."""
     said = verdict(judged, words, repeats, changes, lambda a: a.label, note)
-    data_held, held = dict(held or {}), dict(held or {})  # the report's sentence takes the run's length out
-    budget = words.at_equal_time_s or held.pop("train.time_budget_s", None)
-    given = {k: held.pop(k) for k in ("train.max_steps", "train.max_tokens") if k in held}
+    rest = dict(held or {})  # what every run had, less the run's length, which its own sentence says
+    budget = words.at_equal_time_s or rest.pop("train.time_budget_s", None)
+    given = {k: rest.pop(k) for k in ("train.max_steps", "train.max_tokens") if k in rest}
     if budget:
         length = (f"each run trains for {budget:g} s of training steps (train.time_budget_s), so val losses "
                   "compare at equal time")
@@ -292,10 +291,10 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ju
             "revisions name each commit)" if commits else f"the `{target}` stage as a DVC experiment")
     text = (f"# {name}\n\n{said}\n\n"
             f"{len(judged.arms)} settings × {repeats} run(s), one at a time, in alternating order, each {each}; "
-            f"{length}" + (f"; every run with {describe(held)}" if held else "")
+            f"{length}" + (f"; every run with {describe(rest)}" if rest else "")
             + f"; the first setting is the baseline. {METHOD}\n\n"
             + table(judged, keys, columns(judged, words), ran))
-    data = {"name": name, "report": str(out / f"{slug}.md"), "grid": grid, "held": data_held, "repeats": repeats,
+    data = {"name": name, "report": str(out / f"{slug}.md"), "grid": grid, "held": held or {}, "repeats": repeats,
             "target": target, "time_budget_s": words.at_equal_time_s, "revisions": commits or {},
             **as_data(judged, said, changes)}
     write_files(out, {f"{slug}.md": text, f"{slug}.json": json.dumps(data, indent=2) + "\n",
