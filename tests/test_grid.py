@@ -73,6 +73,45 @@ def fake_grid(monkeypatch, tmp_path, results, params="train:\n  mlflow: false\n 
     return planned
 
 
+def test_a_grid_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_again(tmp_path, monkeypatch, caplog):
+    """Ctrl-C in the third of four runs ends the grid with the usual error and keeps its plan; the same command
+    again (its default name a minute later) takes the same names, keeps the two finished runs and makes the other
+    two. A finished grid keeps no plan: the command once more measures all four anew."""
+    real_run_in_turn, store, made, stop_at = grid.experiments.run_in_turn, {}, [], [3]
+    fake_grid(monkeypatch, tmp_path, lambda name, sets: None)
+    monkeypatch.setattr(grid.experiments, "run_in_turn", real_run_in_turn)
+    monkeypatch.setattr(grid.experiments, "finished", lambda root, files=(): list(store.values()))
+
+    def run_now(root, name, sets, target, log, run_name=None):
+        made.append(name)
+        if len(made) == stop_at[0]:
+            raise KeyboardInterrupt
+        store[name] = run(name, 100 + sets["train.seed"], loss=6.0 + 0.01 * sets["train.seed"])
+        return 0
+
+    monkeypatch.setattr(grid.experiments, "run_now", run_now)
+    command = {"sets": ("train.lr=1.0e-3,3.0e-3",), "target": "train", "repeats": 2}
+    monkeypatch.setattr(grid.time, "strftime", lambda pattern: "12-01 10:00")
+    with pytest.raises(UserError, match=r"finished runs are kept \(dvc exp show\); the same command again goes on"):
+        grid.run_grid(**command)
+    names = [f"grid-12-01-10-00-{arm}-{repeat}" for arm, repeat in ((1, 1), (2, 1), (2, 2), (1, 2))]
+    assert made == names[:3] and (tmp_path / ".dvc/tmp/gpt2-grid-interrupted.json").is_file()
+    monkeypatch.setattr(grid.time, "strftime", lambda pattern: "12-01 10:01")
+    stop_at[0] = 0
+    with caplog.at_level("INFO", logger="gpt2.grid"):
+        data = grid.run_grid(**command)
+    assert made[3:] == names[2:]  # the stopped run again, then the one not begun
+    assert "going on from the grid stopped before: 2 of its 4 runs finished then and are kept" in caplog.text
+    assert "[3/4] train.lr=0.003, run 2 (grid-12-01-10-00-2-2)" in caplog.text
+    assert [len(row["runs"]) for row in data["rows"]] == [2, 2]
+    assert not (tmp_path / "reports/grid/grid-12-01-10-01.md").exists()
+    assert (tmp_path / "reports/grid/grid-12-01-10-00.md").is_file()  # under the stopped grid's name
+    assert not (tmp_path / ".dvc/tmp/gpt2-grid-interrupted.json").exists()
+    monkeypatch.setattr(grid.time, "strftime", lambda pattern: "12-01 10:00")
+    grid.run_grid(**command)  # a finished grid is measured anew, under names of its own
+    assert made[5:] == [f"{name}-2" for name in names]
+
+
 def test_repeat_r_trains_its_own_seed_in_every_setting_and_the_grid_judges_them(tmp_path, monkeypatch, capsys):
     """Seeds differ between repeats, never between the settings of one repeat, and never equal the committed
     run's (DVC would skip that stage); the report names them, a large change reads outside noise."""

@@ -365,6 +365,34 @@ def test_the_ladder_refuses_to_time_beside_a_running_experiment(tmp_path, monkey
         ladder.run_ladder("two.yaml", device="cpu")
 
 
+def test_a_ladder_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_again(tmp_path, monkeypatch):
+    """The grid's way (tests/test_grid.py): Ctrl-C in the second run keeps the plan; the same command again makes
+    that run under its name and never the first again (a CPU's ladder: one repeat, TF32 left out)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS))
+    (tmp_path / "two.yaml").write_text(TWO_RUNGS)
+    monkeypatch.setattr(ladder.runs.experiments, "check_repo", lambda root: None)
+    monkeypatch.setattr(ladder.runs.experiments, "pending", lambda root, states: [])
+    monkeypatch.setattr(ladder.runs.experiments, "uncommitted_params", lambda root, path: "")
+    store, made = {}, []
+    monkeypatch.setattr(ladder.runs.experiments, "finished", lambda root, files=(): list(store.values()))
+
+    def run_now(root, name, sets, target, log, run_name=None):
+        made.append(name)
+        if len(made) == 2:
+            raise KeyboardInterrupt
+        store[name] = Experiment(name, "rev", "t", {}, {})
+        return 0
+
+    monkeypatch.setattr(ladder.runs.experiments, "run_now", run_now)
+    with pytest.raises(UserError, match="ladder interrupted: .* the same command again goes on from them"):
+        ladder.run_ladder("two.yaml", device="cpu", mlflow=False)
+    with pytest.raises(UserError, match="did not finish"):  # these stand-in runs hold no figures
+        ladder.run_ladder("two.yaml", device="cpu", mlflow=False)
+    assert made == ["ladder-00-baseline-1", "ladder-02-flash-attention-1", "ladder-02-flash-attention-1"]  # no TF32
+    assert not (tmp_path / ".dvc/tmp/gpt2-ladder-interrupted.json").exists()
+
+
 CPU = {"device": "cpu", "dtype": "fp32", "tf32": False, "sdpa_backend": "flash_attention", "device_name": "x",
        "keep_host_memory": False}
 NOISE_LADDER = ("baseline: {keep_host_memory: false, model.pad_vocab: false, fused_adamw: false}\nrungs:\n"

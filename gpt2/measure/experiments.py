@@ -251,36 +251,74 @@ def _json_file(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what: str, kept: str = "",
-                collected: dict[str, Any] | None = None) -> None:
+def interrupted_file(root: Path, what: str) -> Path:
+    """Where a stopped grid or ladder keeps its plan: the project's ``.dvc/tmp`` (neither git nor DVC track it)."""
+    return root / ".dvc" / "tmp" / f"gpt2-{what}-interrupted.json"
+
+
+def plan_key(root: Path, params_path: str | Path, target: str, sets: list[dict[str, Any]]) -> str:
+    """What makes a comparison the same one again: the commit, the params file it starts from, its target and
+    every run's settings in the order it runs them."""
+    import hashlib
+
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    params = Path(params_path).read_bytes() if Path(params_path).is_file() else b""
+    blob = json.dumps([head, hashlib.sha256(params).hexdigest(), target, sets], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def interrupted(root: Path, what: str, key: str) -> dict[str, Any] | None:
+    """The plan a stopped comparison with this ``key`` kept (its run names, ``names``, and its ``name``), or None:
+    the same command run again takes its names, so the runs it finished are kept instead of run again."""
+    record = _json_file(interrupted_file(root, what))
+    return record if isinstance(record, dict) and record.get("key") == key else None
+
+
+def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what: str,
+                collected: dict[str, Any] | None = None, plan: dict[str, Any] | None = None,
+                done: frozenset[str] = frozenset()) -> None:
     """Run ``planned`` one at a time, in its order, with a progress line and an ETA; DVC's output goes to ``log``.
     What it will cost in all is said first. A failed experiment is said and skipped (it is missing from
     :func:`finished`); Ctrl-C or SIGTERM stops the running one and ends with a UserError that says what is kept.
     ``what``: the command (``grid``). A run in a revision's checkout is read back into ``collected``
-    (name → (Experiment, val curve)) as soon as it ends."""
+    (name → (Experiment, val curve)) as soon as it ends. ``plan`` (with its ``key``, :func:`plan_key`) is kept
+    where a stop finds it (:func:`interrupted`), and dropped once every run is made; ``done``: the runs of
+    ``planned`` that a stopped run of the same plan finished, kept, not run again."""
     from gpt2.measure import revisions
 
     from gpt2.core import log as logs
     from gpt2.core.progress import clock
 
     logger = logs.get(what)
-    log.unlink(missing_ok=True)
-    logger.info(expected_cost(root, planned, what))
-    for warning in too_short(root, planned, what):
+    if not done:
+        log.unlink(missing_ok=True)
+    left_to_run = [run for run in planned if run.name not in done]
+    if done:
+        logger.info(f"{what}: going on from the {what} stopped before: {len(done)} of its {len(planned)} runs "
+                    f"finished then and are kept (timed then, not beside the runs made now); "
+                    f"{len(left_to_run)} to run")
+    if left_to_run:  # a stop DVC outran (the run saved as it ended) can leave none
+        logger.info(expected_cost(root, left_to_run, what))
+    for warning in too_short(root, left_to_run, what):
         logger.warning(warning)
     durations: list[float] = []
     succeeded: list[tuple[Planned, float]] = []
-    for done, run in enumerate(planned):
-        left = statistics.median(durations) * (len(planned) - done) if durations else 0.0
+    for made, run in enumerate(left_to_run):
+        left = statistics.median(durations) * (len(left_to_run) - made) if durations else 0.0
         eta = f", the last took {durations[-1]:.0f} s, ETA {clock(left)}" if durations else ""
-        logger.info(f"{what}: [{done + 1}/{len(planned)}] {run.label} ({run.name}){eta}")
+        logger.info(f"{what}: [{len(done) + made + 1}/{len(planned)}] {run.label} ({run.name}){eta}")
         started = time.perf_counter()
         try:
             code = (revisions.run(run.checkout, run.name, run.params, target, log, run.run_name) if run.checkout
                     else run_now(root, run.name, run.sets, target, log, run.run_name))
         except KeyboardInterrupt as interrupt:
+            if plan is not None:
+                from gpt2.core.atomic import write_json
+
+                interrupted_file(root, what).parent.mkdir(parents=True, exist_ok=True)
+                write_json(interrupted_file(root, what), plan)
             error = UserError(f"{what} interrupted: the running experiment was stopped; finished runs are kept "
-                              f"(dvc exp show){kept}")
+                              "(dvc exp show)" + ("; the same command again goes on from them" if plan else ""))
             error.exit_code = 143 if isinstance(interrupt, Terminated) else 130
             raise error from None
         durations.append(time.perf_counter() - started)
@@ -291,6 +329,8 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what
             collected[run.name] = found
         if code != 0:
             logger.info(f"{what}: {run.name} failed (dvc exit {code}); its output is in {log}")
+    if plan is not None and interrupted(root, what, plan["key"]):
+        interrupted_file(root, what).unlink()
 
 
 def _set_args(sets: dict[str, Any]) -> list[str]:

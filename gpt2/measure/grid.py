@@ -182,16 +182,24 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
     if apply:  # text no verdict reads, where a quality win must hold before it is written
         fixed["train.holdout_windows"] = experiments.holdout_size(raw)
     seeds = [None] * repeats if "train.seed" in grid else experiments.repeat_seeds(raw, repeats)
-    name = name or "grid " + time.strftime("%m-%d %H:%M")
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "grid"
     out = Path(out)
     collected: dict[str, Any] = {}
     with revisions.checked_out(root, revs) as checkouts:
         if checkouts:
             grid = {"revision": list(checkouts), **grid}
         combos = settings(grid)
+        order = experiments.alternating(len(combos), repeats)
+        run_sets = {(i, r): {**{k: v for k, v in combos[i].items() if k != "revision"}, **fixed,
+                             **({"train.seed": seeds[r]} if seeds[r] is not None else {})} for i, r in order}
+        # revisions run in checkouts that end with the grid: a stopped one leaves nothing to go on from
+        key = None if checkouts else experiments.plan_key(root, params_path, target,
+                                                          [{"name": name}, *(run_sets[run] for run in order)])
+        stopped = experiments.interrupted(root, "grid", key) if key else None
+        name = stopped["name"] if stopped else name or "grid " + time.strftime("%m-%d %H:%M")
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "grid"
         taken = {e.name for e in experiments.finished(root)}
-        names = [[_free(f"{slug}-{i + 1}-{r + 1}", taken) for r in range(repeats)] for i in range(len(combos))]
+        names = stopped["names"] if stopped else [[_free(f"{slug}-{i + 1}-{r + 1}", taken) for r in range(repeats)]
+                                                  for i in range(len(combos))]
         logger.info(f"grid {name!r}: {len(combos)} settings × {repeats} run(s) ({', '.join(grid)}"
                     + (f"; every run with {describe(held)}" if held else "") + "), one at a time; "
                     f"the first, {describe(combos[0])}, is the baseline"
@@ -201,15 +209,16 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                 logger.warning(f"grid: revision {checkout.label} has no {', '.join(left)} in its params.yaml: its "
                                "runs train without them")
         planned = []
-        for i, r in experiments.alternating(len(combos), repeats):
-            sets_ = {**{k: v for k, v in combos[i].items() if k != "revision"}, **fixed,
-                     **({"train.seed": seeds[r]} if seeds[r] is not None else {})}
+        for i, r in order:
             checkout = checkouts.get(combos[i].get("revision"))
             planned.append(experiments.Planned(
-                names[i][r], sets_, f"{describe(combos[i])}, run {r + 1}",
+                names[i][r], run_sets[i, r], f"{describe(combos[i])}, run {r + 1}",
                 f"{describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else "") + f" · {name}", checkout,
-                revisions.params_for(checkout, raw, sets_) if checkout else None))
-        experiments.run_in_turn(root, planned, target, out / "dvc.log", "grid", collected=collected)
+                revisions.params_for(checkout, raw, run_sets[i, r]) if checkout else None))
+        experiments.run_in_turn(root, planned, target, out / "dvc.log", "grid", collected=collected,
+                                plan={"key": key, "name": name, "names": names} if key else None,
+                                done=frozenset(n for group in names for n in group if n in taken) if stopped
+                                else frozenset())
     if checkouts:
         found, curves = {n: e for n, (e, _) in collected.items()}, {n: c for n, (_, c) in collected.items()}
     else:

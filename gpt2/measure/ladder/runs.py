@@ -52,20 +52,25 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
     repeats = resolved.profile.repeats
     seeds = experiments.repeat_seeds(raw, repeats)
     unshown = [i for i, why in enumerate(resolved.cannot_show) if why]
-    taken = {e.name for e in experiments.finished(root)}
-    names = [[] if i in unshown else [_free(f"{EXP_PREFIX}{i:02d}-{rung.slug}", taken) for _ in range(repeats)]
-             for i, rung in enumerate(ladder.rungs)]
     todo = [(i, r) for i, r in experiments.alternating(len(ladder.rungs), repeats) if i not in unshown]
+    held = {"train.holdout_windows": resolved.sections[0]["train"]["eval_windows"]} if apply else {}
+    run_sets = {(i, r): {**resolved.sets[i], "train.seed": seeds[r], **held} for i, r in todo}
+    key = experiments.plan_key(root, params_path, "train", [run_sets[run] for run in todo])
+    stopped = experiments.interrupted(root, "ladder", key)
+    taken = {e.name for e in experiments.finished(root)}
+    names = stopped["names"] if stopped else [
+        [] if i in unshown else [_free(f"{EXP_PREFIX}{i:02d}-{rung.slug}", taken) for _ in range(repeats)]
+        for i, rung in enumerate(ladder.rungs)]
     logger.info(f"ladder: {len(ladder.rungs)} rungs × {repeats} repeats on {device} "
                 f"(model {resolved.sections[0]['model']['size']}, {resolved.profile.steps} steps per run, "
                 f"repeat r trains train.seed {', '.join(map(str, seeds))}): {len(todo)} run(s)"
                 + "".join(f"; rung {i} {ladder.rungs[i].name!r} cannot show on {device}: {resolved.cannot_show[i]}"
                           for i in unshown))
-    held = {"train.holdout_windows": resolved.sections[0]["train"]["eval_windows"]} if apply else {}
     experiments.run_in_turn(root, [experiments.Planned(
-        names[i][r], {**resolved.sets[i], "train.seed": seeds[r], **held},
-        f"rung {i} {ladder.rungs[i].name!r}, repeat {r + 1}/{repeats}",
-        f"{i:02d} {ladder.rungs[i].name} · run {r + 1} · ladder") for i, r in todo], "train", out / "dvc.log", "ladder")
+        names[i][r], run_sets[i, r], f"rung {i} {ladder.rungs[i].name!r}, repeat {r + 1}/{repeats}",
+        f"{i:02d} {ladder.rungs[i].name} · run {r + 1} · ladder") for i, r in todo], "train", out / "dvc.log", "ladder",
+        plan={"key": key, "names": names},
+        done=frozenset(n for group in names for n in group if n in taken) if stopped else frozenset())
     found = experiments.trained_here(root, experiments.finished(root, (paths.TRAIN_SUMMARY,)),
                                      {n for group in names for n in group}, "ladder")
     runs = [[read_run(n, r, seeds[r], found.get(n), experiments.val_curve(root, found[n].rev) if n in found else None)
