@@ -76,7 +76,8 @@ def fake_grid(monkeypatch, tmp_path, results, params="train:\n  mlflow: false\n 
 def test_a_grid_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_again(tmp_path, monkeypatch, caplog):
     """Ctrl-C in the third of four runs ends the grid with the usual error and keeps its plan; the same command
     again (its default name a minute later) takes the same names, keeps the two finished runs and makes the other
-    two. A finished grid keeps no plan: the command once more measures all four anew."""
+    two; a name it had not used, which another grid took meanwhile, gets one of its own. A finished grid keeps no
+    plan: the command once more measures all four anew."""
     real_run_in_turn, store, made, stop_at = grid.experiments.run_in_turn, {}, [], [3]
     fake_grid(monkeypatch, tmp_path, lambda name, sets: None)
     monkeypatch.setattr(grid.experiments, "run_in_turn", real_run_in_turn)
@@ -91,25 +92,28 @@ def test_a_grid_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_again(
 
     monkeypatch.setattr(grid.experiments, "run_now", run_now)
     command = {"sets": ("train.lr=1.0e-3,3.0e-3",), "target": "train", "repeats": 2}
+    plans = lambda: list((tmp_path / ".dvc/tmp").glob("gpt2-grid-interrupted-*.json"))  # noqa: E731
     monkeypatch.setattr(grid.time, "strftime", lambda pattern: "12-01 10:00")
     with pytest.raises(UserError, match=r"finished runs are kept \(dvc exp show\); the same command again goes on"):
         grid.run_grid(**command)
     names = [f"grid-12-01-10-00-{arm}-{repeat}" for arm, repeat in ((1, 1), (2, 1), (2, 2), (1, 2))]
-    assert made == names[:3] and (tmp_path / ".dvc/tmp/gpt2-grid-interrupted.json").is_file()
+    assert made == names[:3] and len(plans()) == 1
+    store[names[3]] = run(names[3], 50.0)  # another grid's run, made under a name this one had not used yet
     monkeypatch.setattr(grid.time, "strftime", lambda pattern: "12-01 10:01")
     stop_at[0] = 0
     with caplog.at_level("INFO", logger="gpt2.grid"):
         data = grid.run_grid(**command)
-    assert made[3:] == names[2:]  # the stopped run again, then the one not begun
+    assert made[3:] == [names[2], f"{names[3]}-2"]  # the stopped run again, then the one not begun
     assert "going on from the grid stopped before: 2 of its 4 runs finished then and are kept" in caplog.text
     assert "[3/4] train.lr=0.003, run 2 (grid-12-01-10-00-2-2)" in caplog.text
-    assert [len(row["runs"]) for row in data["rows"]] == [2, 2]
+    assert [[r["name"] for r in row["runs"] if r["ok"]] for row in data["rows"]] == [  # the kept runs read too
+        [names[0], f"{names[3]}-2"], names[1:3]]
     assert not (tmp_path / "reports/grid/grid-12-01-10-01.md").exists()
     assert (tmp_path / "reports/grid/grid-12-01-10-00.md").is_file()  # under the stopped grid's name
-    assert not (tmp_path / ".dvc/tmp/gpt2-grid-interrupted.json").exists()
+    assert not plans()
     monkeypatch.setattr(grid.time, "strftime", lambda pattern: "12-01 10:00")
     grid.run_grid(**command)  # a finished grid is measured anew, under names of its own
-    assert made[5:] == [f"{name}-2" for name in names]
+    assert made[5:] == [f"{names[0]}-2", f"{names[1]}-2", f"{names[2]}-2", f"{names[3]}-3"]
 
 
 def test_repeat_r_trains_its_own_seed_in_every_setting_and_the_grid_judges_them(tmp_path, monkeypatch, capsys):

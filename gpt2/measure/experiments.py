@@ -15,7 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -251,9 +251,10 @@ def _json_file(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def interrupted_file(root: Path, what: str) -> Path:
-    """Where a stopped grid or ladder keeps its plan: the project's ``.dvc/tmp`` (neither git nor DVC track it)."""
-    return root / ".dvc" / "tmp" / f"gpt2-{what}-interrupted.json"
+def interrupted_file(root: Path, what: str, key: str) -> Path:
+    """Where a stopped grid or ladder keeps its plan: the project's ``.dvc/tmp`` (neither git nor DVC track it),
+    one file per plan, so that stopping another comparison loses nothing of this one."""
+    return root / ".dvc" / "tmp" / f"gpt2-{what}-interrupted-{key[:12]}.json"
 
 
 def plan_key(root: Path, params_path: str | Path, target: str, sets: list[dict[str, Any]]) -> str:
@@ -268,34 +269,46 @@ def plan_key(root: Path, params_path: str | Path, target: str, sets: list[dict[s
 
 
 def interrupted(root: Path, what: str, key: str) -> dict[str, Any] | None:
-    """The plan a stopped comparison with this ``key`` kept (its run names, ``names``, and its ``name``), or None:
-    the same command run again takes its names, so the runs it finished are kept instead of run again."""
-    record = _json_file(interrupted_file(root, what))
-    return record if isinstance(record, dict) and record.get("key") == key else None
+    """The plan a stopped comparison with this ``key`` kept, or None: its run names (``names``, a list per arm),
+    those of its runs that finished (``done``), when it began (``started``) and, for a grid, its ``name``."""
+    record = _json_file(interrupted_file(root, what, key))
+    if not (isinstance(record, dict) and record.get("key") == key and isinstance(record.get("names"), list)):
+        return None
+    return record
+
+
+def going_on(record: dict[str, Any], taken: set[str], fresh: Callable[[str], str]) -> tuple[list[list[str]],
+                                                                                           frozenset[str]]:
+    """A stopped plan's run names and the runs of it to keep: those it finished that DVC still lists. A name it
+    had not used yet that another comparison took since is replaced by ``fresh(name)``: its run is made anew."""
+    done = frozenset(record.get("done") or ()) & taken
+    return [[name if name in done or name not in taken else fresh(name) for name in group]
+            for group in record["names"]], done
 
 
 def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what: str,
                 collected: dict[str, Any] | None = None, plan: dict[str, Any] | None = None,
-                done: frozenset[str] = frozenset()) -> None:
+                done: frozenset[str] | None = None) -> None:
     """Run ``planned`` one at a time, in its order, with a progress line and an ETA; DVC's output goes to ``log``.
     What it will cost in all is said first. A failed experiment is said and skipped (it is missing from
     :func:`finished`); Ctrl-C or SIGTERM stops the running one and ends with a UserError that says what is kept.
     ``what``: the command (``grid``). A run in a revision's checkout is read back into ``collected``
-    (name → (Experiment, val curve)) as soon as it ends. ``plan`` (with its ``key``, :func:`plan_key`) is kept
-    where a stop finds it (:func:`interrupted`), and dropped once every run is made; ``done``: the runs of
-    ``planned`` that a stopped run of the same plan finished, kept, not run again."""
+    (name → (Experiment, val curve)) as soon as it ends. ``plan`` (its ``key`` from :func:`plan_key`, its
+    ``names``) is kept with the runs that finished where a stop finds it (:func:`interrupted`), and dropped once
+    every run is made. ``done``: going on from a stopped run of this plan, the runs of ``planned`` it finished,
+    kept, not made again (None: a comparison of its own)."""
     from gpt2.measure import revisions
 
     from gpt2.core import log as logs
     from gpt2.core.progress import clock
 
     logger = logs.get(what)
-    if not done:
+    left_to_run = [run for run in planned if run.name not in (done or ())]
+    if done is None:
         log.unlink(missing_ok=True)
-    left_to_run = [run for run in planned if run.name not in done]
-    if done:
+    else:
         logger.info(f"{what}: going on from the {what} stopped before: {len(done)} of its {len(planned)} runs "
-                    f"finished then and are kept (timed then, not beside the runs made now); "
+                    "finished then and are kept (timed then, not beside the runs made now); "
                     f"{len(left_to_run)} to run")
     if left_to_run:  # a stop DVC outran (the run saved as it ended) can leave none
         logger.info(expected_cost(root, left_to_run, what))
@@ -303,10 +316,12 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what
         logger.warning(warning)
     durations: list[float] = []
     succeeded: list[tuple[Planned, float]] = []
-    for made, run in enumerate(left_to_run):
-        left = statistics.median(durations) * (len(left_to_run) - made) if durations else 0.0
+    for position, run in enumerate(planned):
+        if run.name in (done or ()):
+            continue
+        left = statistics.median(durations) * (len(left_to_run) - len(durations)) if durations else 0.0
         eta = f", the last took {durations[-1]:.0f} s, ETA {clock(left)}" if durations else ""
-        logger.info(f"{what}: [{len(done) + made + 1}/{len(planned)}] {run.label} ({run.name}){eta}")
+        logger.info(f"{what}: [{position + 1}/{len(planned)}] {run.label} ({run.name}){eta}")
         started = time.perf_counter()
         try:
             code = (revisions.run(run.checkout, run.name, run.params, target, log, run.run_name) if run.checkout
@@ -315,8 +330,9 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what
             if plan is not None:
                 from gpt2.core.atomic import write_json
 
-                interrupted_file(root, what).parent.mkdir(parents=True, exist_ok=True)
-                write_json(interrupted_file(root, what), plan)
+                kept = interrupted_file(root, what, plan["key"])
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                write_json(kept, {**plan, "done": sorted({*(done or ()), *(r.name for r, _ in succeeded)})})
             error = UserError(f"{what} interrupted: the running experiment was stopped; finished runs are kept "
                               "(dvc exp show)" + ("; the same command again goes on from them" if plan else ""))
             error.exit_code = 143 if isinstance(interrupt, Terminated) else 130
@@ -329,8 +345,8 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what
             collected[run.name] = found
         if code != 0:
             logger.info(f"{what}: {run.name} failed (dvc exit {code}); its output is in {log}")
-    if plan is not None and interrupted(root, what, plan["key"]):
-        interrupted_file(root, what).unlink()
+    if plan is not None:
+        interrupted_file(root, what, plan["key"]).unlink(missing_ok=True)
 
 
 def _set_args(sets: dict[str, Any]) -> list[str]:

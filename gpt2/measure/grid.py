@@ -198,8 +198,12 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
         name = stopped["name"] if stopped else name or "grid " + time.strftime("%m-%d %H:%M")
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "grid"
         taken = {e.name for e in experiments.finished(root)}
-        names = stopped["names"] if stopped else [[_free(f"{slug}-{i + 1}-{r + 1}", taken) for r in range(repeats)]
-                                                  for i in range(len(combos))]
+        if stopped:
+            names, done = experiments.going_on(stopped, taken, lambda used: _free(used, taken))
+            started = stopped.get("started", started)  # its MLflow run spans the runs it keeps
+        else:
+            names, done = [[_free(f"{slug}-{i + 1}-{r + 1}", taken) for r in range(repeats)]
+                           for i in range(len(combos))], None
         logger.info(f"grid {name!r}: {len(combos)} settings × {repeats} run(s) ({', '.join(grid)}"
                     + (f"; every run with {describe(held)}" if held else "") + "), one at a time; "
                     f"the first, {describe(combos[0])}, is the baseline"
@@ -216,9 +220,8 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                 f"{describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else "") + f" · {name}", checkout,
                 revisions.params_for(checkout, raw, run_sets[i, r]) if checkout else None))
         experiments.run_in_turn(root, planned, target, out / "dvc.log", "grid", collected=collected,
-                                plan={"key": key, "name": name, "names": names} if key else None,
-                                done=frozenset(n for group in names for n in group if n in taken) if stopped
-                                else frozenset())
+                                plan={"key": key, "name": name, "names": names, "started": started} if key else None,
+                                done=done)
     if checkouts:
         found, curves = {n: e for n, (e, _) in collected.items()}, {n: c for n, (_, c) in collected.items()}
     else:

@@ -128,7 +128,8 @@ def adopt(parent: MlflowTracker, names: list[str], tags: dict[str, dict[str, str
     it starts, ``GPT2_COMPARISON_RUN``) children of ``parent``: the UI nests them under it.
 
     ``tags`` and ``metrics``: more of them per run name (a comparison's verdict on the run). ``since``: the
-    comparison's start (epoch seconds): an earlier comparison's run of the same name is not this one's.
+    comparison's start (epoch seconds; a stopped one's where it went on): an earlier comparison's run of the same
+    name is not this one's.
     ``run_names``: each run's MLflow name, to find it by where its training code sets no such tag (an older
     revision's).
     Returns how many runs were found (0 when tracking failed)."""
@@ -143,7 +144,8 @@ def adopt(parent: MlflowTracker, names: list[str], tags: dict[str, dict[str, str
             titled = (run_names or {}).get(name, "")
             if not runs and titled and "'" not in titled:
                 runs = client.search_runs([parent.experiment_id], f"attributes.run_name = '{titled}' and {after}")
-            for run in runs:
+            # the newest: a stopped comparison's killed try of a run, made again when it went on, is not the run
+            for run in sorted(runs, key=lambda r: r.info.start_time)[-1:]:
                 for key, value in {"mlflow.parentRunId": parent.run_id, **(tags or {}).get(name, {})}.items():
                     client.set_tag(run.info.run_id, key, value)
                 for key, value in (metrics or {}).get(name, {}).items():

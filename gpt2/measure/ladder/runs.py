@@ -58,9 +58,12 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
     key = experiments.plan_key(root, params_path, "train", [run_sets[run] for run in todo])
     stopped = experiments.interrupted(root, "ladder", key)
     taken = {e.name for e in experiments.finished(root)}
-    names = stopped["names"] if stopped else [
-        [] if i in unshown else [_free(f"{EXP_PREFIX}{i:02d}-{rung.slug}", taken) for _ in range(repeats)]
-        for i, rung in enumerate(ladder.rungs)]
+    if stopped:
+        names, done = experiments.going_on(stopped, taken, lambda used: _free(used.rsplit("-", 1)[0], taken))
+        started = stopped.get("started", started)  # its MLflow run spans the runs it keeps
+    else:
+        names, done = [[] if i in unshown else [_free(f"{EXP_PREFIX}{i:02d}-{rung.slug}", taken)
+                                                for _ in range(repeats)] for i, rung in enumerate(ladder.rungs)], None
     logger.info(f"ladder: {len(ladder.rungs)} rungs × {repeats} repeats on {device} "
                 f"(model {resolved.sections[0]['model']['size']}, {resolved.profile.steps} steps per run, "
                 f"repeat r trains train.seed {', '.join(map(str, seeds))}): {len(todo)} run(s)"
@@ -69,8 +72,7 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
     experiments.run_in_turn(root, [experiments.Planned(
         names[i][r], run_sets[i, r], f"rung {i} {ladder.rungs[i].name!r}, repeat {r + 1}/{repeats}",
         f"{i:02d} {ladder.rungs[i].name} · run {r + 1} · ladder") for i, r in todo], "train", out / "dvc.log", "ladder",
-        plan={"key": key, "names": names},
-        done=frozenset(n for group in names for n in group if n in taken) if stopped else frozenset())
+        plan={"key": key, "names": names, "started": started}, done=done)
     found = experiments.trained_here(root, experiments.finished(root, (paths.TRAIN_SUMMARY,)),
                                      {n for group in names for n in group}, "ladder")
     runs = [[read_run(n, r, seeds[r], found.get(n), experiments.val_curve(root, found[n].rev) if n in found else None)
