@@ -212,9 +212,9 @@ def test_compiled_every_chunk_gives_its_matmuls_the_same_autotune_key(training):
     from torch._inductor.utils import run_and_get_code
 
     torch.manual_seed(0)
-    hidden = torch.randn(64, 16, requires_grad=True)
+    hidden = torch.randn(32, 16, requires_grad=True)  # two chunks of 16 rows: the second would be a slice at 16
     weight = torch.randn(320, 16, requires_grad=True)
-    targets = torch.randint(0, 320, (64,))
+    targets = torch.randint(0, 320, (32,))
 
     def step():
         with torch.autocast("cpu", torch.bfloat16), torch.set_grad_enabled(training):
@@ -229,7 +229,7 @@ def test_compiled_every_chunk_gives_its_matmuls_the_same_autotune_key(training):
     matmuls = [line for line in "\n".join(codes).splitlines() if "extern_kernels.mm(" in line]
     view = re.compile(r"reinterpret_tensor\(\w+, \([^)]*\), \([^)]*\), (\d+)\)")  # (buffer, size, stride, offset)
     offsets = {int(offset) for line in matmuls for offset in view.findall(line)}
-    assert len(matmuls) == (3 if training else 1) * 4 and offsets <= {0}, matmuls
+    assert len(matmuls) == (3 if training else 1) * 2 and offsets <= {0}, matmuls
 
 
 def test_auto_chunks_fit_a_cpu_cache_and_stay_large_on_a_gpu(monkeypatch):
