@@ -11,6 +11,7 @@ re-launches under torchrun, ``-m gpt2.train.cli``). Importing ``a.b.c`` also run
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -100,9 +101,15 @@ def uncovered(dvc_yaml: Path, root: Path = ROOT) -> dict[str, list[str]]:
 STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
 
+@functools.cache
+def project_gaps() -> dict[str, list[str]]:
+    """The project's own :func:`uncovered`, walked once for all its stages' tests."""
+    return uncovered(ROOT / "dvc.yaml")
+
+
 @pytest.mark.parametrize("name", sorted(STAGES))
 def test_stage_deps_cover_every_module_it_runs(name):
-    gaps = uncovered(ROOT / "dvc.yaml").get(name, [])
+    gaps = project_gaps().get(name, [])
     assert not gaps, (f"stage `{name}` runs these modules but dvc.yaml's deps for `{name}` do not cover them "
                       f"(add their folder): {', '.join(gaps)}")
 

@@ -181,21 +181,24 @@ def test_processes_that_open_a_fresh_store_at_once_all_log_their_runs(tmp_path):
     """What `dvc queue start -j 2` does on a new project: the store's tables are created once, not twice."""
     import subprocess
     import sys
-    import time
 
     import mlflow
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    child = ("import sys, time\n"
+    child = ("import pathlib, sys, time\n"
+             "import mlflow\n"
              "from gpt2.run.tracking import MlflowTracker\n"
-             "time.sleep(max(0.0, float(sys.argv[1]) - time.time()))  # imports done: start together\n"
-             "tracker = MlflowTracker('gpt2', None, 'run' + sys.argv[2])\n"
+             "folder, me = pathlib.Path(sys.argv[1]), sys.argv[2]\n"
+             "(folder / f'ready{me}').touch()  # imports done: both open the store once both are here\n"
+             "deadline = time.time() + 60\n"
+             "while len(list(folder.glob('ready*'))) < 2 and time.time() < deadline:\n"
+             "    time.sleep(0.005)\n"
+             "tracker = MlflowTracker('gpt2', None, 'run' + me)\n"
              "tracker.log_metrics({'train/loss': 1.0}, step=1)\n"
              "tracker.end()\n")
-    start = time.time() + 5  # after their imports (a late one starts at once: the test still holds)
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
-    children = [subprocess.Popen([sys.executable, "-c", child, str(start), str(i)], env=env, stderr=subprocess.PIPE,
-                                 text=True) for i in range(2)]
+    children = [subprocess.Popen([sys.executable, "-c", child, str(tmp_path), str(i)], env=env,
+                                 stderr=subprocess.PIPE, text=True) for i in range(2)]
     errors = [c.communicate(timeout=120)[1] for c in children]
     assert [c.returncode for c in children] == [0, 0], errors
     client = mlflow.MlflowClient(uri)
@@ -278,7 +281,7 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_reports_or_figures(t
             lock = sqlite3.connect(db, isolation_level=None)
             lock.execute("BEGIN EXCLUSIVE")
             held.append(lock)
-        elif step == 8 and held and fault == "locked":
+        elif step == 5 and held and fault == "locked":  # held over step 4: its eval and checkpoint
             held.pop().close()
         elif step == 3 and not held and fault == "deleted":
             db.unlink()
@@ -308,7 +311,7 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_reports_or_figures(t
     assert f"`gpt2 replay {ckpt}` sends them" in err and "is not marked FINISHED" in err
     if fault == "unreachable":
         return
-    new = f"sqlite:///{tmp_path}/new.db"  # the run is not in this store: replay starts it again
+    new = mlflow_store(tmp_path_factory, tmp_path / "replay")  # the run is not in this store: replay starts it again
     for _ in range(2):  # the second sends nothing twice
         result = CliRunner().invoke(main, ["replay", str(ckpt)], env={"MLFLOW_TRACKING_URI": new})
         assert result.exit_code == 0, result.output
