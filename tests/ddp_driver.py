@@ -19,6 +19,7 @@ import contextlib
 import faulthandler
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -126,13 +127,21 @@ def forked_job(argv: list[str], nproc: int, timeout: float = 300) -> subprocess.
 
 
 def _stacks(ranks: list, logs: list[Path]) -> str:
-    """The ranks' output with each live rank's Python stacks at the end: where a hung job waits."""
-    for process in ranks:
-        if process.exitcode is None:
-            with contextlib.suppress(ProcessLookupError):  # it may end between the check and the signal
-                os.kill(process.pid, signal.SIGUSR1)  # faulthandler, registered in _rank, writes the stacks
+    """The ranks' output with each live rank's Python stacks at the end: where a hung job waits. Where gdb is
+    installed, each live rank's native stacks too: a rank stuck in C++ (a destructor, a collective) shows only
+    the Python line that called it."""
+    live = [process for process in ranks if process.exitcode is None]
+    for process in live:
+        with contextlib.suppress(ProcessLookupError):  # it may end between the check and the signal
+            os.kill(process.pid, signal.SIGUSR1)  # faulthandler, registered in _rank, writes the stacks
     time.sleep(1.0)
     text = _output(logs)
+    for process in live if shutil.which("gdb") else []:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            native = subprocess.run(["gdb", "-p", str(process.pid), "-batch", "-ex", "thread apply all bt 25"],
+                                    capture_output=True, text=True, timeout=60).stdout
+            text += f"\nnative stacks of pid {process.pid}:\n" + "\n".join(
+                line for line in native.splitlines() if line.startswith(("Thread ", "#")))
     print(text[-20000:], file=sys.stderr)  # pytest shows a test's stderr, not an exception's attributes
     return text
 
