@@ -447,3 +447,32 @@ def test_the_compare_view_shows_the_params_that_differ_and_each_run_s_data_and_m
     shown = [c.split("`")[1] for c in columns if c.startswith("metrics.")]
     assert len({name[:14] for name in shown}) == len(shown)  # told apart where MLflow cuts a header
     assert [c for c in mlflow_ui.view([])["selectedColumns"] if c.startswith("params.")][0] == "params.`model.size`"
+
+
+def test_a_comparison_nests_each_runs_tries_and_gives_its_verdict_to_the_newest(tmp_path, tmp_path_factory,
+                                                                                 monkeypatch):
+    """A grid stopped in a run and gone on from made that run twice: the killed try and the run made again. Both
+    go under the comparison's parent run (not left at the top of the runs list); the verdict is the newest's."""
+    import mlflow
+
+    from gpt2.measure.parent_run import adopt
+
+    uri = mlflow_store(tmp_path_factory, tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("gpt2")
+    made = {}
+    tries = (("killed", 1_000, "KILLED"), ("again", 2_000, "FINISHED"), ("other", 1_500, "FINISHED"))
+    for label, start, status in tries:
+        run = client.create_run(experiment, start_time=start,
+                                tags={"comparison_run": "g-2-1" if label == "other" else "g-1-1"})
+        client.set_terminated(run.info.run_id, status)
+        made[label] = run.info.run_id
+    parent = tracking.MlflowTracker("gpt2", run_name="g")
+    assert adopt(parent, ["g-1-1", "g-2-1"], metrics={"g-1-1": {"speed vs ref": 1.0}, "g-2-1": {"speed vs ref": 1.2}},
+                 since=0.5) == 2
+    parent.end()
+    runs = {label: client.get_run(run_id) for label, run_id in made.items()}
+    assert all(run.data.tags["mlflow.parentRunId"] == parent.run_id for run in runs.values())
+    assert "speed vs ref" not in runs["killed"].data.metrics
+    assert runs["again"].data.metrics["speed vs ref"] == 1.0 and runs["other"].data.metrics["speed vs ref"] == 1.2

@@ -144,14 +144,19 @@ def adopt(parent: MlflowTracker, names: list[str], tags: dict[str, dict[str, str
             titled = (run_names or {}).get(name, "")
             if not runs and titled and "'" not in titled:
                 runs = client.search_runs([parent.experiment_id], f"attributes.run_name = '{titled}' and {after}")
-            # the newest: a stopped comparison's killed try of a run, made again when it went on, is not the run
-            for run in sorted(runs, key=lambda r: r.info.start_time)[-1:]:
-                for key, value in {"mlflow.parentRunId": parent.run_id, **(tags or {}).get(name, {})}.items():
-                    client.set_tag(run.info.run_id, key, value)
-                for key, value in (metrics or {}).get(name, {}).items():
-                    if value is not None:
-                        client.log_metric(run.info.run_id, key, value)
-                found.append(run.info.run_id)
+            if not runs:
+                continue
+            # a stopped comparison's killed try of a run, made again when it went on: nested too, the verdict is
+            # the newest's
+            *tries, run = sorted(runs, key=lambda r: r.info.start_time)
+            for earlier in tries:
+                client.set_tag(earlier.info.run_id, "mlflow.parentRunId", parent.run_id)
+            for key, value in {"mlflow.parentRunId": parent.run_id, **(tags or {}).get(name, {})}.items():
+                client.set_tag(run.info.run_id, key, value)
+            for key, value in (metrics or {}).get(name, {}).items():
+                if value is not None:
+                    client.log_metric(run.info.run_id, key, value)
+            found.append(run.info.run_id)
 
     if parent.run_id is not None:
         parent.call("nest the experiments' runs under it", nest)
