@@ -366,8 +366,10 @@ def test_the_ladder_refuses_to_time_beside_a_running_experiment(tmp_path, monkey
 
 
 def test_a_ladder_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_again(tmp_path, monkeypatch):
-    """The grid's way (tests/test_grid.py): Ctrl-C in the second run keeps the plan; the same command again makes
-    that run under its name and never the first again (a CPU's ladder: one repeat, TF32 left out)."""
+    """The grid's way (tests/test_grid.py), in a CPU's ladder of two repeats (TF32 left out): Ctrl-C in the second
+    run, which DVC saved all the same (the stop came as it ended), keeps the plan; the same command again keeps
+    both runs and makes the other two. A name of the plan that another ladder took meanwhile gets a new one,
+    and no other run's name moves for it."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS))
     (tmp_path / "two.yaml").write_text(TWO_RUNGS)
@@ -379,17 +381,19 @@ def test_a_ladder_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_agai
 
     def run_now(root, name, sets, target, log, run_name=None):
         made.append(name)
+        store[name] = Experiment(name, "rev", "t", {}, {})
         if len(made) == 2:
             raise KeyboardInterrupt
-        store[name] = Experiment(name, "rev", "t", {}, {})
         return 0
 
     monkeypatch.setattr(ladder.runs.experiments, "run_now", run_now)
     with pytest.raises(UserError, match="ladder interrupted: .* the same command again goes on from them"):
-        ladder.run_ladder("two.yaml", device="cpu", mlflow=False)
+        ladder.run_ladder("two.yaml", device="cpu", repeats=2, mlflow=False)
+    store["ladder-02-flash-attention-2"] = Experiment("ladder-02-flash-attention-2", "rev", "t", {}, {})  # another's
     with pytest.raises(UserError, match="did not finish"):  # these stand-in runs hold no figures
-        ladder.run_ladder("two.yaml", device="cpu", mlflow=False)
-    assert made == ["ladder-00-baseline-1", "ladder-02-flash-attention-1", "ladder-02-flash-attention-1"]  # no TF32
+        ladder.run_ladder("two.yaml", device="cpu", repeats=2, mlflow=False)
+    assert made == ["ladder-00-baseline-1", "ladder-02-flash-attention-1",
+                    "ladder-02-flash-attention-3", "ladder-00-baseline-2"]
     assert not list((tmp_path / ".dvc/tmp").glob("gpt2-ladder-interrupted-*.json"))
 
 

@@ -270,7 +270,8 @@ def plan_key(root: Path, params_path: str | Path, target: str, sets: list[dict[s
 
 def interrupted(root: Path, what: str, key: str) -> dict[str, Any] | None:
     """The plan a stopped comparison with this ``key`` kept, or None: its run names (``names``, a list per arm),
-    those of its runs that finished (``done``), when it began (``started``) and, for a grid, its ``name``."""
+    those of its runs that finished (``done``), the one it stopped in (``stopped``), when it began
+    (``started``) and, for a grid, its ``name``."""
     record = _json_file(interrupted_file(root, what, key))
     if not (isinstance(record, dict) and record.get("key") == key and isinstance(record.get("names"), list)):
         return None
@@ -279,11 +280,15 @@ def interrupted(root: Path, what: str, key: str) -> dict[str, Any] | None:
 
 def going_on(record: dict[str, Any], taken: set[str], fresh: Callable[[str], str]) -> tuple[list[list[str]],
                                                                                            frozenset[str]]:
-    """A stopped plan's run names and the runs of it to keep: those it finished that DVC still lists. A name it
-    had not used yet that another comparison took since is replaced by ``fresh(name)``: its run is made anew."""
-    done = frozenset(record.get("done") or ()) & taken
-    return [[name if name in done or name not in taken else fresh(name) for name in group]
-            for group in record["names"]], done
+    """A stopped plan's run names and the runs of it to keep: those it finished that DVC still lists, the one it
+    stopped in included where DVC saved it all the same (the stop came as it ended). A name of the plan that
+    another comparison took since is replaced by ``fresh(name)`` (which adds what it returns to ``taken``, as
+    the commands' ``_free`` does), never by another of the plan's own names: its run is made anew."""
+    names = [list(group) for group in record["names"]]
+    done = frozenset({*(record.get("done") or ()), record.get("stopped")} & taken)
+    others = {name for group in names for name in group if name in taken and name not in done}
+    taken.update(name for group in names for name in group)
+    return [[fresh(name) if name in others else name for name in group] for group in names], done
 
 
 def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what: str,
@@ -332,7 +337,8 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, log: Path, what
 
                 kept = interrupted_file(root, what, plan["key"])
                 kept.parent.mkdir(parents=True, exist_ok=True)
-                write_json(kept, {**plan, "done": sorted({*(done or ()), *(r.name for r, _ in succeeded)})})
+                write_json(kept, {**plan, "done": sorted({*(done or ()), *(r.name for r, _ in succeeded)}),
+                                  "stopped": run.name})
             error = UserError(f"{what} interrupted: the running experiment was stopped; finished runs are kept "
                               "(dvc exp show)" + ("; the same command again goes on from them" if plan else ""))
             error.exit_code = 143 if isinstance(interrupt, Terminated) else 130
