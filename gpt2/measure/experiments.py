@@ -251,6 +251,11 @@ def _json_file(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def head_commit(root: Path) -> str:
+    """The commit checked out in ``root`` (empty outside a git repository)."""
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+
+
 def interrupted_file(root: Path, what: str, key: str) -> Path:
     """Where a stopped grid or ladder keeps its plan: the project's ``.dvc/tmp`` (neither git nor DVC track it),
     one file per plan, so that stopping another comparison loses nothing of this one."""
@@ -262,9 +267,9 @@ def plan_key(root: Path, params_path: str | Path, target: str, sets: list[dict[s
     every run's settings in the order it runs them."""
     import hashlib
 
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
     params = Path(params_path).read_bytes() if Path(params_path).is_file() else b""
-    blob = json.dumps([head, hashlib.sha256(params).hexdigest(), target, sets], sort_keys=True, default=str)
+    blob = json.dumps([head_commit(root), hashlib.sha256(params).hexdigest(), target, sets], sort_keys=True,
+                      default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -365,7 +370,7 @@ def finished(root: Path, files: tuple[str, ...] = ()) -> list[Experiment]:
     """The successful experiments based on the current commit (``dvc exp show --json``), each with
     the JSON ``files`` (git-tracked outputs such as ``reports/train/summary.json``) read from its commit."""
     data = json.loads(dvc(root, "exp", "show", "--json").stdout or "[]")
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    head = head_commit(root)
     exps = [exp for baseline in data if baseline.get("rev") == head for exp in _experiments(baseline)]
     return [replace(exp, files={path: _json_at(root, exp.rev, path) for path in files}) for exp in exps]
 
