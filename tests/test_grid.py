@@ -447,3 +447,16 @@ def test_runs_too_short_to_time_are_named_before_the_first_starts(tmp_path):
         "and first steps, reports/train/summary.json): no step of theirs would be timed; give them a larger "
         "train.time_budget_s"]
     assert too_short(tmp_path, [Planned("l-1-1", {"train.max_steps": 40}, "", "")], "grid") == []
+
+
+def test_a_stopped_plan_that_cannot_be_read_is_no_plan(tmp_path):
+    """A plan file cut short, from another plan or without its run names: the comparison starts afresh."""
+    from gpt2.measure import experiments
+
+    path = experiments.interrupted_file(tmp_path, "grid", "k" * 64)
+    path.parent.mkdir(parents=True)
+    for text in ('{"key": "kkk', json.dumps({"key": "other", "names": [["a"]]}), json.dumps({"key": "k" * 64})):
+        path.write_text(text)
+        assert experiments.interrupted(tmp_path, "grid", "k" * 64) is None
+    path.write_text(json.dumps({"key": "k" * 64, "names": [["a"]]}))
+    assert experiments.interrupted(tmp_path, "grid", "k" * 64)["names"] == [["a"]]
