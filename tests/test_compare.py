@@ -129,6 +129,20 @@ def test_faster_steps_that_reach_the_loss_later_lose_and_a_sooner_arm_wins():
     assert "not reached (0/3)" in report.table(judged, [], report.columns(judged, WORDS))
 
 
+def test_a_run_below_the_mark_at_its_first_eval_got_there_before_it_not_never():
+    """Two evals a run (a short grid at the default eval interval): a run whose first eval is already below the
+    baseline's final val loss reached it at an unknown time before that eval, which the table says, not "not
+    reached"."""
+    base = [(100, 6.8, 0.005, curve(10, [7.2, 6.8 + d])) for d in (0.0, 0.01)]
+    early = [(100, 6.5, 0.005, curve(10, [6.7, 6.5 + d])) for d in (0.0, 0.01)]
+    mixed = [(100, 6.5, 0.005, curve(10, [6.7, 6.5])), (100, 6.9, 0.005, curve(12, [7.5, 6.79]))]
+    judged = judge([arm("base", base, None), arm("early", early), arm("mixed", mixed)])
+    assert judged.arms[1].at_quality.reached == 0 and judged.arms[1].at_quality.early == 2
+    shown = report.table(judged, [], report.columns(judged, WORDS))
+    assert "| 2/2 before the first eval (by 10.0 s) |" in shown and "not reached" not in shown
+    assert "23.7 (23.7–23.7) reached 1/2, 1/2 before the first eval (by 10.0 s) |" in shown
+
+
 def test_failed_runs_come_first_and_no_verdict_is_read_from_runs_that_did_not_run():
     judged = judge([Arm("base", [run(0, 100, ok=False), run(1, 100, ok=False)]),
                     Arm("b", [run(0, 120, ok=False), run(1, 120, ok=False)], reference=0)])

@@ -189,6 +189,8 @@ class AtQuality:
 
     reached: int  # runs that reached their mark
     runs: int
+    early: int = 0  # runs whose first eval was already below their mark: there some time before it, unknown when
+    early_by_s: float | None = None  # the latest of those first evals' training times: each got there by then
     time_s: Spread | None = None  # training time to the mark (compile included, evals not)
     tokens: float | None = None  # median tokens to the mark
     cost_usd: float | None = None  # median cost of that time, at the run's price per device-hour
@@ -421,7 +423,9 @@ def _at_quality(arms: list[Arm], alpha: float) -> None:
             continue
         hits = [(hit, run) for run, mark in zip(arm.runs, marks)
                 if run.ok and run.curve and mark is not None and (hit := reaches(run.curve, mark))]
-        figures = AtQuality(reached=len(hits), runs=len(ran))
+        early = [run.curve[0][0] for run, mark in zip(arm.runs, marks)
+                 if run.ok and run.curve and mark is not None and run.curve[0][2] < mark]
+        figures = AtQuality(reached=len(hits), runs=len(ran), early=len(early), early_by_s=max(early, default=None))
         if hits:
             figures.time_s = Spread.of([hit[0] for hit, _ in hits])
             figures.tokens = statistics.median(hit[1] for hit, _ in hits)

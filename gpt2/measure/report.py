@@ -85,13 +85,16 @@ def loss_diff_shown(loss: LossDiff | None) -> str:
 
 
 def quality_shown(figures: AtQuality | None) -> str:
-    """An arm's time to the baseline's final val loss, as a table shows it."""
+    """An arm's time to the baseline's final val loss, as a table shows it. A run whose first eval is already below
+    its mark got there before that eval, when is not known: said apart from a run that never gets there."""
     if figures is None:
         return ""
+    early = (f"{figures.early}/{figures.runs} before the first eval (by {figures.early_by_s:.1f} s)"
+             if figures.early else "")
     if not figures.reached:
-        return f"not reached (0/{figures.runs})"
+        return early or f"not reached (0/{figures.runs})"
     return figures.time_s.shown(".1f") + (f" reached {figures.reached}/{figures.runs}"
-                                          if figures.reached < figures.runs else "")
+                                          if figures.reached < figures.runs else "") + (f", {early}" if early else "")
 
 
 def sooner_shown(ratio: Ratio | None) -> str:
