@@ -143,3 +143,13 @@ def test_commands_in_a_subfolder_read_and_write_the_projects_files(runner, tmp_p
     own = tmp_path / "own.pt"  # a path the user types is theirs, relative to where they are
     result = runner.invoke(main, ["sample", "--prompt", "Hello", "--checkpoint", "own.pt"])
     assert result.exit_code == 2 and "checkpoint own.pt not found" in result.output and not own.exists()
+    elsewhere = tmp_path / "elsewhere"  # in no project: a missing default path says so, not "run tokenize"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for args, missing in ((["train"], "params file 'params.yaml'"),
+                          (["train", "--params", str(project / "params.yaml")], "data/tokens/meta.json")):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+        assert f"{missing} not found: {elsewhere.resolve()} is in no project (no dvc.yaml here or above); cd into " \
+               "the project folder" in result.output
+    assert not any(elsewhere.iterdir())

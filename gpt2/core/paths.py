@@ -32,11 +32,21 @@ def root() -> Path:
     """The workspace this command works in: the nearest folder at or above the current one that holds
     dvc.yaml or .dvc/ (as DVC finds it), else the current folder. A stage run by DVC is in its workspace's
     root already (under ``dvc exp run --temp`` a temporary copy; ``tracking_root`` is the original)."""
+    return _enclosing_project() or Path.cwd().resolve()
+
+
+def _enclosing_project() -> Path | None:
     here = Path.cwd().resolve()
-    for folder in (here, *here.parents):
-        if (folder / PIPELINE).is_file() or (folder / ".dvc").is_dir():
-            return folder
-    return here
+    return next((folder for folder in (here, *here.parents)
+                 if (folder / PIPELINE).is_file() or (folder / ".dvc").is_dir()), None)
+
+
+def outside_project() -> str:
+    """Why a project file is missing, where it is: '' in a project; outside any (no dvc.yaml or .dvc/ here or
+    above), the words that say so, since a default path such as data/tokens then points at nothing."""
+    if _enclosing_project():
+        return ""
+    return f"{Path.cwd().resolve()} is in no project (no {PIPELINE} here or above); cd into the project folder"
 
 
 def tracking_root() -> Path:

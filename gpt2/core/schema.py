@@ -66,6 +66,10 @@ def read_yaml(path: str | os.PathLike, kind: str, option: str) -> Any:
 
     path = Path(path)
     if not path.is_file():
+        from gpt2.core.paths import outside_project
+
+        if elsewhere := outside_project():
+            raise UserError(f"{kind} file {str(path)!r} not found: {elsewhere}")
         raise UserError(f"{kind} file {str(path)!r} not found; run from the project root or pass {option} PATH")
     try:
         return yaml.load(path.read_text(), Loader=_unique_key_loader()) or {}  # noqa: S506 - a SafeLoader
