@@ -60,9 +60,10 @@ def test_a_trainer_whose_parent_is_killed_saves_and_stops(tmp_path, tokens, thro
     if through_a_shell:
         command = ["/bin/sh", "-c", shlex.join(command)]
     log = tmp_path / "train.log"
+    env = {**os.environ, "DVC_EXP_NAME": "an-experiment"}  # as under `dvc exp run`, whose DVC was killed
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys\n"
                                f"with open({str(log)!r}, 'w') as log:\n"
-                               f"    child = subprocess.Popen({command!r}, stderr=log)\n"
+                               f"    child = subprocess.Popen({command!r}, stderr=log, env={env!r})\n"
                                "    print(child.pid, flush=True)\n    child.wait()\n"],
                               stdout=subprocess.PIPE, text=True)
     child = psutil.Process(int(parent.stdout.readline()))
@@ -72,7 +73,9 @@ def test_a_trainer_whose_parent_is_killed_saves_and_stops(tmp_path, tokens, thro
     parent.wait()
     trainer_process = child.children()[0] if through_a_shell else child
     trainer_process.wait(timeout=60)
-    assert "interrupted by SIGTERM at step" in log.read_text()
+    said = log.read_text()
+    assert "interrupted by SIGTERM at step" in said and said.count("SIGTERM: finishing the current step") == 1
+    assert "DVC itself was stopped, and may have left git on a detached HEAD: `git checkout -`" in said
     assert 0 < checkpoint.load(tmp_path / "ckpt.pt")["step"] < 100_000
 
 

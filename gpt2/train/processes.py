@@ -94,6 +94,7 @@ def stop_with_parent() -> None:
             return
     except (OSError, AttributeError):  # not Linux, or no prctl
         return
+    _WATCHED["parent"] = parent
     if os.getppid() != parent:  # it died before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)
         return
@@ -106,6 +107,14 @@ def stop_with_parent() -> None:
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_WATCHED: dict[str, int | bool] = {}  # the parent stop_with_parent watches, and whether the watched shell's parent died
+
+
+def parent_gone() -> bool:
+    """Whether the process that started this one (DVC, a scheduler), as :func:`stop_with_parent` watches it, has
+    died: a killed ``dvc exp run`` leaves work for the user that a stop through DVC does not."""
+    parent = _WATCHED.get("parent")
+    return parent is not None and (os.getppid() != parent or bool(_WATCHED.get("gone")))
 SHELLS = {"sh", "dash", "bash", "zsh", "fish", "ksh"}
 
 
@@ -140,4 +149,5 @@ def _started(pid: int) -> str | None:
 def _term_when_gone(pid: int, started: str, every_s: float = 1.0) -> None:
     while _started(pid) == started:
         time.sleep(every_s)
+    _WATCHED["gone"] = True
     os.kill(os.getpid(), signal.SIGTERM)

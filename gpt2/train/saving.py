@@ -24,7 +24,12 @@ from gpt2.run.tracking import Tracker
 from gpt2.train import run_state
 from gpt2.train.build import Setup
 from gpt2.train.history import History
+from gpt2.train.processes import parent_gone
 from gpt2.train.step_log import what_helps
+
+
+DVC_KILLED = ("; DVC itself was stopped, and may have left git on a detached HEAD: `git checkout -` returns to "
+              "your branch (docs/experiments.md, \"When DVC itself is killed\")")
 
 
 class Checkpointer:
@@ -83,7 +88,8 @@ class Checkpointer:
             return (f"the run is finished and saved to {self.path}; {again} to write its reports (nothing is "
                     "trained again)")
         resume = "to resume it (or `dvc repro` in this workspace)" if experiment else "to resume (train.resume: auto)"
-        return f"checkpoint saved to {self.path}; {again} {resume}"
+        killed = DVC_KILLED if experiment and parent_gone() else ""
+        return f"checkpoint saved to {self.path}; {again} {resume}{killed}"
 
     def last_good(self) -> str:
         """For messages: the checkpoint on disk, once the write in flight (if any) has ended."""

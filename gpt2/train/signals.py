@@ -54,8 +54,10 @@ def stop_on_signals() -> Iterator[StopRequest]:
             logger.info(f"\n{signal.Signals(signum).name}: the checkpoint is being written; the run stops as soon "
                         "as it is", extra=log.EVERY_RANK)
             return
-        if request.asked and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+        if request.asked:
+            if signum == signal.SIGINT:  # Ctrl-C again: abort
+                raise KeyboardInterrupt
+            return  # SIGTERM again (a killed DVC's shell and the kernel may both send one): asked and said already
         request.signum = signum
         logger.info(f"\n{signal.Signals(signum).name}: finishing the current step, then saving a checkpoint "
                     "(Ctrl-C again to abort without saving)", extra=log.EVERY_RANK)
