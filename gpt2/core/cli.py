@@ -15,8 +15,13 @@ from gpt2.core.errors import Terminated, UserError
 
 logger = log.get("cli")
 
-PARAMS = paths.option("--params", "params_path", default=paths.PARAMS, type=click.Path(dir_okay=False),
-                      help="params file to read the stage's section from")
+def params_option(help: str) -> Any:
+    return paths.option("--params", "params_path", default=paths.PARAMS, type=click.Path(dir_okay=False), help=help)
+
+
+PARAMS = params_option("params file to read the stage's section from")
+STARTING_PARAMS = params_option("the project's params file: every run starts from it, and --apply writes the winner "
+                                "to it")
 SETS = click.option("-S", "--set", "sets", multiple=True, metavar="SECTION.KEY=VALUE",
                     help="this run only: one params.yaml key set to VALUE (YAML, as dvc exp run -S reads it), "
                          "checked as the file is; repeatable, e.g. -S train.lr=1.0e-3 -S train.max_steps=50")

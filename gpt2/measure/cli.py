@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from gpt2.core import paths
-from gpt2.core.cli import PARAMS, user_errors
+from gpt2.core.cli import STARTING_PARAMS, user_errors
 
 
 class Finite(click.FloatRange):
@@ -30,7 +30,7 @@ ALPHA_OPTION = click.option(
 
 
 @click.command()
-@PARAMS
+@STARTING_PARAMS
 @paths.option("--ladder", "ladder_path", default=paths.LADDER, type=click.Path(dir_okay=False),
               help="the rungs and per-device profiles")
 @paths.option("--out", default=paths.LADDER_REPORTS, help="report folder (ladder.md, .png, .json)")
@@ -60,7 +60,7 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
 
 
 @click.command()
-@PARAMS
+@STARTING_PARAMS
 @click.option("-S", "--set", "sets", multiple=True,
               help="section.key=value[,value...]: one experiment per combination of the values (repeatable)")
 @click.option("--rev", "revs", default=None, metavar="A,B[,...]",

@@ -38,6 +38,18 @@ logger = log.get("grid")
 
 
 
+def _with_section(key: str, values: str) -> str:
+    """``-S train.lr=VALUES`` for a bare ``lr`` that one params section has; '' otherwise."""
+    import dataclasses
+
+    from gpt2.core.config import Params
+
+    params = Params()
+    sections = [s.name for s in dataclasses.fields(params)
+                if key in {k.name for k in dataclasses.fields(getattr(params, s.name))}]
+    return f"-S {sections[0]}.{key}={values or '...'}" if len(sections) == 1 else ""
+
+
 def parse_sets(sets: tuple[str, ...]) -> dict[str, list[Any]]:
     """``-S train.lr=1.0e-3,2.0e-3`` → ``{"train.lr": [0.001, 0.002]}``, checked as DVC would expand them. A comma
     inside brackets or quotes is the value's own: ``-S 'train.betas=[0.9,0.95],[0.9,0.99]'`` is two lists."""
@@ -46,7 +58,9 @@ def parse_sets(sets: tuple[str, ...]) -> dict[str, list[Any]]:
         key, sep, values = item.partition("=")
         key = key.strip()
         if not sep or "." not in key or not values:
-            raise UserError(f"-S {item!r}: write section.key=value[,value...], e.g. -S train.lr=1.0e-3,2.0e-3")
+            meant = _with_section(key, values.strip())
+            raise UserError(f"-S {item!r}: write section.key=value[,value...], "
+                            + (f"did you mean {meant}?" if meant else "e.g. -S train.lr=1.0e-3,2.0e-3"))
         if key in grid:
             raise UserError(f"-S {key} is given twice; give all its values in one -S: "
                             f"-S {key}={','.join(map(str, grid[key]))},...")
