@@ -37,7 +37,6 @@ from gpt2.run.names import json_value
 logger = log.get("grid")
 
 
-
 def _with_section(key: str, values: str) -> str:
     """``-S train.lr=VALUES`` for a bare ``lr`` that one params section has; '' otherwise."""
     import dataclasses

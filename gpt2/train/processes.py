@@ -107,6 +107,7 @@ def stop_with_parent() -> None:
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+SHELLS = {"sh", "dash", "bash", "zsh", "fish", "ksh"}
 _WATCHED: dict[str, int | bool] = {}  # the parent stop_with_parent watches, and whether the watched shell's parent died
 
 
@@ -115,7 +116,6 @@ def parent_gone() -> bool:
     died: a killed ``dvc exp run`` leaves work for the user that a stop through DVC does not."""
     parent = _WATCHED.get("parent")
     return parent is not None and (os.getppid() != parent or bool(_WATCHED.get("gone")))
-SHELLS = {"sh", "dash", "bash", "zsh", "fish", "ksh"}
 
 
 def _stat(pid: int) -> list[str]:
