@@ -23,6 +23,13 @@ def pytest_configure(config: pytest.Config) -> None:
     keeps its setting."""
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
+    if (capability := os.environ.get("ATEN_CPU_CAPABILITY")) and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        # a suite run under docs/benchmarks.md's AVX2 emulation: Inductor's cache key leaves the cap out, so the
+        # tests that compile in their own process would load the uncapped runs' kernels and crash
+        # (gpt2.run.compiled.compile_caches keeps a training's apart the same way)
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(default_cache_dir(), f"capped_{capability}")
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected: the shares are of what runs
