@@ -150,7 +150,8 @@ def test_commands_in_a_subfolder_read_and_write_the_projects_files(runner, tmp_p
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     for args, missing in ((["train"], "params file 'params.yaml'"),
-                          (["train", "--params", str(project / "params.yaml")], "data/tokens/meta.json")):
+                          (["train", "--params", str(project / "params.yaml")], "data/tokens/meta.json"),
+                          (["sample", "--prompt", "Hello"], "checkpoint checkpoints/ckpt.pt")):
         result = runner.invoke(main, args)
         assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
         assert f"{missing} not found: {elsewhere.resolve()} is in no project (no dvc.yaml here or above); cd into " \

@@ -41,12 +41,14 @@ def _enclosing_project() -> Path | None:
                  if (folder / PIPELINE).is_file() or (folder / ".dvc").is_dir()), None)
 
 
-def outside_project() -> str:
-    """Why a project file is missing, where it is: '' in a project; outside any (no dvc.yaml or .dvc/ here or
-    above), the words that say so, since a default path such as data/tokens then points at nothing."""
+def not_found(thing: str, fix: str, option: str | None = None) -> str:
+    """The message for a project file that is not there. Outside any project (no dvc.yaml or .dvc/ here or above)
+    that is the cause, since a default path such as data/tokens then points at nothing: cd into the project, or
+    pass ``option``. In a project, ``fix`` (the stage that writes it)."""
     if _enclosing_project():
-        return ""
-    return f"{Path.cwd().resolve()} is in no project (no {PIPELINE} here or above); cd into the project folder"
+        return f"{thing} not found; {fix}"
+    return (f"{thing} not found: {Path.cwd().resolve()} is in no project (no {PIPELINE} here or above); cd into the "
+            "project folder" + (f", or pass {option}" if option else ""))
 
 
 def tracking_root() -> Path:

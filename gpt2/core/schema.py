@@ -66,11 +66,9 @@ def read_yaml(path: str | os.PathLike, kind: str, option: str) -> Any:
 
     path = Path(path)
     if not path.is_file():
-        from gpt2.core.paths import outside_project
+        from gpt2.core.paths import not_found
 
-        if elsewhere := outside_project():
-            raise UserError(f"{kind} file {str(path)!r} not found: {elsewhere}")
-        raise UserError(f"{kind} file {str(path)!r} not found; run from the project root or pass {option} PATH")
+        raise UserError(not_found(f"{kind} file {str(path)!r}", f"run from the project root or pass {option} PATH"))
     try:
         return yaml.load(path.read_text(), Loader=_unique_key_loader()) or {}  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:

@@ -48,11 +48,9 @@ class Shard:
 def read_meta(tokens_dir: str | Path) -> dict[str, Any]:
     path = Path(tokens_dir) / META
     if not path.is_file():
-        from gpt2.core.paths import outside_project
+        from gpt2.core.paths import not_found
 
-        if elsewhere := outside_project():
-            raise UserError(f"{path} not found: {elsewhere}, or pass --tokens DIR")
-        raise UserError(f"{path} not found; run the tokenize stage first (dvc repro tokenize)")
+        raise UserError(not_found(str(path), "run the tokenize stage first (dvc repro tokenize)", "--tokens DIR"))
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -167,7 +167,7 @@ def source_record(manifest: dict[str, Any]) -> dict[str, Any]:
 def read_manifest(raw_dir: Path) -> dict[str, Any]:
     path = raw_dir / MANIFEST
     if not path.is_file():
-        raise UserError(f"{path} not found; run the download stage first (dvc repro download)")
+        raise UserError(paths.not_found(str(path), "run the download stage first (dvc repro download)", "--raw DIR"))
     try:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

@@ -182,7 +182,10 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
         raise UserError(f"checkpoint {path} is a folder{inside}: pass the checkpoint file, e.g. "
                         f"{path / (files[0] if files else 'ckpt.pt')}")
     if not path.is_file():
-        raise UserError(f"checkpoint {path} not found; train first (dvc repro train) or pass the right path")
+        from gpt2.core.paths import not_found
+
+        raise UserError(not_found(f"checkpoint {path}", "train first (dvc repro train) or pass the right path",
+                                  "--checkpoint PATH"))
     try:
         with warnings.catch_warnings():  # a damaged header reads as an unknown pickle protocol: the error below says it
             warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
