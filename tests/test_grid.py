@@ -4,6 +4,7 @@ tests/test_pipeline.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,8 @@ from gpt2.core.errors import UserError
 from gpt2.measure import grid
 from gpt2.measure.experiments import Experiment
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def run(name: str, tokens_per_s: float, loss: float = 6.0, se: float = 0.02, evaluated: float | None = None):
     metrics = {paths.TRAIN_METRICS: {"perf": {"tokens_per_s": tokens_per_s, "step_ms": 1e6 / tokens_per_s},
@@ -19,6 +22,14 @@ def run(name: str, tokens_per_s: float, loss: float = 6.0, se: float = 0.02, eva
     if evaluated is not None:
         metrics[paths.EVAL_METRICS] = {"eval": {"val_loss": evaluated, "val_loss_se": se / 2}}
     return Experiment(name, "rev", "t", {}, metrics)
+
+
+def test_the_comparisons_dvc_logs_are_never_tracked_by_git():
+    """Tried with a real grid: once `git add -A` had committed reports/grid/dvc.log, every `dvc exp run` put the
+    committed file back over the one the grid was writing, and the grid ended with an empty log (a failed run's
+    output with it). The project's .gitignore keeps both logs out of git."""
+    ignored = set((ROOT / ".gitignore").read_text().splitlines())
+    assert {f"/{paths.GRID_REPORTS}/dvc.log", f"/{paths.LADDER_REPORTS}/dvc.log"} <= ignored
 
 
 def test_settings_in_dvcs_order():
