@@ -124,9 +124,57 @@ def test_faster_steps_that_reach_the_loss_later_lose_and_a_sooner_arm_wins():
     assert sooner_arm.at_quality.reached == 3 and sooner_arm.versus.sooner.median == pytest.approx(1.5)
     assert sooner_arm.versus.sooner.inside_noise is False and sooner_arm.versus.sooner.test.p < 0.01
     (score, _), why = compare.win(sooner_arm, at_equal_time=False)
-    assert score == pytest.approx(1.5) and why.startswith("1.50× sooner to the reference's val loss (p = ")
+    assert score == pytest.approx(1.5) and why.startswith("1.50× sooner to the same val loss (p = ")
     assert report.decide_best(judged, WORDS, held_out=False)[0][0] is sooner_arm
     assert "not reached (0/3)" in report.table(judged, [], report.columns(judged, WORDS))
+
+
+def test_a_higher_loss_the_seeds_agree_on_counts_though_the_scored_text_is_noisier():
+    """The scored text's bound (2 × √(se₁² + se₂²)) keeps a gain from being claimed; it never excuses a loss every
+    seed agrees on: twice the tokens/s, 0.03 higher on every seed (p < 0.01), loses. The same 0.03 lower is no win."""
+    def runs(tokens_per_s, shift, seconds_per_eval):
+        return [(tokens_per_s, 6.0 + d + shift, 0.05, curve(seconds_per_eval, [7.0, 6.5, 6.0 + d + shift]))
+                for d in (0.0, 0.011, -0.009)]
+
+    base = arm("base", runs(100, 0.0, 10), None)
+    worse = arm("fast but worse", [(200, loss + e, se, c) for (_, loss, se, c), e
+                                   in zip(runs(200, 0.03, 5), (0.0, 0.002, -0.001))])
+    better = arm("better", [(100, loss + e, se, c) for (_, loss, se, c), e
+                            in zip(runs(100, -0.03, 10), (0.0, 0.002, -0.001))])
+    judged = judge([base, worse, better])
+    higher, lower = judged.arms[1].versus.loss, judged.arms[2].versus.loss
+    assert higher.test.significant and higher.beyond_text_noise is False and higher.apart is True
+    assert lower.test.significant and lower.beyond_text_noise is False and lower.apart is False
+    assert compare.win(judged.arms[1], at_equal_time=False) is None
+    assert report.decide_best(judged, WORDS, held_out=False)[0][0] is judged.arms[2]  # by reaching a loss sooner
+    said = report.verdict(judged, WORDS, 3, [], label)
+    assert "Higher val loss outside noise: fast but worse (+0.030, p = " in said and "Lower val loss" not in said
+
+
+def test_losses_kept_to_4_decimals_that_moved_alike_on_every_seed_prove_nothing():
+    """metrics.json keeps 4 decimals: two seeds that both read 0.0001 lower may differ by any amount that rounds so.
+    The spread is taken as at least the rounding's; bit-identical runs still read p = 1."""
+    judged = judge([arm("base", [(100, 6.0123), (100, 6.0321)], None),
+                    arm("nearly", [(100, 6.0122), (100, 6.0320)]),
+                    arm("same", [(100, 6.0123), (100, 6.0321)])])
+    nearly, same = judged.arms[1].versus.loss, judged.arms[2].versus.loss
+    assert nearly.delta == pytest.approx(-1e-4) and not nearly.test.significant and nearly.test.p > 0.1
+    assert same.test.p == 1.0 and same.apart is False
+    assert compare.paired_test([-1e-4, -1e-4]).p == 0.0  # without a resolution: exact differences, as given
+
+
+def test_the_baseline_s_time_to_its_loss_is_read_at_a_loss_its_own_curves_reach():
+    """Judged by evaluate's val loss, the noise paragraph's time still reads training's val curves: at the median of
+    their last points, which every curve reaches, not at evaluate's loss (here lower than any eval of training's)."""
+    base = arm("base", [(100, 6.0 + d, 0.005, curve(10, [7.0, 6.5, 6.0 + d])) for d in (0.0, 0.02, -0.02)], None)
+    other = arm("b", [(100, 6.0 + d) for d in (0.0, 0.02, -0.02)])
+    for r in base.runs + other.runs:
+        r.eval_val_loss, r.eval_val_loss_se = r.val_loss - 0.05, 0.005
+    judged = judge([base, other])
+    assert judged.by == "evaluate" and judged.noise.time_to_loss is not None
+    assert judged.noise.time_to_loss.median == pytest.approx((30.0 + 20 + 10 * 0.5 / 0.52) / 2)  # 6.02 never does
+    assert "its time to its median final val loss (training's, on its val curve), 29.8 (" in report.seeds_sentence(
+        judged, WORDS, 3)
 
 
 def test_a_run_below_the_mark_at_its_first_eval_got_there_before_it_not_never():

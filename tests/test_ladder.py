@@ -501,12 +501,12 @@ def test_rungs_compare_at_the_baseline_s_loss_and_the_winners_are_applied(tmp_pa
     # pad against the baseline (the rung between failed) ran with both changes: both are what won; not fused (worse)
     assert [(c.key, c.value) for c in changes] == [("model.pad_vocab", True), ("train.keep_host_memory", True)]
     assert (changes[0].why.startswith("rung 2 'pad' against the rung above: ")
-            and "sooner to the reference's val loss (p = " in changes[0].why
+            and "sooner to the same val loss (p = " in changes[0].why
             and "outside noise (reports/ladder/ladder.md)" in changes[0].why)
     text = table_of(tmp_path, judged, spec, p, changes)
     assert "| baseline |" in text and "| not reached (0/3) |" in text
     assert "cost to the baseline's loss (USD)" in text and "| +0.700 ± " in text
-    assert ("The winning settings, which `--apply` writes into params.yaml where it holds others: "
+    assert ("The winning settings, which `--apply` would write had every run finished: "  # rung 1 failed: refused
             "model.pad_vocab=true, train.keep_host_memory=true.") in text
     data = json.loads((tmp_path / "report/ladder.json").read_text())
     assert data["apply"] == {"train.keep_host_memory": True, "model.pad_vocab": True}

@@ -15,19 +15,24 @@ arms of their max - min), or the move of an arm that ran what its reference ran 
 
 Quality. The final val loss an arm ends with minus its reference's, repeat by repeat, samples
 how the change moves the loss across seeds. A paired t-test on those differences (Student's t,
-n - 1 degrees of freedom) gives the p-value and a (1 - alpha) interval. It suits a few runs: it
+n - 1 degrees of freedom) gives the p-value and a (1 - alpha) interval. The losses it reads are
+kept to 4 decimals (metrics.json), so the spread it tests against is never taken below what that
+rounding alone spreads a difference by: two seeds that both read -0.0001 are no proof. It suits a few runs: it
 weighs the size of the differences, where a sign or permutation test cannot go below p = 2/2^n
 (0.25 with 3 seeds) whatever they show; its assumption, differences spread normally, is what
-seed-to-seed losses of one setup are close to. A loss difference counts when the test holds at
+seed-to-seed losses of one setup are close to. A lower loss counts when the test holds at
 ``alpha`` and it is larger than the scored text's noise (2 × √(se₁² + se₂²), the windows'
 standard errors), so neither a lucky seed nor a lucky choice of windows passes for a gain
-(README, "Compare optimizations").
+(README, "Compare optimizations"). A higher loss counts on the test alone: that bound treats the two runs'
+windows as independent where they are the same windows, so it is wide, and it may keep a gain from being
+claimed but never excuses a loss every seed agrees on.
 
 At equal quality. Each run's val curve (val loss against training time) is read where it first
 reaches the val loss its repeat's baseline run ends with, interpolated between evals. How much
 sooner an arm gets somewhere is read against its reference's run of the same repeat at the
-higher of their two final val losses (a loss both reach); it counts when its paired ratios are
-outside the noise floor and the t-test on their logarithms holds at ``alpha``.
+higher of their two final val losses (a loss both reach: "the same val loss"); it counts when its paired ratios
+are outside the noise floor and the t-test on their logarithms holds at ``alpha``. An arm that ends higher
+outside noise does not win by it.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from gpt2.core import paths
 from gpt2.core.config import SAME_WORK
 
 ALPHA = 0.01  # the significance level of the quality tests: modded-nanogpt's for a record
+LOSS_RESOLUTION = 1e-4  # the val losses a comparison reads are rounded to 4 decimals (run/figures.py)
 POWER = 0.8  # the chance a real effect of the detectable size is found, for "seeds needed"
 TOO_NOISY = 0.10  # paired ratios that disagree by more than this: no gain of that size can be read
 ADVICE = {"rung": "run it on an idle machine, with more steps per run (--steps) or more repeats (--repeats)",
@@ -164,7 +170,8 @@ class LossDiff:
     by: str  # "evaluate" or "training": whose val loss (evaluate's where every run has it)
     per_seed: list[float]
     delta: float  # their mean
-    apart: bool | None  # the verdict: significant at alpha and beyond the scored text's noise; None: cannot tell
+    apart: bool | None  # the verdict: lower, significant at alpha and beyond the scored text's noise; higher,
+    # significant at alpha; None: cannot tell
     beyond_text_noise: bool | None = None  # |delta| more than 2 × √(se₁² + se₂²), the runs' median errors
     test: Test | None = None
 
@@ -257,7 +264,7 @@ class Noise:
     seeds: list[int | None]  # by repeat
     loss_sd: float | None = None  # the baseline's final val loss, standard deviation over its seeds
     loss: Spread | None = None
-    time_to_loss: Spread | None = None  # the baseline's runs' time to its median final val loss
+    time_to_loss: Spread | None = None  # the baseline's runs' time to the median of their curves' last val loss
 
 
 @dataclass
@@ -367,12 +374,12 @@ def loss_diff(runs: list[Run], reference: list[Run], figure: Callable[[Run], tup
     if not pairs:
         return None
     per_seed = [a[0] - b[0] for a, b in pairs]
-    test = paired_test(per_seed, alpha)
+    test = paired_test(per_seed, alpha, LOSS_RESOLUTION)
     delta = statistics.fmean(per_seed)
     errors = [median_known([a[1] for a, _ in pairs]), median_known([b[1] for _, b in pairs])]
     text = (abs(delta) > 2 * math.hypot(*errors) if None not in errors and all(map(math.isfinite, errors))
             else None)  # the mean difference against the scored text's noise (the runs' median standard errors)
-    apart = None if test is None else bool(test.significant and text is not False)
+    apart = None if test is None else bool(test.significant and (delta > 0 or text is not False))
     return LossDiff(by, per_seed, delta, apart, text, test)
 
 
@@ -453,14 +460,19 @@ def _noise(base: Arm, spread: float, floor: float, sooner_floor: float, alpha: f
     losses = [loss for r in base.done if (loss := final_loss(r, by)[0]) is not None]
     if len(losses) >= 2:
         noise.loss_sd, noise.loss = statistics.stdev(losses), Spread.of(losses)
-        mark = statistics.median(losses)
-        times = [hit[0] for r in base.done if r.curve and (hit := reaches(r.curve, mark))]
+        curves = [r.curve for r in base.done if r.curve]  # the mark from the curves it is read on (training's)
+        mark = statistics.median(curve[-1][2] for curve in curves) if curves else None
+        times = [hit[0] for curve in curves if (hit := reaches(curve, mark))]
         noise.time_to_loss = Spread.of(times) if len(times) >= 2 else None
     return noise
 
 
-def paired_test(differences: list[float], alpha: float = ALPHA) -> Test | None:
+def paired_test(differences: list[float], alpha: float = ALPHA, resolution: float = 0.0) -> Test | None:
     """Student's paired t-test of ``differences`` (one per seed) against 0, two-sided; None with fewer than two.
+
+    ``resolution``: the values the differences are taken between were rounded to it. Rounding alone spreads a
+    difference by resolution / √6 (standard deviation), so the spread is taken as at least that: differences
+    that agree only because they were rounded alike are not read as certain.
 
     Also what the seeds can detect: the smallest true mean difference found with POWER's chance, from the measured
     spread, and, where the test does not hold, how many seeds would decide the difference measured."""
@@ -469,9 +481,10 @@ def paired_test(differences: list[float], alpha: float = ALPHA) -> Test | None:
     n = len(differences)
     if n < 2 or not all(math.isfinite(d) for d in differences):
         return None
-    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
+    mean = statistics.fmean(differences)
+    sd = max(statistics.stdev(differences), resolution / math.sqrt(6))
     error = sd / math.sqrt(n)
-    if error == 0:  # every seed moved it by the same amount (bit-identical runs move it by 0)
+    if error == 0:  # every seed moved it by the same amount, known exactly (bit-identical runs: by 0)
         p = 1.0 if mean == 0 else 0.0
     else:
         p = float(2 * stats.t.sf(abs(mean) / error, n - 1))
@@ -576,7 +589,7 @@ def win(arm: Arm, at_equal_time: bool) -> tuple[tuple[float, float], str] | None
         return None
     reasons = []
     if sooner_by is not None and sooner_by > 1:
-        reasons.append(f"{sooner_by:.2f}× sooner to the reference's val loss ({p_text(versus.sooner.test.p)})")
+        reasons.append(f"{sooner_by:.2f}× sooner to the same val loss ({p_text(versus.sooner.test.p)})")
     if not at_equal_time and faster is not None and faster > 1:
         reasons.append(f"{faster:.2f}× the tokens/s")
     if lower:

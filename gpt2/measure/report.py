@@ -189,7 +189,9 @@ def verdict(judged: Judged, words: Words, repeats: int, changes: list[Change], l
         parts.append("Not run, as this device cannot show them: "
                      + "; ".join(f"{label(a)} ({a.skipped})" for a in unshown) + ".")
     if changes:
-        parts.append("The winning settings, which `--apply` writes into params.yaml where it holds others: "
+        writes = ("would write had every run finished" if judged.failed
+                  else "writes into params.yaml where it holds others")
+        parts.append(f"The winning settings, which `--apply` {writes}: "
                      + ", ".join(f"{c.key}={json_value(c.value)}" for c in changes) + f". {note}".rstrip())
     else:
         parts.append(note or f"Nothing for `--apply` to write: no {what} wins outside noise without losing elsewhere.")
@@ -249,21 +251,24 @@ def seeds_sentence(judged: Judged, words: Words, repeats: int) -> str:
     level = f"p < {noise.alpha:g}"
     said = (f"Quality noise: repeat r trains seed {', '.join(map(str, seeds))} (train.seed) for every {words.what}, "
             f"so each {words.what}'s val loss is compared with {words.against}'s seed by seed, by a paired t-test "
-            f"at {level}, and must also be more than 2 standard errors of the scored text apart (where the runs "
-            "give their standard errors).")
+            f"at {level}; a lower val loss must also be more than 2 standard errors of the scored text apart (where "
+            "the runs give their standard errors), a higher one needs the test alone.")
     if noise.loss is not None:
         said += (f" The baseline's final val loss ({judged.by}'s) moves by {noise.loss_sd:.4f} (standard deviation) "
                  f"from seed to seed ({noise.loss.low:.4f}–{noise.loss.high:.4f})")
-        said += (f"; its time to its median final val loss, {noise.time_to_loss.shown('.1f')} s." if noise.time_to_loss
-                 else ".")
+        on = "" if judged.by == "training" else " (training's, on its val curve)"
+        said += (f"; its time to its median final val loss{on}, {noise.time_to_loss.shown('.1f')} s."
+                 if noise.time_to_loss else ".")
     # an arm whose loss moves by the same amount on every seed (one that ran the same numerics, or nearly: a fused
-    # kernel's last bits) shows no spread at the 4 decimals the sentence gives
+    # kernel's last bits) says nothing of the spread from seed to seed
     tests = [a.versus.loss.test for a in judged.compared if a.versus.loss and a.versus.loss.test
-             and round(a.versus.loss.test.detectable, 4) > 0]
+             and len(set(a.versus.loss.per_seed)) > 1]
     if tests:
         import statistics
 
-        said += (f" With {tests[0].n} seeds, a val loss difference smaller than "
+        counts = sorted({t.n for t in tests})
+        seeds = "–".join(map(str, counts[::len(counts) - 1 or 1]))  # "3", or "2–3" where a failed run left fewer
+        said += (f" With {seeds} seeds, a val loss difference smaller than "
                  f"{statistics.median(t.detectable for t in tests):.4f} is likely missed at {level} (80% power, from "
                  f"the measured spread of the differences; median over the {words.what}s whose difference moves "
                  "from seed to seed).")
