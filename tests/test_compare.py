@@ -39,6 +39,27 @@ def test_speed_is_judged_run_by_run_against_the_reference_of_the_same_repeat():
     assert "Faster outside noise: fast (1.50×)" in said and "same" not in said.split("Faster")[1]
 
 
+def test_a_speed_gain_holds_a_t_test_against_the_spread_pooled_over_every_arm():
+    """Two repeats of one setting that moved tokens/s by 4% and 6% passed the floor (their own 2% range) as
+    faster; one degree of freedom cannot say so at p < 0.01. A ladder's many arms pool the machine's one noise:
+    the same two repeats of a 1.5× arm among five that moved within ±1% decide it."""
+    one = judge([arm("base", [(100,), (100,)], None), arm("noop", [(104,), (106,)])])
+    speed = one.arms[1].versus.speed
+    assert compare.ratio_inside_noise(speed.paired, one.noise.speed_floor) is False  # the floor alone: "faster"
+    assert speed.inside_noise is True and speed.test.p > 0.05 and one.noise.speed_df == 1
+    logs = [[math.log(r) for r in rs] for rs in ([1.01, 0.99], [1.0, 1.01], [0.995, 1.005], [1.01, 1.0],
+                                                 [0.99, 1.0], [1.5, 1.52])]
+    many = judge([arm("base", [(100,), (100,)], None)]
+                 + [arm(f"a{i}", [(100 * math.exp(v),) for v in x]) for i, x in enumerate(logs)])
+    fast = many.arms[-1].versus.speed
+    pooled = math.sqrt(sum((v - sum(x) / 2) ** 2 for x in logs for v in x) / 6)
+    t = (sum(logs[-1]) / 2) / (pooled / math.sqrt(2))
+    assert many.noise.speed_df == 6 and fast.test.p == pytest.approx(2 * stats.t.sf(t, 6))
+    assert fast.inside_noise is False and fast.test.p < 0.01
+    assert "pooled over the settings (6 degrees of freedom), does not hold at p < 0.01" in report.noise_sentence(
+        many, WORDS, 2)
+
+
 def test_an_inert_arm_s_move_is_the_noise_floor():
     base = arm("base", [(100,), (100,)], None)
     inert = arm("inert", [(106,), (107,)])

@@ -187,7 +187,7 @@ def test_a_run_that_kept_the_committed_figures_did_not_run_in_the_comparison(tmp
 
 
 def test_the_report_marks_noise_and_failures_and_plots_them(tmp_path, monkeypatch):
-    rates = {"a-1": 100, "a-2": 100, "b-1": 80, "b-2": 79}
+    rates = {"a-1": 100, "a-2": 100, "b-1": 80, "b-2": 80.05}  # one setting, two pairs: one degree of freedom
     fake_grid(monkeypatch, tmp_path, lambda name, sets: run(name, rates[name], evaluated=5.9) if name in rates
               else None)
     monkeypatch.setattr(grid, "_free", lambda name, taken: {"gemm-1-1": "a-1", "gemm-1-2": "a-2", "gemm-2-1": "b-1",

@@ -25,8 +25,9 @@ class Finite(click.FloatRange):
 
 ALPHA_OPTION = click.option(
     "--alpha", default=0.01, show_default=True, type=Finite(0, 0.5, min_open=True),
-    help="the significance level of the quality verdicts: a val loss or time-to-loss difference counts where the "
-         "paired t-test over the seeds gives p below it (0.01: modded-nanogpt's for a record)")
+    help="the significance level of every verdict: a val loss or time-to-loss difference counts where the paired "
+         "t-test over the seeds gives p below it, a speed ratio where the t-test on its pairs does (0.01: "
+         "modded-nanogpt's for a record)")
 
 
 @click.command()

@@ -9,9 +9,14 @@ weights and batches. The grid and the ladder build their arms from DVC experimen
 rung above), and call :func:`judge`; report.py writes what users read.
 
 Speed. An arm's tokens/s over its reference's, run by run; the ratio is their median. A gain is
-*inside noise* when the paired ratios disagree on its direction, or when it is no larger than
-the noise floor: how far paired ratios typically disagree on this machine (the median over the
-arms of their max - min), or the move of an arm that ran what its reference ran (``inert``).
+*inside noise* when the paired ratios disagree on its direction, when it is no larger than
+the noise floor (how far paired ratios typically disagree on this machine: the median over the
+arms of their max - min, or the move of an arm that ran what its reference ran, ``inert``), or
+when a t-test on the logarithms of its paired ratios does not hold at ``alpha``. That test weighs
+an arm's mean against the pairs' spread pooled over every compared arm (one machine, one noise:
+a ladder of ten rungs run twice has ten degrees of freedom where one rung has one), so a verdict
+"faster" on noise alone comes at most ``alpha`` of the time; the floor alone let a change that does
+nothing read faster or slower in about 3 of 10 two-repeat comparisons.
 
 Quality. The final val loss an arm ends with minus its reference's, repeat by repeat, samples
 how the change moves the loss across seeds. A paired t-test on those differences (Student's t,
@@ -156,7 +161,7 @@ class Ratio:
     paired: list[float] = field(default_factory=list)
     median: float | None = None
     inside_noise: bool | None = None
-    test: Test | None = None  # over the logarithms of ``paired`` (a quality ratio); None for speed
+    test: Test | None = None  # over the logarithms of ``paired``; a speed ratio's against the pooled spread
 
     @classmethod
     def of(cls, paired: list[float]) -> Ratio:
@@ -262,6 +267,7 @@ class Noise:
     sooner_floor: float
     alpha: float
     seeds: list[int | None]  # by repeat
+    speed_df: int = 0  # the speed tests' degrees of freedom: the paired ratios' spread, pooled over the arms
     loss_sd: float | None = None  # the baseline's final val loss, standard deviation over its seeds
     loss: Spread | None = None
     time_to_loss: Spread | None = None  # the baseline's runs' time to the median of their curves' last val loss
@@ -302,6 +308,7 @@ def judge(arms: list[Arm], alpha: float = ALPHA, target: float | None = None) ->
         changed = set(arm.changes) if arm.changes is not None else {
             k for k in {*arm.setting, *above} if arm.setting.get(k) != above.get(k)}
         arm.same_work = bool(changed) and changed <= SAME_WORK
+    speed_df = pooled_speed_tests([a.versus.speed for a in compared], alpha)
     spread = typical_disagreement([a.versus.speed.paired for a in compared if not a.inert])
     inert = [abs(a.versus.speed.median - 1) for a in compared
              if (a.inert or a.same_work) and a.versus.speed.median]
@@ -309,7 +316,7 @@ def judge(arms: list[Arm], alpha: float = ALPHA, target: float | None = None) ->
     sooner_floor = max(floor, typical_disagreement([a.versus.sooner.paired for a in compared]))
     for arm in compared:
         versus, above = arm.versus, arms[arm.reference]
-        versus.speed.inside_noise = arm.inert or arm.same_work or ratio_inside_noise(versus.speed.paired, floor)
+        versus.speed.inside_noise = arm.inert or arm.same_work or _quality_noise(versus.speed, floor)
         versus.sooner.inside_noise = _quality_noise(versus.sooner, sooner_floor)
         if versus.time_to_target is not None:
             versus.time_to_target_inside_noise = (arm.target.time_s.overlaps(above.target.time_s)
@@ -317,7 +324,9 @@ def judge(arms: list[Arm], alpha: float = ALPHA, target: float | None = None) ->
     for arm in arms[1:]:
         if arm.at_quality:
             arm.at_quality.vs_baseline.inside_noise = _quality_noise(arm.at_quality.vs_baseline, sooner_floor)
-    return Judged(arms, _noise(base, spread, floor, sooner_floor, alpha, by), by)
+    noise = _noise(base, spread, floor, sooner_floor, alpha, by)
+    noise.speed_df = speed_df
+    return Judged(arms, noise, by)
 
 
 def _figures(arm: Arm, by: str, alpha: float, target: float | None) -> None:
@@ -411,8 +420,8 @@ def _sooner_ratio(reference: list[Run], runs: list[Run], alpha: float) -> Ratio:
 
 
 def _quality_noise(ratio: Ratio, floor: float) -> bool | None:
-    """A quality ratio is inside noise when its paired runs cannot tell it from the machine's noise, or the seeds
-    cannot (the t-test does not hold); None where it has no pairs."""
+    """A ratio is inside noise when its paired runs cannot tell it from the machine's noise, or the t-test on its
+    logarithms does not hold; None where it has no pairs."""
     if ratio.median is None:
         return None
     return ratio_inside_noise(ratio.paired, floor) or not (ratio.test and ratio.test.significant)
@@ -493,6 +502,29 @@ def paired_test(differences: list[float], alpha: float = ALPHA, resolution: floa
     if not test.significant and mean != 0:
         test.seeds_needed = next((m for m in range(n + 1, 1001) if _detectable(sd, m, alpha) <= abs(mean)), None)
     return test
+
+
+def pooled_speed_tests(ratios: list[Ratio], alpha: float) -> int:
+    """Each ratio's t-test (``Ratio.test``) on the logarithms of its paired ratios against the spread pooled over
+    all of them: each pair's deviation from its own arm's mean, Σ(n - 1) degrees of freedom. Every arm's pairs
+    were timed on the same machine in the same alternation, so they share one noise; pooling it lets a ladder's
+    many rungs decide what two repeats of one rung cannot. Returns the degrees of freedom (0: no test)."""
+    from scipy import stats
+
+    logs = [[math.log(r) for r in ratio.paired] if all(r > 0 for r in ratio.paired) else [] for ratio in ratios]
+    df = sum(len(x) - 1 for x in logs if len(x) > 1)
+    if df == 0:
+        return 0
+    sd = math.sqrt(sum((v - statistics.fmean(x)) ** 2 for x in logs if len(x) > 1 for v in x) / df)
+    quantile = float(stats.t.ppf(1 - alpha / 2, df))
+    for ratio, x in zip(ratios, logs):
+        if len(x) < 2:
+            continue
+        mean, error = statistics.fmean(x), sd / math.sqrt(len(x))
+        p = (1.0 if mean == 0 else 0.0) if error == 0 else float(2 * stats.t.sf(abs(mean) / error, df))
+        ratio.test = Test(len(x), mean, mean - quantile * error, mean + quantile * error, p, alpha, p < alpha,
+                          float(quantile + stats.t.ppf(POWER, df)) * error)
+    return df
 
 
 def _detectable(sd: float, n: int, alpha: float) -> float:

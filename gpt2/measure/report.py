@@ -224,10 +224,14 @@ def noise_sentence(judged: Judged, words: Words, repeats: int) -> str:
                 + f"; the speed gains of {noisy} of {counted(len(compared), what)} are inside that noise, and no "
                   f"speed verdict below is firmer than it. To read it, {ADVICE[what]}.")
     shown = f"; {what}s that changed no step's work here moved it by up to {100 * floor:.1f}%" if floor > spread else ""
+    tested = (f"no larger than {100 * floor:.1f}%, or where a t-test on the logarithms of its paired ratios, against "
+              f"their spread pooled over the {what}s ({noise.speed_df} degree{'s' if noise.speed_df != 1 else ''} of "
+              f"freedom), does not hold at p < {noise.alpha:g}" if noise.speed_df
+              else f"or no larger than {100 * floor:.1f}%")
     return (f"Speed noise: each {what}'s runs, paired with {words.against}'s of the same repeat, agree on its tokens/s "
             f"ratio within {100 * spread:.1f}% (median over the {what}s){shown}. A gain whose paired runs disagree "
-            f"on its direction, or no larger than {100 * floor:.1f}%, is marked *inside noise*: it buys nothing this "
-            f"machine can measure ({noisy} of {counted(len(compared), what)}).")
+            f"on its direction, {tested}, is marked *inside noise*: it buys nothing this machine can measure "
+            f"({noisy} of {counted(len(compared), what)}).")
 
 
 def same_work_moves(judged: Judged, words: Words, label: Callable[[Arm], str]) -> str:
