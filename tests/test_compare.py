@@ -39,25 +39,29 @@ def test_speed_is_judged_run_by_run_against_the_reference_of_the_same_repeat():
     assert "Faster outside noise: fast (1.50×)" in said and "same" not in said.split("Faster")[1]
 
 
-def test_a_speed_gain_holds_a_t_test_against_the_spread_pooled_over_every_arm():
+def test_a_speed_gain_holds_a_t_test_against_the_noise_of_every_arm_s_runs():
     """Two repeats of one setting that moved tokens/s by 4% and 6% passed the floor (their own 2% range) as
-    faster; one degree of freedom cannot say so at p < 0.01. A ladder's many arms pool the machine's one noise:
-    the same two repeats of a 1.5× arm among five that moved within ±1% decide it."""
+    faster; one degree of freedom cannot say so at p < 0.01. Every arm's runs measure the machine's one noise (a
+    pass of runs drifts together: randomized blocks), so a ladder's many arms decide what one cannot: the same
+    two repeats of a 1.5× arm among five that moved within ±1% are decided."""
     one = judge([arm("base", [(100,), (100,)], None), arm("noop", [(104,), (106,)])])
     speed = one.arms[1].versus.speed
     assert compare.ratio_inside_noise(speed.paired, one.noise.speed_floor) is False  # the floor alone: "faster"
-    assert speed.inside_noise is True and speed.test.p > 0.05 and one.noise.speed_df == 1
-    logs = [[math.log(r) for r in rs] for rs in ([1.01, 0.99], [1.0, 1.01], [0.995, 1.005], [1.01, 1.0],
-                                                 [0.99, 1.0], [1.5, 1.52])]
-    many = judge([arm("base", [(100,), (100,)], None)]
-                 + [arm(f"a{i}", [(100 * math.exp(v),) for v in x]) for i, x in enumerate(logs)])
+    assert speed.inside_noise is True and one.noise.speed_df == 1
+    assert speed.test.p == pytest.approx(stats.ttest_1samp([math.log(1.04), math.log(1.06)], 0).pvalue)  # paired t
+    rates = [[100, 90], [101, 89.1], [100, 90.9], [100.5, 90.45], [101, 90], [99, 90], [150, 136.8]]  # pass 2: -10%
+    many = judge([arm("base", [(r,) for r in rates[0]], None)] + [arm(f"a{i}", [(r,) for r in row])
+                                                                 for i, row in enumerate(rates[1:])])
     fast = many.arms[-1].versus.speed
-    pooled = math.sqrt(sum((v - sum(x) / 2) ** 2 for x in logs for v in x) / 6)
-    t = (sum(logs[-1]) / 2) / (pooled / math.sqrt(2))
+    logs = [[math.log(r) for r in row] for row in rates]
+    grand = sum(map(sum, logs)) / 14
+    residual = sum((v - sum(row) / 2 - sum(r[j] for r in logs) / 7 + grand) ** 2 for row in logs
+                   for j, v in enumerate(row))
+    t = (sum(logs[-1]) - sum(logs[0])) / 2 / math.sqrt(residual / 6 * 2 / 2)
     assert many.noise.speed_df == 6 and fast.test.p == pytest.approx(2 * stats.t.sf(t, 6))
     assert fast.inside_noise is False and fast.test.p < 0.01
-    assert "pooled over the settings (6 degrees of freedom), does not hold at p < 0.01" in report.noise_sentence(
-        many, WORDS, 2)
+    assert "against a run's noise read from every setting's runs (6 degrees of freedom), does not hold at p < " \
+           "0.01" in report.noise_sentence(many, WORDS, 2)
 
 
 def test_an_inert_arm_s_move_is_the_noise_floor():

@@ -13,10 +13,10 @@ Speed. An arm's tokens/s over its reference's, run by run; the ratio is their me
 the noise floor (how far paired ratios typically disagree on this machine: the median over the
 arms of their max - min, or the move of an arm that ran what its reference ran, ``inert``), or
 when a t-test on the logarithms of its paired ratios does not hold at ``alpha``. That test weighs
-an arm's mean against the pairs' spread pooled over every compared arm (one machine, one noise:
-a ladder of ten rungs run twice has ten degrees of freedom where one rung has one), so a verdict
-"faster" on noise alone comes at most ``alpha`` of the time; the floor alone let a change that does
-nothing read faster or slower in about 3 of 10 two-repeat comparisons.
+an arm's mean against a run's noise read from every arm's runs (:func:`speed_tests`: one machine,
+one noise; a ladder of ten rungs run twice has nine degrees of freedom where one rung has one), so a
+verdict "faster" on noise alone comes about ``alpha`` of the time; the floor alone let a change that
+does nothing read faster or slower in about 3 of 10 two-repeat comparisons.
 
 Quality. The final val loss an arm ends with minus its reference's, repeat by repeat, samples
 how the change moves the loss across seeds. A paired t-test on those differences (Student's t,
@@ -161,7 +161,7 @@ class Ratio:
     paired: list[float] = field(default_factory=list)
     median: float | None = None
     inside_noise: bool | None = None
-    test: Test | None = None  # over the logarithms of ``paired``; a speed ratio's against the pooled spread
+    test: Test | None = None  # over the logarithms of ``paired``; a speed ratio's against every arm's noise
 
     @classmethod
     def of(cls, paired: list[float]) -> Ratio:
@@ -267,7 +267,7 @@ class Noise:
     sooner_floor: float
     alpha: float
     seeds: list[int | None]  # by repeat
-    speed_df: int = 0  # the speed tests' degrees of freedom: the paired ratios' spread, pooled over the arms
+    speed_df: int = 0  # the speed tests' degrees of freedom: a run's noise, read from every arm's runs
     loss_sd: float | None = None  # the baseline's final val loss, standard deviation over its seeds
     loss: Spread | None = None
     time_to_loss: Spread | None = None  # the baseline's runs' time to the median of their curves' last val loss
@@ -308,7 +308,7 @@ def judge(arms: list[Arm], alpha: float = ALPHA, target: float | None = None) ->
         changed = set(arm.changes) if arm.changes is not None else {
             k for k in {*arm.setting, *above} if arm.setting.get(k) != above.get(k)}
         arm.same_work = bool(changed) and changed <= SAME_WORK
-    speed_df = pooled_speed_tests([a.versus.speed for a in compared], alpha)
+    speed_df = speed_tests(arms, alpha)
     spread = typical_disagreement([a.versus.speed.paired for a in compared if not a.inert])
     inert = [abs(a.versus.speed.median - 1) for a in compared
              if (a.inert or a.same_work) and a.versus.speed.median]
@@ -504,26 +504,35 @@ def paired_test(differences: list[float], alpha: float = ALPHA, resolution: floa
     return test
 
 
-def pooled_speed_tests(ratios: list[Ratio], alpha: float) -> int:
-    """Each ratio's t-test (``Ratio.test``) on the logarithms of its paired ratios against the spread pooled over
-    all of them: each pair's deviation from its own arm's mean, Σ(n - 1) degrees of freedom. Every arm's pairs
-    were timed on the same machine in the same alternation, so they share one noise; pooling it lets a ladder's
-    many rungs decide what two repeats of one rung cannot. Returns the degrees of freedom (0: no test)."""
+def speed_tests(arms: list[Arm], alpha: float) -> int:
+    """Each compared arm's t-test on its speed (``versus.speed.test``): the mean logarithm of its paired tokens/s
+    ratios against a run's noise read from every arm at once. The runs form blocks: repeat r of every arm ran
+    in one pass, in turn. So log tokens/s = the arm's level + the pass's drift + noise (randomized blocks), and
+    the noise's variance comes from the residuals of the arms that ran every repeat, (arms - 1)(repeats - 1)
+    degrees of freedom, one machine's one noise: two repeats of ten rungs give nine where one rung against its
+    reference gives one (there the test is the plain paired t-test). Returns the degrees of freedom (0: none)."""
     from scipy import stats
 
-    logs = [[math.log(r) for r in ratio.paired] if all(r > 0 for r in ratio.paired) else [] for ratio in ratios]
-    df = sum(len(x) - 1 for x in logs if len(x) > 1)
-    if df == 0:
+    complete = [[math.log(r.tokens_per_s) for r in arm.runs] for arm in arms
+                if not arm.skipped and len(arm.runs) > 1 and all(r.ok and r.tokens_per_s for r in arm.runs)]
+    if len(complete) < 2 or len({len(row) for row in complete}) > 1:
         return 0
-    sd = math.sqrt(sum((v - statistics.fmean(x)) ** 2 for x in logs if len(x) > 1 for v in x) / df)
+    k, n = len(complete), len(complete[0])
+    df = (k - 1) * (n - 1)
+    grand = statistics.fmean(v for row in complete for v in row)
+    arm_means = [statistics.fmean(row) for row in complete]
+    pass_means = [statistics.fmean(row[j] for row in complete) for j in range(n)]
+    sd = math.sqrt(sum((row[j] - arm_means[i] - pass_means[j] + grand) ** 2
+                       for i, row in enumerate(complete) for j in range(n)) / df)
     quantile = float(stats.t.ppf(1 - alpha / 2, df))
-    for ratio, x in zip(ratios, logs):
-        if len(x) < 2:
+    for arm in arms:
+        ratio = arm.versus.speed if arm.versus else None
+        if ratio is None or len(ratio.paired) < 2 or not all(r > 0 for r in ratio.paired):
             continue
-        mean, error = statistics.fmean(x), sd / math.sqrt(len(x))
+        mean, error = statistics.fmean(math.log(r) for r in ratio.paired), sd * math.sqrt(2 / len(ratio.paired))
         p = (1.0 if mean == 0 else 0.0) if error == 0 else float(2 * stats.t.sf(abs(mean) / error, df))
-        ratio.test = Test(len(x), mean, mean - quantile * error, mean + quantile * error, p, alpha, p < alpha,
-                          float(quantile + stats.t.ppf(POWER, df)) * error)
+        ratio.test = Test(len(ratio.paired), mean, mean - quantile * error, mean + quantile * error, p, alpha,
+                          p < alpha, float(quantile + stats.t.ppf(POWER, df)) * error)
     return df
 
 

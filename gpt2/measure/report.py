@@ -225,8 +225,8 @@ def noise_sentence(judged: Judged, words: Words, repeats: int) -> str:
                   f"speed verdict below is firmer than it. To read it, {ADVICE[what]}.")
     shown = f"; {what}s that changed no step's work here moved it by up to {100 * floor:.1f}%" if floor > spread else ""
     tested = (f"no larger than {100 * floor:.1f}%, or where a t-test on the logarithms of its paired ratios, against "
-              f"their spread pooled over the {what}s ({noise.speed_df} degree{'s' if noise.speed_df != 1 else ''} of "
-              f"freedom), does not hold at p < {noise.alpha:g}" if noise.speed_df
+              f"a run's noise read from every {what}'s runs ({noise.speed_df} degree{'s' if noise.speed_df != 1 else ''}"
+              f" of freedom), does not hold at p < {noise.alpha:g}" if noise.speed_df
               else f"or no larger than {100 * floor:.1f}%")
     return (f"Speed noise: each {what}'s runs, paired with {words.against}'s of the same repeat, agree on its tokens/s "
             f"ratio within {100 * spread:.1f}% (median over the {what}s){shown}. A gain whose paired runs disagree "
