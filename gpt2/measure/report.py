@@ -210,6 +210,10 @@ def loaded_runs(judged: Judged) -> str:
           "machine (nothing else running) before trusting a speed verdict.")
 
 
+def degrees_of_freedom(df: int) -> str:
+    return f"{df} degree{'s' if df != 1 else ''} of freedom"
+
+
 def noise_sentence(judged: Judged, words: Words, repeats: int) -> str:
     what, noise = words.what, judged.noise
     spread, floor = noise.speed_spread, noise.speed_floor
@@ -225,8 +229,8 @@ def noise_sentence(judged: Judged, words: Words, repeats: int) -> str:
                   f"speed verdict below is firmer than it. To read it, {ADVICE[what]}.")
     shown = f"; {what}s that changed no step's work here moved it by up to {100 * floor:.1f}%" if floor > spread else ""
     tested = (f"no larger than {100 * floor:.1f}%, or where a t-test on the logarithms of its paired ratios, against "
-              f"a run's noise read from every {what}'s runs ({noise.speed_df} degree{'s' if noise.speed_df != 1 else ''}"
-              f" of freedom), does not hold at p < {noise.alpha:g}" if noise.speed_df
+              f"a run's noise read from every {what}'s runs ({degrees_of_freedom(noise.speed_df)}), does not hold at "
+              f"p < {noise.alpha:g}" if noise.speed_df
               else f"or no larger than {100 * floor:.1f}%")
     return (f"Speed noise: each {what}'s runs, paired with {words.against}'s of the same repeat, agree on its tokens/s "
             f"ratio within {100 * spread:.1f}% (median over the {what}s){shown}. A gain whose paired runs disagree "
@@ -305,6 +309,15 @@ def decided(judged: Judged, words: Words, label: Callable[[Arm], str]) -> str:
     said = ". ".join(parts) + "." if parts else (
         f"No {words.what} differs from {words.against} outside noise, in speed or val loss "
         f"({counted(len(judged.compared), words.what)} compared).")
+    slow_to_tell = [a for a in compared if not a.same_work and a.versus.speed.test
+                    and not a.versus.speed.test.significant
+                    and not ratio_inside_noise(a.versus.speed.paired, judged.noise.speed_floor)]
+    if slow_to_tell:
+        said += (" Too few repeats to decide the speed of: "
+                 + "; ".join(f"{label(a)} ({a.versus.speed.median:.2f}×, {p_shown(a.versus.speed.test)})"
+                             for a in slow_to_tell)
+                 + f" (the t-test has {degrees_of_freedom(judged.noise.speed_df)}: more repeats, or more "
+                   f"{words.what}s compared at once, give it more).")
     undecided = [a for a in compared if a.versus.loss and a.versus.loss.test and not a.versus.loss.test.significant
                  and a.versus.loss.beyond_text_noise]
     if undecided:
