@@ -211,16 +211,15 @@ class AtQuality:
 
 @dataclass
 class Target:
-    """Time and tokens to a target val loss over the runs that reached it, and the speedrun's test of it: mean
-    final val loss below the target, one-sided, at alpha."""
+    """Time and tokens to a target val loss over the runs that reached it. No test of the final losses: a run stops
+    at the first eval at or below the target (``train.stop_at_target``), so its final loss says only that it
+    got there; how many did (``reached`` of the runs) is the figure."""
 
     loss: float
     reached: int
     time_s: Spread | None = None
     tokens: float | None = None
     steps: float | None = None
-    p_below: float | None = None  # None with fewer than two runs
-    below: bool | None = None
 
 
 @dataclass
@@ -346,7 +345,7 @@ def _figures(arm: Arm, by: str, alpha: float, target: float | None) -> None:
     arm.cost_usd = median_known([r.cost_usd for r in done])
     arm.device_hours = median_known([r.device_hours for r in done])
     if target is not None:
-        arm.target = _target(done, target, [loss for loss, _ in losses], alpha)
+        arm.target = _target(done, target)
 
 
 def final_loss(run: Run, by: str) -> tuple[float | None, float | None]:
@@ -451,16 +450,13 @@ def _at_quality(arms: list[Arm], alpha: float) -> None:
         arm.at_quality = figures
 
 
-def _target(done: list[Run], target: float, losses: list[float], alpha: float) -> Target:
+def _target(done: list[Run], target: float) -> Target:
     reached = [r.target for r in done if (r.target or {}).get("reached")]
     figures = Target(target, len(reached))
     if reached:
         figures.time_s = Spread.of([t["time_s"] for t in reached])
         figures.tokens = statistics.median(t["tokens"] for t in reached)
         figures.steps = statistics.median(t["steps"] for t in reached)
-    if len(losses) >= 2:
-        figures.p_below = below_test(losses, target)
-        figures.below = figures.p_below < alpha
     return figures
 
 
@@ -540,17 +536,6 @@ def _detectable(sd: float, n: int, alpha: float) -> float:
     from scipy import stats
 
     return float(stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(POWER, n - 1)) * sd / math.sqrt(n)
-
-
-def below_test(losses: list[float], target: float) -> float:
-    """The speedrun's test: p-value that the mean final val loss is below ``target`` (one-sided t-test)."""
-    from scipy import stats
-
-    n = len(losses)
-    mean, error = statistics.fmean(losses), statistics.stdev(losses) / math.sqrt(n)
-    if error == 0:
-        return 0.0 if mean < target else 1.0
-    return float(stats.t.cdf((mean - target) / error, n - 1))
 
 
 def p_text(p: float) -> str:

@@ -162,7 +162,7 @@ def write_report(out: Path, judged: Judged, ladder: Ladder, resolved: Resolved, 
                ladder.rungs[i], flat(resolved.sections[i]), a.runtime) if a.done else "")]
     last = [Column("wall tokens/s", lambda i, a: f"{a.tokens_per_s_wall:,.0f}" if a.tokens_per_s_wall else "")]
     if (target := resolved.profile.target) is not None:
-        last += target_columns(target, judged.noise.alpha)
+        last += target_columns(target)
     last.append(Column("note", lambda i, a: rung_note(ladder, resolved, judged.arms, i)))
     text = (f"# Optimization ladder ({today})\n\n{said}\n\n{describe(resolved, judged)}\n\n"
             + table(judged, own, columns(judged, words), last)
@@ -180,8 +180,8 @@ def write_report(out: Path, judged: Judged, ladder: Ladder, resolved: Resolved, 
     return text, data
 
 
-def target_columns(target: float, alpha: float) -> list[Column]:
-    """Time and tokens to a target val loss, against the rung above, and the speedrun's test of it."""
+def target_columns(target: float) -> list[Column]:
+    """Time and tokens to a target val loss, against the rung above."""
     def time_to(i: int, a: Arm) -> str:
         if a.target is None:
             return ""
@@ -191,14 +191,8 @@ def target_columns(target: float, alpha: float) -> list[Column]:
         return a.target.time_s.shown(".1f") + (f" reached {a.target.reached}/{runs}" if a.target.reached < runs
                                                else "")
 
-    def below(i: int, a: Arm) -> str:
-        if a.target is None or a.target.p_below is None:
-            return ""
-        return ("yes" if a.target.below else "not shown") + f" (p = {a.target.p_below:.2g})"
-
     return [Column(f"time to {target} (s)", time_to),
             Column("time to it vs the rung above", lambda i, a: ratio_shown(
                 a.versus.time_to_target, a.versus.time_to_target_inside_noise) if a.versus else ""),
-            Column("tokens to it", lambda i, a: f"{a.target.tokens:,.0f}" if a.target and a.target.tokens else ""),
-            Column(f"mean val loss under {target} at p < {alpha:g}", below)]
+            Column("tokens to it", lambda i, a: f"{a.target.tokens:,.0f}" if a.target and a.target.tokens else "")]
 
