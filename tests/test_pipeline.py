@@ -158,9 +158,8 @@ def test_stage_script_error_exit_code_and_no_traceback(tmp_path):
 
 def test_a_grid_compares_code_revisions_each_in_its_own_checkout(tmp_path, tmp_path_factory):
     """`gpt2 grid --rev A,B`: B adds a sleep to every step and changes no arithmetic. Each revision runs its own
-    code on the workspace's data and params, paired by seed: B reads slower (three repeats: two give the speed
-    test one degree of freedom), and its losses are A's to the last digit, seed by seed (p = 1: no difference
-    in quality)."""
+    code on the workspace's data and params, paired by seed: B reads slower, and its losses are A's to the last
+    digit, seed by seed (p = 1: no difference in quality)."""
     mlflow = pytest.importorskip("mlflow")
     root = project_copy(tmp_path_factory, tmp_path)
     set_params(root, train={"mlflow": True})
@@ -170,20 +169,25 @@ def test_a_grid_compares_code_revisions_each_in_its_own_checkout(tmp_path, tmp_p
     a = head()
     step = root / "gpt2/train/step.py"
     step.write_text(step.read_text().replace('    total = torch.zeros((), device=runtime.device)\n',
-                                             '    import time\n    time.sleep(0.05)\n'
+                                             '    import time\n    time.sleep(0.2)\n'
                                              '    total = torch.zeros((), device=runtime.device)\n'))
     commit_all(root)
     b = head()
     run(root, "git", "checkout", "-q", a)  # the workspace's own code is the baseline's; its params go to all three
-    done = run(root, sys.executable, "-m", "gpt2.cli", "grid", "--rev", f"{a},{b}", "--repeats", "3",
+    done = run(root, sys.executable, "-m", "gpt2.cli", "grid", "--rev", f"{a},{b}", "--repeats", "2",
                "--target", "train", "--name", "code", "--json")
     said = json.loads(done.stdout)
     assert said["revisions"] == {a: a, b: b}
     base, slow = said["rows"]
-    assert slow["versus"]["speed"]["median"] < 0.7 and slow["versus"]["speed"]["inside_noise"] is False
-    assert f"Slower outside noise: revision={b}" in said["verdict"]
-    assert slow["versus"]["loss"]["per_seed"] == [0.0] * 3 and slow["versus"]["loss"]["test"]["p"] == 1.0
-    assert [r["seed"] for r in base["runs"]] == [r["seed"] for r in slow["runs"]] == [1338, 1339, 1340]
+    # 0.2 s a step: below 0.6× also on a CPU twice as slow as a 2-core AMD EPYC. Two repeats give the speed test
+    # one degree of freedom: it decides where the two pairs agree closely, else the verdict says it could not
+    assert slow["versus"]["speed"]["median"] < 0.6
+    assert (f"Slower outside noise: revision={b}" in said["verdict"]) is (slow["versus"]["speed"]["inside_noise"]
+                                                                         is False)
+    assert (f"Too few repeats to decide the speed of: revision={b} (" in said["verdict"]) is slow["versus"]["speed"][
+        "inside_noise"]
+    assert slow["versus"]["loss"]["per_seed"] == [0.0, 0.0] and slow["versus"]["loss"]["test"]["p"] == 1.0
+    assert [r["seed"] for r in base["runs"]] == [r["seed"] for r in slow["runs"]] == [1338, 1339]
     assert said["apply"] == {}  # the baseline is fastest: no winner
     report = (root / "reports/grid/code.md").read_text()
     assert "each the `train` stage of its revision in a checkout of its own (not a DVC experiment" in report
@@ -194,7 +198,7 @@ def test_a_grid_compares_code_revisions_each_in_its_own_checkout(tmp_path, tmp_p
     runs = client.search_runs([client.get_experiment_by_name("gpt2").experiment_id])
     [parent] = [r for r in runs if r.data.tags.get("kind") == "grid"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert sorted(r.data.tags["git_commit"] for r in children) == sorted([a] * 3 + [b] * 3)
+    assert sorted(r.data.tags["git_commit"] for r in children) == sorted([a, a, b, b])
 
 
 def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, tmp_path_factory):

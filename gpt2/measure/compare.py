@@ -50,7 +50,7 @@ from typing import Any, Callable
 from gpt2.core import paths
 from gpt2.core.config import SAME_WORK
 
-ALPHA = 0.01  # the significance level of the quality tests: modded-nanogpt's for a record
+ALPHA = 0.01  # the significance level of every test of a comparison: modded-nanogpt's for a record
 LOSS_RESOLUTION = 1e-4  # the val losses a comparison reads are rounded to 4 decimals (run/figures.py)
 POWER = 0.8  # the chance a real effect of the detectable size is found, for "seeds needed"
 TOO_NOISY = 0.10  # paired ratios that disagree by more than this: no gain of that size can be read
