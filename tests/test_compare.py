@@ -8,7 +8,7 @@ import math
 import pytest
 from scipy import stats
 
-from gpt2.measure import compare, parent_run, report
+from gpt2.measure import compare, parent_run, report, significance
 from gpt2.measure.compare import Arm, Run, judge
 
 WORDS = report.Words("setting", "the baseline")
@@ -51,8 +51,8 @@ def test_a_speed_gain_holds_a_t_test_against_the_noise_of_every_arm_s_runs():
     assert speed.test.p == pytest.approx(stats.ttest_1samp([math.log(1.04), math.log(1.06)], 0).pvalue)  # paired t
     said = report.decided(one, WORDS, label)
     assert said.startswith("No setting differs from the baseline outside noise")
-    assert f"Too few repeats to decide the speed of: noop (1.05×, {compare.p_text(speed.test.p)}) (the t-test has " \
-           "1 degree of freedom: more repeats, or more settings compared at once, give it more)." in said
+    assert f"Too few repeats to decide the speed of: noop (1.05×, {significance.p_text(speed.test.p)}) (the t-test " \
+           "has 1 degree of freedom: more repeats, or more settings compared at once, give it more)." in said
     rates = [[100, 90], [101, 89.1], [100, 90.9], [100.5, 90.45], [101, 90], [99, 90], [150, 136.8]]  # pass 2: -10%
     many = judge([arm("base", [(r,) for r in rates[0]], None)] + [arm(f"a{i}", [(r,) for r in row])
                                                                  for i, row in enumerate(rates[1:])])
@@ -93,16 +93,16 @@ def test_what_the_seeds_can_detect_is_read_from_arms_whose_loss_moves_from_seed_
 
 def test_the_paired_t_test_is_scipy_s_and_says_what_more_seeds_would_decide():
     differences = [-0.031, -0.012, -0.026]
-    test = compare.paired_test(differences, alpha=0.01)
+    test = significance.paired_test(differences, alpha=0.01)
     assert test.p == pytest.approx(stats.ttest_1samp(differences, 0.0).pvalue)
     half = stats.t.ppf(0.995, 2) * stats.sem(differences)
     assert (test.low, test.high) == pytest.approx((test.mean - half, test.mean + half))
     assert not test.significant and test.seeds_needed is not None
     sd = stats.tstd(differences)
-    assert compare._detectable(sd, test.seeds_needed, 0.01) <= abs(test.mean)  # the fewest seeds that would
-    assert compare._detectable(sd, test.seeds_needed - 1, 0.01) > abs(test.mean)
-    assert compare.paired_test([0.0, 0.0, 0.0]).p == 1.0  # bit-identical runs: no difference
-    assert compare.paired_test([0.1, 0.1]).p == 0.0 and compare.paired_test([0.1]) is None
+    assert significance.detectable(sd, test.seeds_needed, 0.01) <= abs(test.mean)  # the fewest seeds that would
+    assert significance.detectable(sd, test.seeds_needed - 1, 0.01) > abs(test.mean)
+    assert significance.paired_test([0.0, 0.0, 0.0], 0.01).p == 1.0  # bit-identical runs: no difference
+    assert significance.paired_test([0.1, 0.1], 0.01).p == 0.0 and significance.paired_test([0.1], 0.01) is None
 
 
 def test_quality_counts_only_where_the_seeds_and_the_scored_text_both_say_so():
@@ -131,7 +131,7 @@ def test_two_seeds_rarely_decide_and_the_verdict_says_how_many_would():
     loss = judged.arms[1].versus.loss
     assert loss.beyond_text_noise and not loss.test.significant and loss.apart is False
     said = report.verdict(judged, WORDS, 2, [], label)
-    assert f"Too few seeds to decide the val loss of: b (-0.055, {compare.p_text(loss.test.p)}; about " in said
+    assert f"Too few seeds to decide the val loss of: b (-0.055, {significance.p_text(loss.test.p)}; about " in said
     assert compare.win(judged.arms[1], at_equal_time=False) is None
 
 
@@ -187,7 +187,7 @@ def test_losses_kept_to_4_decimals_that_moved_alike_on_every_seed_prove_nothing(
     nearly, same = judged.arms[1].versus.loss, judged.arms[2].versus.loss
     assert nearly.delta == pytest.approx(-1e-4) and not nearly.test.significant and nearly.test.p > 0.1
     assert same.test.p == 1.0 and same.apart is False
-    assert compare.paired_test([-1e-4, -1e-4]).p == 0.0  # without a resolution: exact differences, as given
+    assert significance.paired_test([-1e-4, -1e-4], 0.01).p == 0.0  # without a resolution: exact differences, as given
 
 
 def test_the_baseline_s_time_to_its_loss_is_read_at_a_loss_its_own_curves_reach():

@@ -49,10 +49,10 @@ from typing import Any, Callable
 
 from gpt2.core import paths
 from gpt2.core.config import SAME_WORK
+from gpt2.measure.significance import Test, block_noise, mean_test, p_text, paired_test
 
 ALPHA = 0.01  # the significance level of every test of a comparison: modded-nanogpt's for a record
 LOSS_RESOLUTION = 1e-4  # the val losses a comparison reads are rounded to 4 decimals (run/figures.py)
-POWER = 0.8  # the chance a real effect of the detectable size is found, for "seeds needed"
 TOO_NOISY = 0.10  # paired ratios that disagree by more than this: no gain of that size can be read
 ADVICE = {"rung": "run it on an idle machine, with more steps per run (--steps) or more repeats (--repeats)",
           "setting": "run it on an idle machine, with more steps per run (-S train.max_steps=...) or more repeats "
@@ -137,21 +137,6 @@ def read_run(name: str, repeat: int, seed: int | None, exp: Any, curve: Curve | 
     run.runtime = summary.get("runtime") or {}
     run.machine = metrics.get("machine")
     return run
-
-
-@dataclass
-class Test:
-    """A t-test over seeds: the mean, its (1 - alpha) interval, the p-value, and what these seeds can detect."""
-
-    n: int  # seeds (pairs)
-    mean: float
-    low: float
-    high: float
-    p: float
-    alpha: float
-    significant: bool
-    detectable: float  # the smallest true difference these seeds find with POWER's chance at alpha
-    seeds_needed: int | None = None  # for the difference measured, where these seeds do not decide it
 
 
 @dataclass
@@ -472,76 +457,21 @@ def _noise(base: Arm, spread: float, floor: float, sooner_floor: float, alpha: f
     return noise
 
 
-def paired_test(differences: list[float], alpha: float = ALPHA, resolution: float = 0.0) -> Test | None:
-    """Student's paired t-test of ``differences`` (one per seed) against 0, two-sided; None with fewer than two.
-
-    ``resolution``: the values the differences are taken between were rounded to it. Rounding alone spreads a
-    difference by resolution / √6 (standard deviation), so the spread is taken as at least that: differences
-    that agree only because they were rounded alike are not read as certain.
-
-    Also what the seeds can detect: the smallest true mean difference found with POWER's chance, from the measured
-    spread, and, where the test does not hold, how many seeds would decide the difference measured."""
-    from scipy import stats
-
-    n = len(differences)
-    if n < 2 or not all(math.isfinite(d) for d in differences):
-        return None
-    mean = statistics.fmean(differences)
-    sd = max(statistics.stdev(differences), resolution / math.sqrt(6))
-    error = sd / math.sqrt(n)
-    if error == 0:  # every seed moved it by the same amount, known exactly (bit-identical runs: by 0)
-        p = 1.0 if mean == 0 else 0.0
-    else:
-        p = float(2 * stats.t.sf(abs(mean) / error, n - 1))
-    half = float(stats.t.ppf(1 - alpha / 2, n - 1)) * error
-    test = Test(n, mean, mean - half, mean + half, p, alpha, p < alpha, _detectable(sd, n, alpha))
-    if not test.significant and mean != 0:
-        test.seeds_needed = next((m for m in range(n + 1, 1001) if _detectable(sd, m, alpha) <= abs(mean)), None)
-    return test
-
-
 def speed_tests(arms: list[Arm], alpha: float) -> int:
     """Each compared arm's t-test on its speed (``versus.speed.test``): the mean logarithm of its paired tokens/s
     ratios against a run's noise read from every arm at once. The runs form blocks: repeat r of every arm ran
-    in one pass, in turn. So log tokens/s = the arm's level + the pass's drift + noise (randomized blocks), and
-    the noise's variance comes from the residuals of the arms that ran every repeat, (arms - 1)(repeats - 1)
-    degrees of freedom, one machine's one noise: two repeats of ten rungs give nine where one rung against its
-    reference gives one (there the test is the plain paired t-test). Returns the degrees of freedom (0: none)."""
-    from scipy import stats
-
-    complete = [[math.log(r.tokens_per_s) for r in arm.runs] for arm in arms
-                if not arm.skipped and len(arm.runs) > 1 and all(r.ok and r.tokens_per_s for r in arm.runs)]
-    if len(complete) < 2 or len({len(row) for row in complete}) > 1:
-        return 0
-    k, n = len(complete), len(complete[0])
-    df = (k - 1) * (n - 1)
-    grand = statistics.fmean(v for row in complete for v in row)
-    arm_means = [statistics.fmean(row) for row in complete]
-    pass_means = [statistics.fmean(row[j] for row in complete) for j in range(n)]
-    sd = math.sqrt(sum((row[j] - arm_means[i] - pass_means[j] + grand) ** 2
-                       for i, row in enumerate(complete) for j in range(n)) / df)
-    quantile = float(stats.t.ppf(1 - alpha / 2, df))
-    for arm in arms:
+    in one pass, in turn, so log tokens/s = the arm's level + the pass's drift + noise (``block_noise``), from
+    the arms that ran every repeat: one machine's one noise. Two repeats of ten rungs give nine degrees of
+    freedom where one rung against its reference gives one (there the test is the plain paired t-test).
+    Returns the degrees of freedom (0: no test)."""
+    rows = [[math.log(r.tokens_per_s) for r in arm.runs] for arm in arms
+            if not arm.skipped and all(r.ok and r.tokens_per_s for r in arm.runs)]
+    sd, df = block_noise(rows)
+    for arm in arms if df else []:
         ratio = arm.versus.speed if arm.versus else None
-        if ratio is None or len(ratio.paired) < 2 or not all(r > 0 for r in ratio.paired):
-            continue
-        mean, error = statistics.fmean(math.log(r) for r in ratio.paired), sd * math.sqrt(2 / len(ratio.paired))
-        p = (1.0 if mean == 0 else 0.0) if error == 0 else float(2 * stats.t.sf(abs(mean) / error, df))
-        ratio.test = Test(len(ratio.paired), mean, mean - quantile * error, mean + quantile * error, p, alpha,
-                          p < alpha, float(quantile + stats.t.ppf(POWER, df)) * error)
+        if ratio is not None and len(ratio.paired) > 1 and all(r > 0 for r in ratio.paired):
+            ratio.test = mean_test([math.log(r) for r in ratio.paired], sd * math.sqrt(2), df, alpha)  # of a pair
     return df
-
-
-def _detectable(sd: float, n: int, alpha: float) -> float:
-    from scipy import stats
-
-    return float(stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(POWER, n - 1)) * sd / math.sqrt(n)
-
-
-def p_text(p: float) -> str:
-    """``p = 0.00312`` (three figures below 0.1, so one just under a level never reads as the level itself), or
-    ``p < 0.0001``."""
-    return "p < 0.0001" if p < 1e-4 else f"p = {p:.3g}" if p < 0.1 else f"p = {p:.2g}"
 
 
 def typical_disagreement(paired: list[list[float]]) -> float:

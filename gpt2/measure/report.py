@@ -15,8 +15,9 @@ from typing import Any, Callable
 
 from gpt2.core.plots import png, pyplot
 from gpt2.measure.apply import Change
-from gpt2.measure.compare import (ADVICE, TOO_NOISY, AtQuality, Arm, Judged, LossDiff, Ratio, Test, confirm,
-                                  final_loss, p_text, ratio_inside_noise, win)
+from gpt2.measure.compare import (ADVICE, TOO_NOISY, AtQuality, Arm, Judged, LossDiff, Ratio, confirm, final_loss,
+                                  ratio_inside_noise, win)
+from gpt2.measure.significance import Test, p_text
 from gpt2.run import machine_load
 from gpt2.run.names import json_value
 
