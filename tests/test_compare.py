@@ -68,6 +68,20 @@ def test_a_speed_gain_holds_a_t_test_against_the_noise_of_every_arm_s_runs():
            "0.01" in report.noise_sentence(many, WORDS, 2)
 
 
+def test_time_to_a_target_is_compared_run_by_run_where_both_reached_it():
+    """The ladder's --target: the rung above's time over this rung's, repeat by repeat (not median over median,
+    not overlapping ranges), tested as 'sooner' is; a run that did not reach it leaves its pair out."""
+    base, fast, slow = (arm(name, [(100,), (100,), (100,)], ref) for name, ref in
+                        (("base", None), ("fast", 0), ("half reached", 0)))
+    for runs, times in ((base, (20.0, 22.0, 21.0)), (fast, (10.0, 11.2, 10.4)), (slow, (15.0, None, None))):
+        for r, t in zip(runs.runs, times):
+            r.target = {"reached": t is not None, "time_s": t, "tokens": 1.0, "steps": 1}
+    judged = judge([base, fast, slow], target=6.0)
+    fast_to, slow_to = judged.arms[1].versus.to_target, judged.arms[2].versus.to_target
+    assert fast_to.paired == pytest.approx([2.0, 22.0 / 11.2, 21.0 / 10.4]) and fast_to.inside_noise is False
+    assert slow_to.paired == pytest.approx([20.0 / 15.0]) and slow_to.inside_noise is True  # one pair: no verdict
+
+
 def test_an_inert_arm_s_move_is_the_noise_floor():
     base = arm("base", [(100,), (100,)], None)
     inert = arm("inert", [(106,), (107,)])

@@ -466,11 +466,12 @@ def test_with_a_target_every_run_trains_to_it_and_the_table_gives_time_to_target
             [fake_run(p, 3, 100.0, CPU), fake_run(p, 3, 100.0, CPU, repeat=1)]]
     judged = judged_of(spec, p, runs)
     assert judged.arms[0].target.time_s.median == 21.0 and judged.arms[2].target.reached == 1
-    assert judged.arms[2].versus.time_to_target == pytest.approx(21.25 / 10)  # against the inert rung above
+    to_target = judged.arms[2].versus.to_target  # against the inert rung above, run by run: one pair reached it
+    assert to_target.paired == [pytest.approx(21.0 / 10)] and to_target.inside_noise is True
     text = table_of(tmp_path, judged, spec, p)
     assert "time to 6.1 (s)" in text and "| 21.0 (20.0–22.0) |" in text
     assert "mean val loss under" not in text  # runs stop at the target: their final losses are at or under it
-    assert "10.0 (10.0–10.0) reached 1/2" in text and "| not reached |" in text and "| 2.12× |" in text
+    assert "10.0 (10.0–10.0) reached 1/2" in text and "| not reached |" in text and "| 2.10× (inside noise) |" in text
 
 
 def test_rungs_compare_at_the_baseline_s_loss_and_the_winners_are_applied(tmp_path):

@@ -175,8 +175,8 @@ class Versus:
     sooner: Ratio  # how many times sooner it reaches the higher of the two final val losses
     loss: LossDiff | None = None
     holdout: LossDiff | None = None  # the same on the held-out windows, where the runs scored them
-    time_to_target: float | None = None  # the reference's median time to the target over this arm's
-    time_to_target_inside_noise: bool | None = None
+    to_target: Ratio | None = None  # the reference's time to the target over this arm's, run by run, where both
+    # reached it (``--target``): how many times sooner, tested as ``sooner`` is
 
 
 @dataclass
@@ -302,9 +302,8 @@ def judge(arms: list[Arm], alpha: float = ALPHA, target: float | None = None) ->
         versus, above = arm.versus, arms[arm.reference]
         versus.speed.inside_noise = arm.inert or arm.same_work or _quality_noise(versus.speed, floor)
         versus.sooner.inside_noise = _quality_noise(versus.sooner, sooner_floor)
-        if versus.time_to_target is not None:
-            versus.time_to_target_inside_noise = (arm.target.time_s.overlaps(above.target.time_s)
-                                                  or abs(versus.time_to_target - 1) <= floor)
+        if versus.to_target is not None:
+            versus.to_target.inside_noise = _quality_noise(versus.to_target, sooner_floor)
     for arm in arms[1:]:
         if arm.at_quality:
             arm.at_quality.vs_baseline.inside_noise = _quality_noise(arm.at_quality.vs_baseline, sooner_floor)
@@ -354,8 +353,9 @@ def _versus(arm: Arm, index: int, above: Arm, by: str, alpha: float) -> Versus:
     versus.loss = loss_diff(arm.runs, above.runs, lambda r: final_loss(r, by), by, alpha)
     versus.holdout = loss_diff(arm.runs, above.runs, lambda r: (r.holdout_loss, r.holdout_loss_se), "held-out",
                                alpha)
-    if arm.target and above.target and arm.target.time_s and above.target.time_s:
-        versus.time_to_target = above.target.time_s.median / arm.target.time_s.median
+    if arm.target and above.target:
+        versus.to_target = _tested(_paired(above, arm, lambda r: r.target["time_s"]
+                                           if (r.target or {}).get("reached") else None), alpha)
     return versus
 
 
@@ -396,8 +396,12 @@ def confirm(arm: Arm) -> str:
 
 
 def _sooner_ratio(reference: list[Run], runs: list[Run], alpha: float) -> Ratio:
-    paired = [r for above, mine in zip(reference, runs)
-              if above.ok and mine.ok and (r := sooner(above.curve, mine.curve)) is not None]
+    return _tested([r for above, mine in zip(reference, runs)
+                    if above.ok and mine.ok and (r := sooner(above.curve, mine.curve)) is not None], alpha)
+
+
+def _tested(paired: list[float], alpha: float) -> Ratio:
+    """A quality ratio, run by run, with the t-test on its logarithms."""
     ratio = Ratio.of(paired)
     ratio.test = paired_test([math.log(r) for r in paired], alpha) if all(r > 0 for r in paired) else None
     return ratio

@@ -193,6 +193,7 @@ def target_columns(target: float) -> list[Column]:
 
     return [Column(f"time to {target} (s)", time_to),
             Column("time to it vs the rung above", lambda i, a: ratio_shown(
-                a.versus.time_to_target, a.versus.time_to_target_inside_noise) if a.versus else ""),
+                a.versus.to_target.median, a.versus.to_target.inside_noise) if a.versus and a.versus.to_target
+                else ""),
             Column("tokens to it", lambda i, a: f"{a.target.tokens:,.0f}" if a.target and a.target.tokens else "")]
 
