@@ -300,16 +300,14 @@ def judge(arms: list[Arm], alpha: float = ALPHA, target: float | None = None) ->
     sooner_floor = max(floor, typical_disagreement([a.versus.sooner.paired for a in compared]))
     for arm in compared:
         versus, above = arm.versus, arms[arm.reference]
-        versus.speed.inside_noise = arm.inert or arm.same_work or _quality_noise(versus.speed, floor)
-        versus.sooner.inside_noise = _quality_noise(versus.sooner, sooner_floor)
+        versus.speed.inside_noise = arm.inert or arm.same_work or _ratio_noise(versus.speed, floor)
+        versus.sooner.inside_noise = _ratio_noise(versus.sooner, sooner_floor)
         if versus.to_target is not None:
-            versus.to_target.inside_noise = _quality_noise(versus.to_target, sooner_floor)
+            versus.to_target.inside_noise = _ratio_noise(versus.to_target, sooner_floor)
     for arm in arms[1:]:
         if arm.at_quality:
-            arm.at_quality.vs_baseline.inside_noise = _quality_noise(arm.at_quality.vs_baseline, sooner_floor)
-    noise = _noise(base, spread, floor, sooner_floor, alpha, by)
-    noise.speed_df = speed_df
-    return Judged(arms, noise, by)
+            arm.at_quality.vs_baseline.inside_noise = _ratio_noise(arm.at_quality.vs_baseline, sooner_floor)
+    return Judged(arms, _noise(base, spread, floor, sooner_floor, speed_df, alpha, by), by)
 
 
 def _figures(arm: Arm, by: str, alpha: float, target: float | None) -> None:
@@ -407,7 +405,7 @@ def _tested(paired: list[float], alpha: float) -> Ratio:
     return ratio
 
 
-def _quality_noise(ratio: Ratio, floor: float) -> bool | None:
+def _ratio_noise(ratio: Ratio, floor: float) -> bool | None:
     """A ratio is inside noise when its paired runs cannot tell it from the machine's noise, or the t-test on its
     logarithms does not hold; None where it has no pairs."""
     if ratio.median is None:
@@ -449,8 +447,9 @@ def _target(done: list[Run], target: float) -> Target:
     return figures
 
 
-def _noise(base: Arm, spread: float, floor: float, sooner_floor: float, alpha: float, by: str) -> Noise:
-    noise = Noise(spread, floor, sooner_floor, alpha, [r.seed for r in base.runs])
+def _noise(base: Arm, spread: float, floor: float, sooner_floor: float, speed_df: int, alpha: float,
+           by: str) -> Noise:
+    noise = Noise(spread, floor, sooner_floor, alpha, [r.seed for r in base.runs], speed_df)
     losses = [loss for r in base.done if (loss := final_loss(r, by)[0]) is not None]
     if len(losses) >= 2:
         noise.loss_sd, noise.loss = statistics.stdev(losses), Spread.of(losses)
