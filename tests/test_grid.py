@@ -10,7 +10,7 @@ import pytest
 
 from gpt2.core import paths
 from gpt2.core.errors import UserError
-from gpt2.measure import grid
+from gpt2.measure import experiments, grid, procedure
 from gpt2.measure.experiments import Experiment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,8 +52,8 @@ def test_values_with_commas_of_their_own_and_the_mistakes_a_set_can_hold():
     words = grid.parse_sets(("eval.prompts=[it's],['a, b', 'it''s']",))  # a quote inside a word is a letter
     assert words == {"eval.prompts": [["it's"], ["a, b", "it's"]]}
     assert grid.split_values("k", "'it''s, x',!!str 'a,b'") == ["'it''s, x'", "!!str 'a,b'"]  # YAML's '' and tag
-    assert grid.experiments._set_args({"train.betas": [0.9, 0.95]}) == ["-S", "train.betas=[0.9, 0.95]"]  # to DVC
-    assert grid.experiments._set_args({"eval.prompts": ["Café"]}) == ["-S", 'eval.prompts=["Café"]']  # as written
+    assert experiments._set_args({"train.betas": [0.9, 0.95]}) == ["-S", "train.betas=[0.9, 0.95]"]  # to DVC
+    assert experiments._set_args({"eval.prompts": ["Café"]}) == ["-S", 'eval.prompts=["Café"]']  # as written
     for value in (r"eval.prompts=[a\b]", 'eval.prompts=["${train.lr}"]'):
         with pytest.raises(UserError, match=r"DVC's -S would not pass a backslash or \$\{\.\.\.\} on as written"):
             grid.parse_sets((value,))
@@ -73,14 +73,14 @@ def fake_grid(monkeypatch, tmp_path, results, params="train:\n  mlflow: false\n 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text(params)
     planned = []
-    monkeypatch.setattr(grid.experiments, "check_repo", lambda root: None)
-    monkeypatch.setattr(grid.experiments, "pending", lambda root: [])
-    monkeypatch.setattr(grid.experiments, "uncommitted_params", lambda root, path: "")
-    monkeypatch.setattr(grid.experiments, "run_in_turn", lambda root, runs, *a, **k: planned.extend(runs))
-    monkeypatch.setattr(grid.experiments, "finished", lambda root, files=(): [
+    monkeypatch.setattr(experiments, "check_repo", lambda root: None)
+    monkeypatch.setattr(experiments, "pending", lambda root, states=(): [])
+    monkeypatch.setattr(experiments, "uncommitted_params", lambda root, path: "")
+    monkeypatch.setattr(procedure, "run_in_turn", lambda root, runs, *a, **k: planned.extend(runs))
+    monkeypatch.setattr(experiments, "finished", lambda root, files=(): [
         e for r in planned if (e := results(r.name, r.sets)) is not None])
-    monkeypatch.setattr(grid.experiments, "val_curve", lambda root, rev: None)
-    monkeypatch.setattr(grid.experiments, "_json_at", lambda root, rev, path: committed)
+    monkeypatch.setattr(experiments, "val_curve", lambda root, rev: None)
+    monkeypatch.setattr(experiments, "_json_at", lambda root, rev, path: committed)
     return planned
 
 
@@ -89,10 +89,10 @@ def test_a_grid_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_again(
     again (its default name a minute later) takes the same names, keeps the two finished runs and makes the other
     two; a name it had not used, which another grid took meanwhile, gets one of its own. A finished grid keeps no
     plan: the command once more measures all four anew."""
-    real_run_in_turn, store, made, stop_at = grid.experiments.run_in_turn, {}, [], [3]
+    real_run_in_turn, store, made, stop_at = procedure.run_in_turn, {}, [], [3]
     fake_grid(monkeypatch, tmp_path, lambda name, sets: None)
-    monkeypatch.setattr(grid.experiments, "run_in_turn", real_run_in_turn)
-    monkeypatch.setattr(grid.experiments, "finished", lambda root, files=(): list(store.values()))
+    monkeypatch.setattr(procedure, "run_in_turn", real_run_in_turn)
+    monkeypatch.setattr(experiments, "finished", lambda root, files=(): list(store.values()))
 
     def run_now(root, name, sets, target, log, run_name=None):
         made.append(name)
@@ -101,7 +101,7 @@ def test_a_grid_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_again(
         store[name] = run(name, 100 + sets["train.seed"], loss=6.0 + 0.01 * sets["train.seed"])
         return 0
 
-    monkeypatch.setattr(grid.experiments, "run_now", run_now)
+    monkeypatch.setattr(experiments, "run_now", run_now)
     command = {"sets": ("train.lr=1.0e-3,3.0e-3",), "target": "train", "repeats": 2}
     plans = lambda: list((tmp_path / ".dvc/tmp").glob("gpt2-grid-interrupted-*.json"))  # noqa: E731
     monkeypatch.setattr(grid.time, "strftime", lambda pattern: "12-01 10:00")
@@ -145,6 +145,7 @@ def test_repeat_r_trains_its_own_seed_in_every_setting_and_the_grid_judges_them(
     assert "Lower val loss outside noise: train.lr=0.003 (-0.300, p" in data["verdict"]
     text = (tmp_path / "reports/grid/lr.md").read_text()
     assert "| 0.001 | 3/3 |" in text and "| lr-2-1, lr-2-2, lr-2-3 |" in text
+    assert capsys.readouterr().out.strip() == text.strip()  # the report on stdout, as the ladder's
     assert data["apply"] == {"train.lr": 0.003} and "val loss -0.300 (p < 0.0001)" in data["apply_why"]["train.lr"]
     planned.clear()  # a grid over the seed itself: its values are the settings, the repeats do not change them
     grid.run_grid(("train.seed=1,2",), name="seeds", target="train", repeats=1, mlflow=False)
@@ -215,10 +216,23 @@ def test_a_setting_that_can_only_fail_is_refused_before_the_first_run(tmp_path, 
     grid.run_grid(("train.min_lr=3.0e-5,1.0e-5",), name="small")  # DVC writes 3e-05 (YAML 1.2): a float to the stage
     assert [r.sets["train.min_lr"] for r in planned] == [3e-05, 1e-05]
 
+def test_a_grid_refuses_to_time_beside_a_running_experiment_and_leaves_queued_ones_alone(tmp_path, monkeypatch):
+    planned = fake_grid(monkeypatch, tmp_path, lambda name, sets: run(name, 100))
+    queue = {"q-1": "Queued", "r-1": "Running"}
+    monkeypatch.setattr(experiments, "pending", lambda root, states=(): [n for n, s in queue.items() if s in states])
+    with pytest.raises(UserError, match=r"1 queued DVC experiment\(s\) running \(r-1\); a grid times one experiment "
+                                        r"at a time .*dvc queue kill"):
+        grid.run_grid(("train.lr=1.0e-3,2.0e-3",), name="g")
+    assert planned == []
+    del queue["r-1"]  # one that waits in the queue shares nothing with the runs timed here
+    grid.run_grid(("train.lr=1.0e-3,2.0e-3",), name="g")
+    assert len(planned) == 2
+
+
 def test_json_is_printed_before_a_failed_run_is_an_error(tmp_path, monkeypatch, capsys):
     """An agent reads the comparison even when a run failed; the command still ends with one error line."""
     fake_grid(monkeypatch, tmp_path, lambda name, sets: run(name, 100) if name == "g-1-1" else None)
-    with pytest.raises(UserError, match=r"grid: g-2-1 did not finish; see reports/grid/dvc.log"):
+    with pytest.raises(UserError, match=r"grid: g-2-1 did not finish; see reports/grid/dvc.log; the report marks"):
         grid.run_grid(("train.lr=1.0e-3,2.0e-3",), name="g", target="train", apply=False, as_json=True,
                       time_budget_s=30.0)
     said = json.loads(capsys.readouterr().out)
@@ -357,7 +371,7 @@ def test_a_grid_over_the_seed_refuses_repeats_that_would_train_a_seed_again(tmp_
 def test_what_a_comparison_will_cost_is_said_before_it_starts(tmp_path):
     """Each run's training at the pace of the workspace's last training (its ms per step, its evals' share), plus
     the start and save of each; without a pace or a budget, it says the cost is measured after the first run."""
-    from gpt2.measure.experiments import RUN_START_S, Planned, expected_cost, keep_run_start
+    from gpt2.measure.procedure import RUN_START_S, Planned, expected_cost, keep_run_start
 
     (tmp_path / "params.yaml").write_text("train:\n  max_steps: 100\n")
     budget = Planned("a", {"train.time_budget_s": 60, "train.max_steps": None}, "a", "a")
@@ -443,7 +457,7 @@ def test_a_setting_that_changes_no_step_s_work_is_never_called_faster_and_its_mo
 def test_runs_too_short_to_time_are_named_before_the_first_starts(tmp_path):
     """A budget that ends inside the warm-up a training here took, or a handful of timed steps: said up front (each
     run's own warning would only reach dvc.log)."""
-    from gpt2.measure.experiments import Planned, too_short
+    from gpt2.measure.procedure import Planned, too_short
 
     (tmp_path / "reports/train").mkdir(parents=True)
     (tmp_path / "reports/train/summary.json").write_text(json.dumps({"perf": {"warmup_s": 38.0, "step_ms": 500}}))
@@ -462,12 +476,10 @@ def test_runs_too_short_to_time_are_named_before_the_first_starts(tmp_path):
 
 def test_a_stopped_plan_that_cannot_be_read_is_no_plan(tmp_path):
     """A plan file cut short, from another plan or without its run names: the comparison starts afresh."""
-    from gpt2.measure import experiments
-
-    path = experiments.interrupted_file(tmp_path, "grid", "k" * 64)
+    path = procedure.interrupted_file(tmp_path, "grid", "k" * 64)
     path.parent.mkdir(parents=True)
     for text in ('{"key": "kkk', json.dumps({"key": "other", "names": [["a"]]}), json.dumps({"key": "k" * 64})):
         path.write_text(text)
-        assert experiments.interrupted(tmp_path, "grid", "k" * 64) is None
+        assert procedure.interrupted(tmp_path, "grid", "k" * 64) is None
     path.write_text(json.dumps({"key": "k" * 64, "names": [["a"]]}))
-    assert experiments.interrupted(tmp_path, "grid", "k" * 64)["names"] == [["a"]]
+    assert procedure.interrupted(tmp_path, "grid", "k" * 64)["names"] == [["a"]]

@@ -12,7 +12,7 @@ from conftest import ROOT, commit_all, exp_rows, mlflow_store, project_copy, run
 
 from gpt2.core import paths
 from gpt2.core.errors import UserError
-from gpt2.measure import ladder
+from gpt2.measure import experiments, ladder
 from gpt2.measure.compare import Spread, judge, read_run
 from gpt2.measure.experiments import Experiment
 
@@ -137,7 +137,7 @@ def test_profile_follows_the_device_and_the_overrides():
 
 
 def test_runs_go_in_alternating_order():
-    from gpt2.measure.experiments import alternating
+    from gpt2.measure.procedure import alternating
 
     assert alternating(3, 2) == [(0, 0), (1, 0), (2, 0), (2, 1), (1, 1), (0, 1)]
     assert alternating(2, 1) == [(0, 0), (1, 0)]
@@ -358,8 +358,8 @@ def test_the_ladder_refuses_to_time_beside_a_running_experiment(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS))
     (tmp_path / "two.yaml").write_text(TWO_RUNGS)
-    monkeypatch.setattr(ladder.runs.experiments, "check_repo", lambda root: None)
-    monkeypatch.setattr(ladder.runs.experiments, "pending",
+    monkeypatch.setattr(experiments, "check_repo", lambda root: None)
+    monkeypatch.setattr(experiments, "pending",
                         lambda root, states: ["exp-1"] if "Running" in states else [])
     with pytest.raises(UserError, match=r"1 queued DVC experiment\(s\) running \(exp-1\); .*dvc queue kill"):
         ladder.run_ladder("two.yaml", device="cpu")
@@ -373,11 +373,11 @@ def test_a_ladder_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_agai
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS))
     (tmp_path / "two.yaml").write_text(TWO_RUNGS)
-    monkeypatch.setattr(ladder.runs.experiments, "check_repo", lambda root: None)
-    monkeypatch.setattr(ladder.runs.experiments, "pending", lambda root, states: [])
-    monkeypatch.setattr(ladder.runs.experiments, "uncommitted_params", lambda root, path: "")
+    monkeypatch.setattr(experiments, "check_repo", lambda root: None)
+    monkeypatch.setattr(experiments, "pending", lambda root, states: [])
+    monkeypatch.setattr(experiments, "uncommitted_params", lambda root, path: "")
     store, made = {}, []
-    monkeypatch.setattr(ladder.runs.experiments, "finished", lambda root, files=(): list(store.values()))
+    monkeypatch.setattr(experiments, "finished", lambda root, files=(): list(store.values()))
 
     def run_now(root, name, sets, target, log, run_name=None):
         made.append(name)
@@ -386,7 +386,7 @@ def test_a_ladder_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_agai
             raise KeyboardInterrupt
         return 0
 
-    monkeypatch.setattr(ladder.runs.experiments, "run_now", run_now)
+    monkeypatch.setattr(experiments, "run_now", run_now)
     with pytest.raises(UserError, match="ladder interrupted: .* the same command again goes on from them"):
         ladder.run_ladder("two.yaml", device="cpu", repeats=2, mlflow=False)
     store["ladder-02-flash-attention-2"] = Experiment("ladder-02-flash-attention-2", "rev", "t", {}, {})  # another's

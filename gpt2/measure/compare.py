@@ -1,7 +1,7 @@
 """The one judge of a comparison: each arm's runs against its reference arm's, run paired with run of the same repeat.
 
 An *arm* is what a comparison measures: a grid's setting, a ladder's rung. Each arm runs once
-per repeat, in alternating order, and repeat r trains one seed for every arm (experiments.repeat_seeds), so an
+per repeat, in alternating order, and repeat r trains one seed for every arm (procedure.repeat_seeds), so an
 arm's run and
 its reference's run of the same repeat are neighbours in time and start from the same draw of
 weights and batches. The grid and the ladder build their arms from DVC experiments

@@ -26,9 +26,9 @@ from gpt2.core import log, paths
 from gpt2.core.atomic import write_files
 from gpt2.core.config import load_params, read_yaml
 from gpt2.core.errors import UserError
-from gpt2.measure import experiments, revisions
+from gpt2.measure import procedure, revisions
 from gpt2.measure.apply import Change, value_of, runs_the_same
-from gpt2.measure.compare import ALPHA, Arm, Judged, judge, read_run
+from gpt2.measure.compare import ALPHA, Arm, Judged, judge
 from gpt2.measure.parent_run import log_parent
 from gpt2.measure.report import (METHOD, Column, Words, as_data, columns, decide_best, render_png, table,
                                  verdict)
@@ -162,10 +162,6 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
         raise UserError("gpt2 grid needs at least one -S section.key=value[,value...] or --rev A,B")
     if "revision" in grid:
         raise UserError("-S revision=...: revisions are given with --rev A,B")
-    if apply:  # before an hour of runs, not after
-        from gpt2.measure.apply import refuse_uncommitted
-
-        refuse_uncommitted(Path(params_path))
     fixed = ({"train.time_budget_s": time_budget_s, "train.max_steps": None, "train.max_tokens": None}
              if time_budget_s else {})
     if clash := [k for k in grid if k in fixed]:
@@ -175,7 +171,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                         "seed again and pass for another; give --repeats 1 (or leave the seed to the repeats)")
     grid, held = swept(grid, compared_elsewhere=bool(revs))
     fixed.update(held)
-    experiments.check_repo(root)
+    procedure.check_before("grid", root, params_path, apply)
     if not revs:  # each revision checks its own params.yaml; here a setting that can only fail stops the grid now
         load_params(params_path)  # the file itself first: its own error is not a setting's
         for combo in settings(grid):
@@ -183,40 +179,28 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                 load_params(params_path, tuple(f"{k}={json.dumps(v)}" for k, v in {**combo, **fixed}.items()))
             except UserError as exc:
                 raise UserError(f"grid: the setting {describe(combo)} cannot run: {exc}") from None
-    if changed := experiments.uncommitted_params(root, params_path):
-        logger.warning(f"grid: {params_path} differs from the last commit ({changed}), and every experiment starts "
-                       "from it, as dvc exp run does; to compare from the committed params: git checkout "
-                       f"{params_path} (an earlier dvc exp run -S leaves its setting there)")
-    if waiting := experiments.pending(root):
-        raise UserError(f"{len(waiting)} DVC experiment(s) already queued or running ({', '.join(waiting[:5])}); "
-                        "a grid times one experiment at a time: run them (dvc exp run --run-all) or remove them "
-                        "(dvc queue remove --queued) first")
     raw = read_yaml(params_path, "params", "--params") or {}
     if apply:  # text no verdict reads, where a quality win must hold before it is written
-        fixed["train.holdout_windows"] = experiments.holdout_size(raw)
-    seeds = [None] * repeats if "train.seed" in grid else experiments.repeat_seeds(raw, repeats)
+        fixed["train.holdout_windows"] = procedure.holdout_size(raw)
+    seeds = [None] * repeats if "train.seed" in grid else procedure.repeat_seeds(raw, repeats)
     out = Path(out)
     collected: dict[str, Any] = {}
     with revisions.checked_out(root, revs) as checkouts:
         if checkouts:
             grid = {"revision": list(checkouts), **grid}
         combos = settings(grid)
-        order = experiments.alternating(len(combos), repeats)
+        order = procedure.alternating(len(combos), repeats)
         run_sets = {(i, r): {**{k: v for k, v in combos[i].items() if k != "revision"}, **fixed,
                              **({"train.seed": seeds[r]} if seeds[r] is not None else {})} for i, r in order}
         # revisions run in checkouts that end with the grid: a stopped one leaves nothing to go on from
-        key = None if checkouts else experiments.plan_key(root, params_path, target,
-                                                          [{"name": name}, *(run_sets[run] for run in order)])
-        stopped = experiments.interrupted(root, "grid", key) if key else None
+        key = None if checkouts else procedure.plan_key(root, params_path, target,
+                                                         [{"name": name}, *(run_sets[run] for run in order)])
+        stopped = procedure.interrupted(root, "grid", key) if key else None
         name = stopped["name"] if stopped else name or "grid " + time.strftime("%m-%d %H:%M")
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "grid"
-        taken = {e.name for e in experiments.finished(root)}
-        if stopped:
-            names, done = experiments.going_on(stopped, taken, lambda used: _free(used, taken))
-            started = stopped.get("started", started)  # its MLflow run spans the runs it keeps
-        else:
-            names, done = [[_free(f"{slug}-{i + 1}-{r + 1}", taken) for r in range(repeats)]
-                           for i in range(len(combos))], None
+        names, done = procedure.run_names(root, stopped, lambda taken: [
+            [_free(f"{slug}-{i + 1}-{r + 1}", taken) for r in range(repeats)] for i in range(len(combos))], _free)
+        started = (stopped or {}).get("started", started)  # a stopped grid's MLflow run spans the runs it keeps
         logger.info(f"grid {name!r}: {len(combos)} settings × {repeats} run(s) ({', '.join(grid)}"
                     + (f"; every run with {describe(held)}" if held else "") + "), one at a time; "
                     f"the first, {describe(combos[0])}, is the baseline"
@@ -228,22 +212,16 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
         planned = []
         for i, r in order:
             checkout = checkouts.get(combos[i].get("revision"))
-            planned.append(experiments.Planned(
+            planned.append(procedure.Planned(
                 names[i][r], run_sets[i, r], f"{describe(combos[i])}, run {r + 1}",
                 f"{describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else "") + f" · {name}", checkout,
                 revisions.params_for(checkout, raw, run_sets[i, r]) if checkout else None))
-        experiments.run_in_turn(root, planned, target, out / "dvc.log", "grid", collected=collected,
-                                plan={"key": key, "name": name, "names": names, "started": started} if key else None,
-                                done=done)
-    if checkouts:
-        found, curves = {n: e for n, (e, _) in collected.items()}, {n: c for n, (_, c) in collected.items()}
-    else:
-        found = experiments.trained_here(root, experiments.finished(root, (paths.TRAIN_SUMMARY,)),
-                                         {n for exps in names for n in exps}, "grid")
-        curves = {n: experiments.val_curve(root, e.rev) for n, e in found.items()}
-    arms = [Arm(describe(combo), [read_run(n, r, seeds[r], found.get(n), curves.get(n)) for r, n in enumerate(exps)],
-                reference=None if i == 0 else 0, setting=combo)
-            for i, (combo, exps) in enumerate(zip(combos, names))]
+        procedure.run_in_turn(root, planned, target, out / "dvc.log", "grid", collected=collected,
+                              plan={"key": key, "name": name, "names": names, "started": started} if key else None,
+                              done=done)
+    runs = procedure.read_back(root, "grid", names, seeds, collected if checkouts else None)
+    arms = [Arm(describe(combo), group, reference=None if i == 0 else 0, setting=combo)
+            for i, (combo, group) in enumerate(zip(combos, runs))]
     judged = judge(arms, alpha)
     words = Words("setting", "the baseline", time_budget_s)
     changes, note = decide(judged, words, out / f"{slug}.md", apply)
@@ -261,16 +239,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                    {run.name: {"grid.setting": arm.label, "grid.run": str(run.repeat + 1)}
                     for arm in arms for run in arm.runs}, "grid.setting",
                    {p.name: p.run_name for p in planned}, changes)
-    logger.info(f"grid: {out / (slug + '.md')}\n{text}")
-    if as_json:
-        print(json.dumps(data, indent=2), flush=True)
-    if failed := data["failed"]:
-        raise UserError(f"grid: {', '.join(failed)} did not finish; see {out}/dvc.log"
-                        + ("; nothing applied" if apply else ""))
-    if apply:
-        from gpt2.measure.apply import apply as write
-
-        logger.info(f"grid: {write(changes, params_path)}")
+    procedure.conclude("grid", out / f"{slug}.md", text, data, changes, params_path, apply, as_json)
     return data
 
 

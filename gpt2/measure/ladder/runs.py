@@ -1,8 +1,7 @@
-"""Running the ladder: every rung's runs as DVC experiments, one at a time, in alternating order, then the report."""
+"""Running the ladder: each rung's settings and run names, made in turn by procedure.py, then the report."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -10,8 +9,8 @@ from gpt2.core import log, paths
 from gpt2.core.atomic import check_owned
 from gpt2.core.config import read_yaml
 from gpt2.core.errors import UserError
-from gpt2.measure import experiments
-from gpt2.measure.compare import ALPHA, Judged, judge, read_run
+from gpt2.measure import procedure
+from gpt2.measure.compare import ALPHA, Judged, judge
 from gpt2.measure.ladder.report import LADDER_FILES, arms, decide, write_report
 from gpt2.measure.ladder.spec import EXP_PREFIX, resolve, load_ladder
 from gpt2.measure.parent_run import log_parent
@@ -30,56 +29,38 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
     root, started = paths.root(), time.time()
     out = Path(out)
     check_owned(out.absolute(), LADDER_FILES, "gpt2 ladder")  # before an hour of runs, not after
-    if apply:
-        from gpt2.measure.apply import refuse_uncommitted
-
-        refuse_uncommitted(Path(params_path))
     ladder = load_ladder(ladder_path)
     raw = read_yaml(params_path, "params", "--params")  # raw: the rungs override it key by key
     if not isinstance(raw, dict):
         raise UserError(f"params file {str(params_path)!r} must be a mapping of sections")
     device = resolve_device(device)
     resolved = resolve(ladder, raw, device, model, steps, repeats, mlflow, target, time_budget_s)
-    experiments.check_repo(root)
-    if changed := experiments.uncommitted_params(root, params_path):
-        logger.warning(f"ladder: {params_path} differs from the last commit ({changed}), and every rung starts from "
-                       "it, as dvc exp run does; to measure from the committed params: git checkout "
-                       f"{params_path} (an earlier dvc exp run -S leaves its setting there)")
-    if running := experiments.pending(root, ("Running",)):
-        raise UserError(f"{len(running)} queued DVC experiment(s) running ({', '.join(running[:5])}); the ladder "
-                        "times one experiment at a time on an otherwise idle machine: wait for them or stop "
-                        "them (dvc queue kill NAME) first")
+    procedure.check_before("ladder", root, params_path, apply)
     repeats = resolved.profile.repeats
-    seeds = experiments.repeat_seeds(raw, repeats)
+    seeds = procedure.repeat_seeds(raw, repeats)
     unshown = [i for i, why in enumerate(resolved.cannot_show) if why]
-    todo = [(i, r) for i, r in experiments.alternating(len(ladder.rungs), repeats) if i not in unshown]
+    todo = [(i, r) for i, r in procedure.alternating(len(ladder.rungs), repeats) if i not in unshown]
     held = {"train.holdout_windows": resolved.sections[0]["train"]["eval_windows"]} if apply else {}
     run_sets = {(i, r): {**resolved.sets[i], "train.seed": seeds[r], **held} for i, r in todo}
-    key = experiments.plan_key(root, params_path, "train", [run_sets[run] for run in todo])
-    stopped = experiments.interrupted(root, "ladder", key)
-    taken = {e.name for e in experiments.finished(root)}
-    if stopped:
-        names, done = experiments.going_on(stopped, taken, lambda used: _free(used.rsplit("-", 1)[0], taken))
-        started = stopped.get("started", started)  # its MLflow run spans the runs it keeps
-    else:
-        names, done = [[] if i in unshown else [_free(f"{EXP_PREFIX}{i:02d}-{rung.slug}", taken)
-                                                for _ in range(repeats)] for i, rung in enumerate(ladder.rungs)], None
+    key = procedure.plan_key(root, params_path, "train", [run_sets[run] for run in todo])
+    stopped = procedure.interrupted(root, "ladder", key)
+    names, done = procedure.run_names(root, stopped, lambda taken: [
+        [] if i in unshown else [_free(f"{EXP_PREFIX}{i:02d}-{rung.slug}", taken) for _ in range(repeats)]
+        for i, rung in enumerate(ladder.rungs)], lambda used, taken: _free(used.rsplit("-", 1)[0], taken))
+    started = (stopped or {}).get("started", started)  # a stopped ladder's MLflow run spans the runs it keeps
     logger.info(f"ladder: {len(ladder.rungs)} rungs × {repeats} repeats on {device} "
                 f"(model {resolved.sections[0]['model']['size']}, {resolved.profile.steps} steps per run, "
                 f"repeat r trains train.seed {', '.join(map(str, seeds))}): {len(todo)} run(s)"
                 + "".join(f"; rung {i} {ladder.rungs[i].name!r} cannot show on {device}: {resolved.cannot_show[i]}"
                           for i in unshown))
-    experiments.run_in_turn(root, [experiments.Planned(
+    procedure.run_in_turn(root, [procedure.Planned(
         names[i][r], run_sets[i, r], f"rung {i} {ladder.rungs[i].name!r}, repeat {r + 1}/{repeats}",
         f"{i:02d} {ladder.rungs[i].name} · run {r + 1} · ladder") for i, r in todo], "train", out / "dvc.log", "ladder",
         plan={"key": key, "names": names, "started": started}, done=done)
-    found = experiments.trained_here(root, experiments.finished(root, (paths.TRAIN_SUMMARY,)),
-                                     {n for group in names for n in group}, "ladder")
-    runs = [[read_run(n, r, seeds[r], found.get(n), experiments.val_curve(root, found[n].rev) if n in found else None)
-             for r, n in enumerate(group)] for group in names]
+    runs = procedure.read_back(root, "ladder", names, seeds)
     judged = judge(arms(ladder, resolved, runs), alpha, resolved.profile.target)
-    report = str(out / "ladder.md")
-    changes, note = decide(judged, ladder, resolved, bool(time_budget_s), report, apply)
+    report = out / "ladder.md"
+    changes, note = decide(judged, ladder, resolved, bool(time_budget_s), str(report), apply)
     text, data = write_report(out, judged, ladder, resolved, changes, note)
     if resolved.sections[0]["train"]["mlflow"]:
         log_parent("ladder", f"ladder {device}", judged, [out / f"ladder{s}" for s in (".md", ".json", ".png")], text,
@@ -89,17 +70,7 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
                    {"device": next((a.runtime.get("device_name") for a in judged.arms if a.runtime), device)},
                    {run.name: {"ladder.rung": arm.label, "ladder.index": str(i)}
                     for i, arm in enumerate(judged.arms) for run in arm.runs}, "ladder.rung", changes=changes)
-    if as_json:
-        print(json.dumps(data, indent=2), flush=True)
-    else:
-        print(text)
-    if failed := judged.failed:
-        raise UserError(f"ladder: {', '.join(failed)} did not finish; see {out}/dvc.log; the report marks them"
-                        + ("; nothing applied" if apply else ""))
-    if apply:
-        from gpt2.measure.apply import apply as write
-
-        logger.info(f"ladder: {write(changes, params_path)}")
+    procedure.conclude("ladder", report, text, data, changes, params_path, apply, as_json)
     return judged
 
 
