@@ -9,19 +9,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from gpt2.model.loss import linear_cross_entropy
 
-if TYPE_CHECKING:
-    from gpt2.model.gpt import GPT
+
+class Vocab(Protocol):
+    vocab_size: int  # the true vocabulary: the LM head's rows past it are padding
+
+
+class Model(Protocol):
+    """What a loss reads of the model (model/gpt.py's GPT), named here so that this module needs nothing of it."""
+
+    cfg: Vocab
+    lm_head: torch.nn.Linear
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
 
 class Loss(Protocol):
-    def __call__(self, model: GPT, hidden: torch.Tensor, targets: torch.Tensor,
+    def __call__(self, model: Model, hidden: torch.Tensor, targets: torch.Tensor,
                  per_window: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(all positions' logits, or None where they are never held; the mean loss, or each window's)."""
 
@@ -50,7 +60,7 @@ class Head:
 class AllLogits:
     """Every position's logits, then the cross-entropy: the logits are returned with the loss."""
 
-    def __call__(self, model: GPT, hidden: torch.Tensor, targets: torch.Tensor,
+    def __call__(self, model: Model, hidden: torch.Tensor, targets: torch.Tensor,
                  per_window: bool) -> tuple[torch.Tensor, torch.Tensor]:
         logits = model.logits(hidden)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
@@ -65,7 +75,7 @@ class Chunked:
     chunk: int
     gemm: str
 
-    def __call__(self, model: GPT, hidden: torch.Tensor, targets: torch.Tensor,
+    def __call__(self, model: Model, hidden: torch.Tensor, targets: torch.Tensor,
                  per_window: bool) -> tuple[None, torch.Tensor]:
         loss = linear_cross_entropy(hidden.reshape(-1, hidden.size(-1)), model.lm_head.weight, targets.reshape(-1),
                                     model.cfg.vocab_size, self.chunk, per_row=per_window, gemm=self.gemm)
@@ -78,7 +88,7 @@ class Fused:
 
     kernel: Callable
 
-    def __call__(self, model: GPT, hidden: torch.Tensor, targets: torch.Tensor,
+    def __call__(self, model: Model, hidden: torch.Tensor, targets: torch.Tensor,
                  per_window: bool) -> tuple[None, torch.Tensor]:
         if per_window:
             raise ValueError("per-window losses are scoring's: call under torch.no_grad()")
