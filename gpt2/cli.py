@@ -17,7 +17,38 @@ from gpt2.measure.cli import grid, ladder, peak, plan
 from gpt2.train.cli import replay, train
 
 
-@click.group()
+class Commands(click.Group):
+    """The ``gpt2`` group: a usage error of a command that takes ``-S`` says how settings are written, for hands
+    used to nanoGPT's ``--max_iters=10`` or to ``-S key value``."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            exc.message += settings_hint(exc)
+            raise
+
+
+def settings_hint(exc: click.UsageError) -> str:
+    """The hint for a usage error: '' unless its command takes ``-S``."""
+    command = exc.ctx.command if exc.ctx else None
+    if command is None or not any("-S" in p.opts for p in command.params):
+        return ""
+    if isinstance(exc, click.NoSuchOption):
+        from gpt2.core.config import sections_with
+
+        key = exc.option_name.lstrip("-").replace("-", "_")
+        sections = sections_with(key)
+        if sections:
+            exc.possibilities = None  # click's nearest option (--help for --lr) would read as the better guess
+        example = f"-S {sections[0]}.{key}=VALUE" if sections else "-S train.max_steps=10"
+        return f"\nSettings are given as -S section.key=value, e.g. {example} (docs/params.md lists them)."
+    if "unexpected extra argument" in exc.message:
+        return "\n-S takes section.key=value as one word, e.g. -S train.lr=1.0e-3 (a grid's values: =1.0e-3,2.0e-3)."
+    return ""
+
+
+@click.group(cls=Commands)
 @click.version_option(package_name="gpt2-pipeline")
 def main() -> None:
     """Pre-train GPT-2 reproducibly: download → tokenize → stats → train → evaluate."""

@@ -157,3 +157,17 @@ def test_commands_in_a_subfolder_read_and_write_the_projects_files(runner, tmp_p
         assert f"{missing} not found: {elsewhere.resolve()} is in no project (no dvc.yaml here or above); cd into " \
                "the project folder" in result.output
     assert not any(elsewhere.iterdir())
+
+
+def test_a_flag_from_another_tool_or_a_spaced_setting_is_answered_with_how_settings_are_written(runner):
+    """nanoGPT's `--max_iters=10` and `-S key value` are a newcomer's first tries: the usage error says -S."""
+    said = runner.invoke(main, ["train", "--max-steps", "10"])
+    assert said.exit_code == 2
+    assert "No such option '--max-steps'.\nSettings are given as -S section.key=value, e.g. -S train.max_steps=VALUE" \
+        in said.output and "Did you mean" not in said.output
+    said = runner.invoke(main, ["train", "--max_iters=10"])  # no such key: the generic example
+    assert "e.g. -S train.max_steps=10 (docs/params.md lists them)" in said.output
+    said = runner.invoke(main, ["grid", "-S", "train.lr", "1.0e-3,2.0e-3"])
+    assert said.exit_code == 2 and "-S takes section.key=value as one word, e.g. -S train.lr=1.0e-3" in said.output
+    said = runner.invoke(main, ["plan", "--bogus"])  # a command without -S: click's own words alone
+    assert "Settings are given" not in said.output and "-S takes" not in said.output

@@ -168,6 +168,25 @@ def test_eval_iters_names_its_replacement(tmp_path):
         load(tmp_path, "train:\n  eval_iters: 10\n")
 
 
+def test_a_peers_name_for_a_key_says_ours_and_a_failed_dvc_exp_run_says_how_to_take_it_out(tmp_path, monkeypatch):
+    """nanoGPT's learning_rate is no near miss of lr: the error names lr. Where `dvc exp run -S` wrote the key into
+    the workspace's params.yaml (not --temp's copy), DVC leaves it there after the failed run: the error says so."""
+    for key, ours in (("learning_rate", "train.lr"), ("max_iters", "train.max_steps"),
+                      ("gradient_accumulation_steps", "train.grad_accum_steps")):
+        with pytest.raises(ParamError, match=rf"train.{key} is .*; here it is {ours}$"):
+            load(tmp_path, f"train:\n  {key}: 1\n")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-1")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    with pytest.raises(ParamError, match=r"here it is train.lr \(if `dvc exp run -S` wrote it there, it stays after "
+                                         r"the failed run: `git checkout HEAD -- params.yaml` takes it out\)"):
+        load_params((tmp_path / "params.yaml").write_text("train:\n  learning_rate: 1\n") and "params.yaml")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "elsewhere"))  # --temp: the workspace's file is untouched
+    with pytest.raises(ParamError, match=r"here it is train.lr$"):
+        load_params("params.yaml")
+
+
 @pytest.mark.parametrize("text, match", [
     ("train:\n  max_steps: 99999999999999999999\n", r"train.max_steps = 99999999999999999999 .*\[1, 1e\+09\]"),
     ("train:\n  lr: 3.0\n  min_lr: 0.0\n", None),  # high, but a value someone may mean

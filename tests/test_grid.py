@@ -105,7 +105,9 @@ def test_a_grid_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_again(
     command = {"sets": ("train.lr=1.0e-3,3.0e-3",), "target": "train", "repeats": 2}
     plans = lambda: list((tmp_path / ".dvc/tmp").glob("gpt2-grid-interrupted-*.json"))  # noqa: E731
     monkeypatch.setattr(grid.time, "strftime", lambda pattern: "12-01 10:00")
-    with pytest.raises(UserError, match=r"finished runs are kept \(dvc exp show\); the same command again goes on"):
+    with pytest.raises(UserError, match=r"finished runs are kept \(dvc exp show\); the same command again goes on "
+                                        r"from them \(to measure them all anew instead: rm \.dvc/tmp/gpt2-grid-"
+                                        r"interrupted-[0-9a-f]{12}\.json\)"):
         grid.run_grid(**command)
     names = [f"grid-12-01-10-00-{arm}-{repeat}" for arm, repeat in ((1, 1), (2, 1), (2, 2), (1, 2))]
     assert made == names[:3] and len(plans()) == 1
@@ -455,13 +457,13 @@ def test_a_setting_that_changes_no_step_s_work_is_never_called_faster_and_its_mo
 
 
 def test_runs_too_short_to_time_are_named_before_the_first_starts(tmp_path):
-    """A budget that ends inside the warm-up a training here took, or a handful of timed steps: said up front (each
-    run's own warning would only reach dvc.log)."""
+    """A budget that ends inside the warm-up a training here took, a handful of timed steps, or steps that end
+    inside the learning rate's warm-up: said up front (each run's own warning would only reach dvc.log)."""
     from gpt2.measure.procedure import Planned, too_short
 
     (tmp_path / "reports/train").mkdir(parents=True)
     (tmp_path / "reports/train/summary.json").write_text(json.dumps({"perf": {"warmup_s": 38.0, "step_ms": 500}}))
-    (tmp_path / "params.yaml").write_text("train:\n  max_steps: 12\n  timing_warmup_steps: 5\n")
+    (tmp_path / "params.yaml").write_text("train:\n  max_steps: 12\n  timing_warmup_steps: 5\n  warmup_steps: 2\n")
     runs = [Planned(f"g-{i}-1", {"train.lr": 0.001 * i}, "", "") for i in (1, 2)]
     assert too_short(tmp_path, runs, "grid") == [
         "grid: g-1-1, g-2-1: only 7 step(s) past train.timing_warmup_steps are timed, and a speed read from fewer "
@@ -472,6 +474,11 @@ def test_runs_too_short_to_time_are_named_before_the_first_starts(tmp_path):
         "and first steps, reports/train/summary.json): no step of theirs would be timed; give them a larger "
         "train.time_budget_s"]
     assert too_short(tmp_path, [Planned("l-1-1", {"train.max_steps": 40}, "", "")], "grid") == []
+    warming = [Planned("w-1-1", {"train.max_steps": 30, "train.warmup_steps": 40}, "", "")]
+    assert too_short(tmp_path, warming, "grid") == [
+        "grid: w-1-1: the run's 30 steps end inside the learning rate's warm-up (train.warmup_steps 40): they never "
+        "train at train.lr, so their speeds hold but their losses compare warm-ups; lower train.warmup_steps or "
+        "train longer"]
 
 
 def test_a_stopped_plan_that_cannot_be_read_is_no_plan(tmp_path):

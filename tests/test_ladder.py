@@ -365,7 +365,7 @@ def test_the_ladder_refuses_to_time_beside_a_running_experiment(tmp_path, monkey
         ladder.run_ladder("two.yaml", device="cpu")
 
 
-def test_a_ladder_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_again(tmp_path, monkeypatch):
+def test_a_ladder_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_again(tmp_path, monkeypatch, caplog):
     """The grid's way (tests/test_grid.py), in a CPU's ladder of two repeats (TF32 left out): Ctrl-C in the second
     run, which DVC saved all the same (the stop came as it ended), keeps the plan; the same command again keeps
     both runs and makes the other two. A name of the plan that another ladder took meanwhile gets a new one,
@@ -389,6 +389,7 @@ def test_a_ladder_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_agai
     monkeypatch.setattr(experiments, "run_now", run_now)
     with pytest.raises(UserError, match="ladder interrupted: .* the same command again goes on from them"):
         ladder.run_ladder("two.yaml", device="cpu", repeats=2, mlflow=False)
+    assert "ladder: 2 of 3 rungs × 2 repeats on cpu (" in caplog.text and "): 4 run(s); rung 1 'tf32'" in caplog.text
     store["ladder-02-flash-attention-2"] = Experiment("ladder-02-flash-attention-2", "rev", "t", {}, {})  # another's
     with pytest.raises(UserError, match="did not finish"):  # these stand-in runs hold no figures
         ladder.run_ladder("two.yaml", device="cpu", repeats=2, mlflow=False)

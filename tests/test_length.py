@@ -98,7 +98,7 @@ def test_a_stop_in_the_step_that_spends_the_budget_says_the_run_is_finished(tmp_
     reports from it, saying so once."""
     interrupt_at(monkeypatch, 7)  # step 8 of 8 one-second steps (lr_at is called with the 0-based step)
     with pytest.raises(TrainingInterrupted, match=r"at step 8 \(8/8 s\); the run is finished and saved to .*ckpt.pt; "
-                                                  r"run the stage again to write its reports \(nothing is trained"):
+                                                  r"run the same command again to write its reports"):
         run(tmp_path, tokens, budget_params())
     monkeypatch.undo()
     capfd.readouterr()

@@ -58,6 +58,14 @@ def test_a_new_run_never_overwrites_a_finished_model(tmp_path, tokens, capsys, m
     in_shared.parent.mkdir(parents=True)
     in_shared.write_bytes(kept_again.read_bytes())
     assert resume.keep_replaced(kept_again)[0] is None and kept_again.is_file()
+    # `gpt2 train` in a DVC project, not under DVC: the train stage's output folder does not grow a second model
+    monkeypatch.delenv("DVC_ROOT")
+    (project / ".dvc/config").unlink()
+    output = project / "checkpoints/ckpt.pt"
+    output.parent.mkdir()
+    output.write_bytes(b"another run")
+    moved, _ = resume.keep_replaced(output)
+    assert moved.parent == project / ".dvc/tmp/gpt2-kept" and list(output.parent.iterdir()) == []
 
 
 def test_finished_checkpoint_of_the_same_params_rebuilds_the_reports_without_training(tmp_path, tokens, capsys,

@@ -107,13 +107,34 @@ def test_sigterm_exit_code(tmp_path, tokens, monkeypatch):
 
 def test_a_signal_in_the_last_step_stops_a_finished_run_and_says_so(tmp_path, tokens, monkeypatch, caplog):
     """The stop comes after the last step's work: the process still stops as asked (DVC then stops the pipeline),
-    but the run is finished and saved, and it says so instead of "run the stage again to resume": the rerun
+    but the run is finished and saved, and it says so instead of "run the same command again to resume": the rerun
     writes the reports from the checkpoint, training nothing."""
     interrupt_at(monkeypatch, 11)  # while step 12 of 12 runs
     with pytest.raises(TrainingInterrupted, match=r"at step 12/12; the run is finished and saved to .*ckpt.pt; run "
-                                                  r"the stage again to write its reports \(nothing is trained again\)"):
+                                                  r"the same command again to write its reports \(nothing is trained"):
         run(tmp_path, tokens, micro_params(max_steps=12))
     monkeypatch.undo()
     summary = run(tmp_path, tokens, micro_params(max_steps=12))
     assert summary["steps"] == 12 and "is a finished run of these params and data (12 steps)" in caplog.text
     assert (tmp_path / "run/reports/summary.json").is_file()
+
+
+def test_a_second_ctrl_c_before_the_save_aborts_and_says_what_is_lost(caplog):
+    """The first Ctrl-C asks for a stop after the step; a second one before its save aborts, and the command's
+    last line says what that cost instead of "no output was written" (an earlier checkpoint may be on disk)."""
+    from gpt2.core.cli import user_errors
+    from gpt2.train.signals import stop_on_signals
+
+    @user_errors
+    def command() -> None:
+        with stop_on_signals() as request:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert request.asked
+            os.kill(os.getpid(), signal.SIGINT)
+            pytest.fail("the second Ctrl-C did not abort")
+
+    with pytest.raises(SystemExit) as stopped:
+        command()
+    assert stopped.value.code == 130
+    assert "aborted by a second Ctrl-C, without saving: the steps since the last checkpoint" in caplog.text
+    assert "no output was written" not in caplog.text

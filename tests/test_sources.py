@@ -43,6 +43,21 @@ def test_single_file_and_glob(tmp_path, corpus):
     assert manifest["documents"] == 10
 
 
+def test_a_folder_only_the_workspace_holds_is_named_in_a_temporary_copys_error(tmp_path, corpus, monkeypatch):
+    """`dvc exp run --temp` copies what git and DVC track: an untracked corpus is in the workspace (DVC_ROOT) and
+    not in the copy the stage runs in; the error says so, and how to bring it, instead of 'no such file'."""
+    workspace, copy = tmp_path / "workspace", tmp_path / "copy"
+    (workspace / "corpus").mkdir(parents=True)
+    copy.mkdir()
+    monkeypatch.chdir(copy)
+    monkeypatch.setenv("DVC_ROOT", str(workspace))
+    with pytest.raises(UserError, match=r"download.source: 'corpus' is in the workspace \(.*workspace/corpus\) but not "
+                                        r"in this run's copy of it: .*`dvc add corpus` and commit its .dvc file"):
+        fetch(tmp_path, "corpus")
+    with pytest.raises(UserError, match=r"no such file or directory 'elsewhere'"):  # in neither: the usual words
+        fetch(tmp_path, "elsewhere")
+
+
 def test_jsonl_one_document_per_line(tmp_path):
     src = tmp_path / "docs.jsonl"
     src.write_text('{"body": "first doc"}\n\n{"body": "second doc"}\n{"body": ""}\n')

@@ -52,8 +52,8 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except Terminated:
             logger.info("terminated (SIGTERM); no output was written", extra=log.EVERY_RANK)
             sys.exit(143)
-        except KeyboardInterrupt:
-            logger.info("interrupted; no output was written", extra=log.EVERY_RANK)
+        except KeyboardInterrupt as exc:  # its own words where it has some (training's second Ctrl-C)
+            logger.info(str(exc) or "interrupted; no output was written", extra=log.EVERY_RANK)
             sys.exit(130)
         finally:
             if previous is not None:

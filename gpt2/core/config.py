@@ -12,6 +12,7 @@ import dataclasses
 import os
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from gpt2.core import paths
@@ -20,12 +21,24 @@ from gpt2.core.schema import ParamError, build, markdown_table, override, param,
 __all__ = ["DownloadConfig", "TokenizeConfig", "StatsConfig", "ModelParams", "TrainConfig", "EvalConfig", "Params",
            "ParamError", "build", "load_params", "read_yaml", "to_dict"]
 
-# Keys that moved or were replaced: their old place gets an error saying what to write instead.
+# Keys that moved or were replaced, and what nanoGPT's train.py or Hugging Face's Trainer call a key of ours (a
+# newcomer's first -S): each gets an error saying what to write instead.
 MOVED = {"train.attention": "is now model.attention: move it there",
          "train.pad_vocab": "is now model.pad_vocab: move it there",
          "train.eval_iters": "was replaced by train.eval_windows, the val set counted in windows, the same whatever "
                              "the micro-batch and the ranks (it was eval_iters x micro_batch_size x ranks); write "
-                             "train.eval_windows: 80 for the old default's amount of text"}
+                             "train.eval_windows: 80 for the old default's amount of text",
+         "train.dropout": "is model.dropout here: write that",
+         "train.learning_rate": "is nanoGPT's and Hugging Face's name; here it is train.lr",
+         "train.max_iters": "is nanoGPT's name; here it is train.max_steps",
+         "train.warmup_iters": "is nanoGPT's name; here it is train.warmup_steps",
+         "train.batch_size": "is nanoGPT's name for the micro-batch; here it is train.micro_batch_size "
+                             "(train.batch_tokens sets the whole batch)",
+         "train.per_device_train_batch_size": "is Hugging Face's name; here it is train.micro_batch_size",
+         "train.gradient_accumulation_steps": "is nanoGPT's and Hugging Face's name; here it is train.grad_accum_steps",
+         "train.max_grad_norm": "is Hugging Face's name; here it is train.grad_clip",
+         "train.beta1": "is nanoGPT's; here both betas are one list: train.betas=[0.9,0.95]",
+         "train.beta2": "is nanoGPT's; here both betas are one list: train.betas=[0.9,0.95]"}
 
 # Params that change the numbers a training step computes, never its work: two runs apart only in these take the
 # same time per step, so a comparison reads any speed difference between them as the machine's noise.
@@ -322,16 +335,37 @@ class Params:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
+def sections_with(key: str) -> list[str]:
+    """The params sections that have a key of that name (``lr`` → ``["train"]``), for a hint where one is missing."""
+    params = Params()
+    return [s.name for s in dataclasses.fields(params)
+            if key in {f.name for f in dataclasses.fields(getattr(params, s.name))}]
+
+
 def load_params(path: str | os.PathLike = paths.PARAMS, sets: tuple[str, ...] = ()) -> Params:
     """Read and validate params.yaml, with ``-S section.key=value`` overrides; raise :class:`UserError` on any
     problem."""
     data = read_yaml(path, "params", "--params")
     if data == {}:
         raise ParamError(f"params file {str(path)!r} is empty: it must hold the stages' sections (download, tokenize, "
-                         "model, train, eval...); `git checkout params.yaml` restores the committed one")
+                         "model, train, eval...); `git checkout HEAD -- params.yaml` restores the committed one")
     if not isinstance(data, dict):
         raise ParamError(f"params file {str(path)!r} must be a mapping of sections, got {type(data).__name__}")
-    return build(Params, override(data, sets), "", MOVED)
+    try:
+        return build(Params, override(data, sets), "", MOVED)
+    except ParamError as exc:
+        if not _written_by_dvc_exp_run(path):
+            raise
+        raise ParamError(f"{exc} (if `dvc exp run -S` wrote it there, it stays after the failed run: `git checkout "
+                         f"HEAD -- {path}` takes it out)") from None
+
+
+def _written_by_dvc_exp_run(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is the params file of a workspace where ``dvc exp run`` runs (not ``--temp``'s copy):
+    DVC writes the ``-S`` values into it before the stages run, and leaves them there when one fails."""
+    root = os.environ.get("DVC_ROOT")
+    return bool(os.environ.get("DVC_EXP_NAME") and root
+                and Path(path).resolve().parent == Path(root).resolve() == paths.root())
 
 
 def params_markdown() -> str:

@@ -21,6 +21,7 @@ import glob
 import gzip
 import hashlib
 import json
+import os
 import re
 import tarfile
 import zipfile
@@ -362,6 +363,10 @@ def add_local(writer: RawWriter, source: str) -> dict[str, Any]:
     elif path.is_file():
         _reject_empty(path, source)
         files, base = [path], path.parent
+    elif (workspace := _outside_the_copy(path)) is not None:
+        raise UserError(f"download.source: {source!r} is in the workspace ({workspace}) but not in this run's copy "
+                        "of it: `dvc exp run --temp` and queued experiments run in a copy that holds only what git "
+                        f"and DVC track; `dvc add {source}` and commit its .dvc file, or give its absolute path")
     else:
         raise UserError(f"download.source: no such file or directory {source!r}; "
                         "use embedded, a path, a glob, an http(s):// URL or hf:<dataset>")
@@ -408,6 +413,16 @@ def _hf_texts(rows: Iterable[dict], field: str, source: str) -> Iterator[str]:
             raise UserError(f"{source}: rows have no field {field!r} (fields: {', '.join(row)}); "
                             "set download.text_field")
         yield row[field]
+
+
+def _outside_the_copy(path: Path) -> Path | None:
+    """Where a relative ``path`` missing here is, in the workspace a DVC experiment's temporary copy was made
+    from (``DVC_ROOT``, where the copy is not), or None."""
+    workspace = os.environ.get("DVC_ROOT")
+    if path.is_absolute() or not workspace or Path(workspace).resolve() == Path.cwd().resolve():
+        return None
+    original = Path(workspace) / path
+    return original if original.exists() else None
 
 
 def _reject_empty(path: Path, shown: str) -> None:

@@ -56,7 +56,7 @@ def apply(changes: list[Change], params_path: str | Path = paths.PARAMS) -> str:
     diff = "".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True), f"a/{path.name}",
                                         f"b/{path.name}", n=0))
     reasons = "\n".join(f"  {c.key}={_scalar(c.value)}: {c.why}" for c in todo)
-    return f"applied to {path} (commit it, or `git checkout {path.name}` to undo):\n{diff}\nwhy:\n{reasons}"
+    return f"applied to {path} (commit it, or `git checkout HEAD -- {path.name}` to undo):\n{diff}\nwhy:\n{reasons}"
 
 
 def runs_the_same(key: str, held: Any, wanted: Any) -> bool:

@@ -39,13 +39,9 @@ logger = log.get("grid")
 
 def _with_section(key: str, values: str) -> str:
     """``-S train.lr=VALUES`` for a bare ``lr`` that one params section has; '' otherwise."""
-    import dataclasses
+    from gpt2.core.config import sections_with
 
-    from gpt2.core.config import Params
-
-    params = Params()
-    sections = [s.name for s in dataclasses.fields(params)
-                if key in {k.name for k in dataclasses.fields(getattr(params, s.name))}]
+    sections = sections_with(key)
     return f"-S {sections[0]}.{key}={values or '...'}" if len(sections) == 1 else ""
 
 

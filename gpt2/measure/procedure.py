@@ -34,7 +34,7 @@ def check_before(what: str, root: Path, params_path: str | Path, apply: bool) ->
     if changed := experiments.uncommitted_params(root, params_path):
         log.get(what).warning(f"{what}: {params_path} differs from the last commit ({changed}), and every run starts "
                               "from it, as dvc exp run does; to compare from the committed params: git checkout "
-                              f"{params_path} (an earlier dvc exp run -S leaves its setting there)")
+                              f"HEAD -- {params_path} (an earlier dvc exp run -S leaves its setting there)")
     if running := experiments.pending(root, ("Running",)):
         raise UserError(f"{len(running)} queued DVC experiment(s) running ({', '.join(running[:5])}); a {what} "
                         "times one experiment at a time on an otherwise idle machine: wait for them or stop them "
@@ -202,22 +202,31 @@ def _train_of(run: Planned, base: dict[str, Any]) -> dict[str, Any]:
 
 
 def too_short(root: Path, planned: list[Planned], what: str) -> list[str]:
-    """Before the first run: the runs whose speed will rest on a handful of steps, or whose time budget ends inside
-    the warm-up that a training here took (reports/train/summary.json's ``perf.warmup_s``)."""
+    """Before the first run: the runs whose speed will rest on a handful of steps, whose time budget ends inside
+    the warm-up that a training here took (reports/train/summary.json's ``perf.warmup_s``), or whose steps end
+    inside the learning rate's warm-up (each run's log says it too, in dvc.log, where nobody reads it first)."""
+    from gpt2.core.config import TrainConfig
     from gpt2.run.figures import FEW_TIMED_STEPS
 
     pace = (_json_file(root / paths.TRAIN_SUMMARY) or {}).get("perf") or {}
     base = _params(root).get("train") or {}
-    short, inside = [], []
+    short, inside, warming = [], [], []
     for run in planned:
         train = _train_of(run, base)
-        warmup = train.get("timing_warmup_steps", 5)
+        warmup = train.get("timing_warmup_steps", TrainConfig.timing_warmup_steps)
+        steps = None if train.get("time_budget_s") or not train.get("max_steps") else int(train["max_steps"])
         if train.get("time_budget_s") and pace.get("warmup_s") and train["time_budget_s"] <= pace["warmup_s"]:
             inside.append((run.name, train["time_budget_s"]))
-        elif not train.get("time_budget_s") and train.get("max_steps") and \
-                int(train["max_steps"]) - warmup < FEW_TIMED_STEPS:
-            short.append((run.name, int(train["max_steps"]) - warmup))
+        elif steps is not None and steps - warmup < FEW_TIMED_STEPS:
+            short.append((run.name, steps - warmup))
+        if steps is not None and steps <= (lr_warmup := train.get("warmup_steps", TrainConfig.warmup_steps)):
+            warming.append((run.name, (steps, lr_warmup)))
     said = []
+    if warming:
+        steps, lr_warmup = warming[0][1]
+        said.append(f"{what}: {_names(warming)}: the run's {steps} steps end inside the learning rate's warm-up "
+                    f"(train.warmup_steps {lr_warmup}): they never train at train.lr, so their speeds hold but their "
+                    "losses compare warm-ups; lower train.warmup_steps or train longer")
     if inside:
         said.append(f"{what}: the time budget of {_names(inside)} ({inside[0][1]:g} s) ends inside the warm-up a "
                     f"training here took ({pace['warmup_s']:g} s of compilation and first steps, {paths.TRAIN_SUMMARY}"
@@ -280,6 +289,7 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, dvc_log: Path, 
             code = (revisions.run(run.checkout, run.name, run.params, target, dvc_log, run.run_name) if run.checkout
                     else experiments.run_now(root, run.name, run.sets, target, dvc_log, run.run_name))
         except KeyboardInterrupt as interrupt:
+            going_on_from = ""
             if plan is not None:
                 from gpt2.core.atomic import write_json
 
@@ -287,8 +297,10 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, dvc_log: Path, 
                 kept.parent.mkdir(parents=True, exist_ok=True)
                 write_json(kept, {**plan, "done": sorted({*(done or ()), *(r.name for r, _ in succeeded)}),
                                   "stopped": run.name})
+                going_on_from = (f"; the same command again goes on from them (to measure them all anew instead: "
+                                 f"rm {kept.relative_to(root) if kept.is_relative_to(root) else kept})")
             error = UserError(f"{what} interrupted: the running experiment was stopped; finished runs are kept "
-                              "(dvc exp show)" + ("; the same command again goes on from them" if plan else ""))
+                              f"(dvc exp show){going_on_from}")
             error.exit_code = 143 if isinstance(interrupt, Terminated) else 130
             raise error from None
         durations.append(time.perf_counter() - started)

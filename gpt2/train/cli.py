@@ -52,8 +52,8 @@ def _withdraw(evaluation: str, out: str) -> None:
 
     if withdraw_other_evaluation(Path(evaluation), Path(out) / "summary.json"):
         log.get("train").info(f"train: withdrew the evaluation in {evaluation} (its figures now null, its samples "
-                              "removed): it scored the checkpoint this run replaced; the evaluate stage scores "
-                              "this one")
+                              "removed): it scored another run's checkpoint, not the one this run wrote; the "
+                              "evaluate stage scores this one")
 
 
 @click.command()

@@ -150,22 +150,32 @@ def say_replaced(path: Path, what: str, then: str) -> None:
 
 def keep_replaced(path: Path) -> tuple[Path | None, str]:
     """A new run is about to overwrite the checkpoint at ``path``: keep it, unless DVC's cache holds it already
-    (``dvc exp apply`` or ``dvc checkout`` brings it back). Under DVC it moves to ``.dvc/tmp/gpt2-kept/``
-    (beside the stage's output folder, whose hash it would change); outside, beside itself, named by its MD5.
-    Returns where it was moved (None where DVC's cache has it) and a phrase that says where it is."""
+    (``dvc exp apply`` or ``dvc checkout`` brings it back). In a DVC project (a stage, or ``gpt2 train`` run in
+    one) it moves to the project's ``.dvc/tmp/gpt2-kept/``, not beside itself in the train stage's output folder,
+    whose hash and cache it would grow; outside one, beside itself. Named by its MD5. Returns where it was moved
+    (None where DVC's cache has it) and a phrase that says where it is."""
     md5 = file_md5(path)
-    folder = interrupted_dir()
-    if folder is not None:
-        cached = dvc_cache_file(md5, os.environ["DVC_ROOT"])
+    project = _dvc_project(path)
+    if project is not None:
+        cached = dvc_cache_file(md5, project)
         if cached.is_file():
             return None, f"DVC's cache keeps it ({cached})"
-        target = folder.parent / "gpt2-kept" / f"{path.stem}.{md5[:12]}{path.suffix}"
+        target = project / ".dvc" / "tmp" / "gpt2-kept" / f"{path.stem}.{md5[:12]}{path.suffix}"
     else:
         target = path.with_name(f"{path.stem}.{md5[:12]}{path.suffix}")
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(path, target)
     return target, (f"kept as {target} ({target.stat().st_size / 1e6:,.0f} MB), not overwritten: delete it once "
                     "you no longer need it")
+
+
+def _dvc_project(checkpoint: Path) -> Path | None:
+    """The DVC project a checkpoint belongs to: ``DVC_ROOT`` under DVC, else the nearest folder at or above the
+    checkpoint's that holds ``.dvc/``; None outside any."""
+    if interrupted_dir() is not None:
+        return Path(os.environ["DVC_ROOT"])
+    folder = checkpoint.resolve().parent
+    return next((f for f in (folder, *folder.parents) if (f / ".dvc").is_dir()), None)
 
 
 def changed_settings(state: dict[str, Any], s: Setup) -> dict[str, tuple[Any, Any]]:

@@ -83,7 +83,7 @@ class Checkpointer:
         if not self.cfg.save_checkpoint:
             return "no checkpoint saved (train.save_checkpoint is false)"
         experiment = bool(os.environ.get("DVC_EXP_NAME"))
-        again = "run the same `dvc exp run` command again" if experiment else "run the stage again"
+        again = "run the same `dvc exp run` command again" if experiment else "run the same command again"
         if finished:
             return (f"the run is finished and saved to {self.path}; {again} to write its reports (nothing is "
                     "trained again)")

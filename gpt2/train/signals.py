@@ -56,7 +56,9 @@ def stop_on_signals() -> Iterator[StopRequest]:
             return
         if request.asked:
             if signum == signal.SIGINT:  # Ctrl-C again: abort
-                raise KeyboardInterrupt
+                raise KeyboardInterrupt("aborted by a second Ctrl-C, without saving: the steps since the last "
+                                        "checkpoint (train.checkpoint_interval) are lost; that checkpoint, if one "
+                                        "was saved, is resumed by the same command")
             return  # SIGTERM again (a killed DVC's shell and the kernel may both send one): asked and said already
         request.signum = signum
         logger.info(f"\n{signal.Signals(signum).name}: finishing the current step, then saving a checkpoint "

@@ -161,7 +161,7 @@ def finished_model_kept(ckpt_path: Path, saved: bool) -> Iterator[None]:
             raise
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         error = Stopped(f"{what} while writing the reports; the run had finished and its checkpoint {ckpt_path} is "
-                        "saved: run the stage again (dvc repro, gpt2 train) to write the reports from it without "
+                        "saved: run the same command again to write the reports from it without "
                         "training")
         error.exit_code, error.every_rank = (143 if isinstance(exc, Terminated) else 130), False
         raise error from None

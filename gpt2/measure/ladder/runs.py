@@ -48,7 +48,8 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
         [] if i in unshown else [_free(f"{EXP_PREFIX}{i:02d}-{rung.slug}", taken) for _ in range(repeats)]
         for i, rung in enumerate(ladder.rungs)], lambda used, taken: _free(used.rsplit("-", 1)[0], taken))
     started = (stopped or {}).get("started", started)  # a stopped ladder's MLflow run spans the runs it keeps
-    logger.info(f"ladder: {len(ladder.rungs)} rungs × {repeats} repeats on {device} "
+    shown = f"{len(ladder.rungs) - len(unshown)} of {len(ladder.rungs)}" if unshown else f"{len(ladder.rungs)}"
+    logger.info(f"ladder: {shown} rungs × {repeats} repeats on {device} "
                 f"(model {resolved.sections[0]['model']['size']}, {resolved.profile.steps} steps per run, "
                 f"repeat r trains train.seed {', '.join(map(str, seeds))}): {len(todo)} run(s)"
                 + "".join(f"; rung {i} {ladder.rungs[i].name!r} cannot show on {device}: {resolved.cannot_show[i]}"
