@@ -30,17 +30,22 @@ class Commands(click.Group):
 
 
 def settings_hint(exc: click.UsageError) -> str:
-    """The hint for a usage error: '' unless its command takes ``-S``."""
+    """The hint for a usage error: '' unless its command takes ``-S``, or where click names an option of the command's
+    own that the typed one starts or ends (``--repeat``: did you mean ``--repeats``?)."""
     command = exc.ctx.command if exc.ctx else None
     if command is None or not any("-S" in p.opts for p in command.params):
         return ""
     if isinstance(exc, click.NoSuchOption):
-        from gpt2.core.config import sections_with
+        typed = exc.option_name
+        if any(near.startswith(typed) or typed.startswith(near) for near in exc.possibilities or ()):
+            return ""
+        exc.possibilities = None  # --set for --seed, --help for --lr: a params key is the better guess
+        from gpt2.core.config import MOVED, sections_with
 
         key = exc.option_name.lstrip("-").replace("-", "_")
-        sections = sections_with(key)
-        if sections:
-            exc.possibilities = None  # click's nearest option (--help for --lr) would read as the better guess
+        if moved := MOVED.get(f"train.{key}"):
+            return f"\nSettings are given as -S section.key=value; train.{key} {moved}."
+        sections = sorted(sections_with(key), key=lambda section: section != "train")  # training's first
         example = f"-S {sections[0]}.{key}=VALUE" if sections else "-S train.max_steps=10"
         return f"\nSettings are given as -S section.key=value, e.g. {example} (docs/params.md lists them)."
     if "unexpected extra argument" in exc.message:

@@ -165,8 +165,15 @@ def test_a_flag_from_another_tool_or_a_spaced_setting_is_answered_with_how_setti
     assert said.exit_code == 2
     assert "No such option '--max-steps'.\nSettings are given as -S section.key=value, e.g. -S train.max_steps=VALUE" \
         in said.output and "Did you mean" not in said.output
-    said = runner.invoke(main, ["train", "--max_iters=10"])  # no such key: the generic example
-    assert "e.g. -S train.max_steps=10 (docs/params.md lists them)" in said.output
+    said = runner.invoke(main, ["train", "--max_iters=10"])  # nanoGPT's name: ours
+    assert "Settings are given as -S section.key=value; train.max_iters is nanoGPT's name; here it is " \
+        "train.max_steps." in said.output
+    assert "e.g. -S train.seed=VALUE" in runner.invoke(main, ["train", "--seed", "1"]).output  # tokenize has one too
+    assert "e.g. -S train.max_steps=10 (docs" in runner.invoke(main, ["train", "--bogus"]).output  # no such key
+    said = runner.invoke(main, ["grid", "--repeat", "2"])  # a near option of its own: click's guess alone
+    assert "Did you mean" in said.output and "'--repeats'" in said.output and "Settings are given" not in said.output
+    said = runner.invoke(main, ["grid", "--time-budget-s", "60"])  # a train key too, but the grid has the option
+    assert "'--time-budget'" in said.output and "Settings are given" not in said.output
     said = runner.invoke(main, ["grid", "-S", "train.lr", "1.0e-3,2.0e-3"])
     assert said.exit_code == 2 and "-S takes section.key=value as one word, e.g. -S train.lr=1.0e-3" in said.output
     said = runner.invoke(main, ["plan", "--bogus"])  # a command without -S: click's own words alone

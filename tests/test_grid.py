@@ -476,9 +476,11 @@ def test_runs_too_short_to_time_are_named_before_the_first_starts(tmp_path):
     assert too_short(tmp_path, [Planned("l-1-1", {"train.max_steps": 40}, "", "")], "grid") == []
     warming = [Planned("w-1-1", {"train.max_steps": 30, "train.warmup_steps": 40}, "", "")]
     assert too_short(tmp_path, warming, "grid") == [
-        "grid: w-1-1: the run's 30 steps end inside the learning rate's warm-up (train.warmup_steps 40): they never "
+        "grid: w-1-1: their 30 steps end before the learning rate's warm-up does (train.warmup_steps 40): they never "
         "train at train.lr, so their speeds hold but their losses compare warm-ups; lower train.warmup_steps or "
         "train longer"]
+    warming = [Planned(f"w-{n}-1", {"train.max_steps": n, "train.warmup_steps": 40}, "", "") for n in (13, 30, 40)]
+    assert "grid: w-13-1, w-30-1: their 13–30 steps end before" in too_short(tmp_path, warming, "grid")[0]
 
 
 def test_a_stopped_plan_that_cannot_be_read_is_no_plan(tmp_path):

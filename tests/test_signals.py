@@ -119,7 +119,7 @@ def test_a_signal_in_the_last_step_stops_a_finished_run_and_says_so(tmp_path, to
     assert (tmp_path / "run/reports/summary.json").is_file()
 
 
-def test_a_second_ctrl_c_before_the_save_aborts_and_says_what_is_lost(caplog):
+def test_a_second_ctrl_c_before_the_save_aborts_and_says_what_is_lost(caplog, monkeypatch):
     """The first Ctrl-C asks for a stop after the step; a second one before its save aborts, and the command's
     last line says what that cost instead of "no output was written" (an earlier checkpoint may be on disk)."""
     from gpt2.core.cli import user_errors
@@ -138,3 +138,8 @@ def test_a_second_ctrl_c_before_the_save_aborts_and_says_what_is_lost(caplog):
     assert stopped.value.code == 130
     assert "aborted by a second Ctrl-C, without saving: the steps since the last checkpoint" in caplog.text
     assert "no output was written" not in caplog.text
+    from gpt2.train.signals import aborted_without_saving
+
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-1")  # DVC restores its baseline's checkpoint before the next run
+    assert aborted_without_saving().endswith("this run is lost (`dvc exp run` puts its baseline's checkpoint back "
+                                             "before it runs again; one Ctrl-C saves the run and keeps it to resume)")

@@ -202,14 +202,14 @@ def test_an_evaluation_of_another_run_is_withdrawn_and_one_of_this_run_kept(tmp_
 
 
 def test_a_run_no_longer_than_its_warmup_says_so(tmp_path, tokens, capfd):
-    train(micro_params(max_steps=3, eval_interval=3), tokens, tmp_path / "ckpt.pt", tmp_path / "r")  # warmup 3
+    train(micro_params(max_steps=2, eval_interval=2), tokens, tmp_path / "ckpt.pt", tmp_path / "r")  # warmup 3
     said = capfd.readouterr().err
-    assert ("warning: the run is 3 steps and train.warmup_steps is 3: the learning rate is still warming up when the "
+    assert ("warning: the run is 2 steps and train.warmup_steps is 3: the learning rate is still warming up when the "
             "run ends (it never reaches train.lr); lower train.warmup_steps (e.g. 1) or train longer") in said
-    assert ("warning: the run is 3 steps and its first 1 (train.timing_warmup_steps: compilation, autotuning) are "
-            "left out of its speed: its medians rest on 2 step(s); time at least 10 steps") in said
-    train(micro_params(max_steps=4, eval_interval=4), tokens, tmp_path / "four.pt", tmp_path / "r4")
-    assert "still warming up" not in capfd.readouterr().err
+    assert ("warning: the run is 2 steps and its first 1 (train.timing_warmup_steps: compilation, autotuning) are "
+            "left out of its speed: its medians rest on 1 step(s); time at least 10 steps") in said
+    train(micro_params(max_steps=3, eval_interval=3), tokens, tmp_path / "three.pt", tmp_path / "r3")
+    assert "still warming up" not in capfd.readouterr().err  # its third step trains at train.lr
     train(micro_params(max_steps=11, eval_interval=11), tokens, tmp_path / "ten.pt", tmp_path / "r10")
     assert "left out of its speed" not in capfd.readouterr().err  # 10 timed steps
 

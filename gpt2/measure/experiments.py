@@ -78,7 +78,7 @@ def check_repo(root: Path) -> None:
                         "git config user.email EMAIL")
 
 
-def pending(root: Path, states: tuple[str, ...] = ("Queued", "Running")) -> list[str]:
+def pending(root: Path, states: tuple[str, ...]) -> list[str]:
     """Names of the queue's experiments in one of ``states`` (``dvc queue status``)."""
     out = dvc(root, "queue", "status").stdout
     names = []

@@ -148,7 +148,8 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
     trains for that long (train.time_budget_s), so the settings compare at equal time. ``apply``: write the
     winner into params.yaml. ``alpha``: the level of the quality tests. ``revs``: git revisions (``main,mine``),
     each run in its own checkout (revisions.py), the first the baseline. Returns the comparison as the report's
-    JSON holds it; ``as_json`` prints it on stdout (also when a run failed, before the error)."""
+    JSON holds it; prints the report's markdown on stdout, or with ``as_json`` the JSON (also when a run failed,
+    before the error)."""
     root, started = paths.root(), time.time()
     if name is not None and len(name.encode()) > MAX_NAME:  # before an hour of runs, not at the report after them
         raise UserError(f"gpt2 grid --name is {len(name.encode())} bytes long; the report's files and the experiments "

@@ -8,6 +8,7 @@ what they compare and report; compare.py judges.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -219,14 +220,14 @@ def too_short(root: Path, planned: list[Planned], what: str) -> list[str]:
             inside.append((run.name, train["time_budget_s"]))
         elif steps is not None and steps - warmup < FEW_TIMED_STEPS:
             short.append((run.name, steps - warmup))
-        if steps is not None and steps <= (lr_warmup := train.get("warmup_steps", TrainConfig.warmup_steps)):
+        if steps is not None and steps < (lr_warmup := train.get("warmup_steps", TrainConfig.warmup_steps)):
             warming.append((run.name, (steps, lr_warmup)))
     said = []
     if warming:
-        steps, lr_warmup = warming[0][1]
-        said.append(f"{what}: {_names(warming)}: the run's {steps} steps end inside the learning rate's warm-up "
-                    f"(train.warmup_steps {lr_warmup}): they never train at train.lr, so their speeds hold but their "
-                    "losses compare warm-ups; lower train.warmup_steps or train longer")
+        said.append(f"{what}: {_names(warming)}: their {_span([n for _, (n, _) in warming])} steps end before the "
+                    f"learning rate's warm-up does (train.warmup_steps {_span([w for _, (_, w) in warming])}): they "
+                    "never train at train.lr, so their speeds hold but their losses compare warm-ups; lower "
+                    "train.warmup_steps or train longer")
     if inside:
         said.append(f"{what}: the time budget of {_names(inside)} ({inside[0][1]:g} s) ends inside the warm-up a "
                     f"training here took ({pace['warmup_s']:g} s of compilation and first steps, {paths.TRAIN_SUMMARY}"
@@ -236,6 +237,12 @@ def too_short(root: Path, planned: list[Planned], what: str) -> list[str]:
                     f"train.timing_warmup_steps are timed, and a speed read from fewer than {FEW_TIMED_STEPS} is no "
                     "measurement; train longer (-S train.max_steps=N) before trusting a speed verdict")
     return said
+
+
+def _span(values: list[int]) -> str:
+    """``13`` or ``13–30``: the least and the most of ``values``."""
+    low, high = min(values), max(values)
+    return f"{low}" if low == high else f"{low}–{high}"
 
 
 def _names(runs: list[tuple[str, Any]]) -> str:
@@ -298,7 +305,7 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, dvc_log: Path, 
                 write_json(kept, {**plan, "done": sorted({*(done or ()), *(r.name for r, _ in succeeded)}),
                                   "stopped": run.name})
                 going_on_from = (f"; the same command again goes on from them (to measure them all anew instead: "
-                                 f"rm {kept.relative_to(root) if kept.is_relative_to(root) else kept})")
+                                 f"rm {os.path.relpath(kept)})")
             error = UserError(f"{what} interrupted: the running experiment was stopped; finished runs are kept "
                               f"(dvc exp show){going_on_from}")
             error.exit_code = 143 if isinstance(interrupt, Terminated) else 130

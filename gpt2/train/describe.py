@@ -195,7 +195,7 @@ def inert_switch_warnings(s: Setup) -> list[str]:
                         f"({s.tokens_per_step:,} tokens) on {device}: each step takes {micro_batches} times a "
                         "micro-batch's time (minutes for GPT-2's 0.5M batch on a laptop), and Ctrl-C waits for the "
                         "step to end; that batch is meant for GPUs: lower train.batch_tokens here")
-    if s.total_steps is not None and s.total_steps <= cfg.warmup_steps:
+    if s.total_steps is not None and s.total_steps < cfg.warmup_steps:  # equal: its last step trains at train.lr
         warnings.append(f"the run is {s.total_steps} steps and train.warmup_steps is {cfg.warmup_steps}: the "
                         "learning rate is still warming up when the run ends (it never reaches train.lr); lower "
                         f"train.warmup_steps (e.g. {max(1, s.total_steps // 10)}) or train longer")

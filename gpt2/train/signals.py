@@ -7,6 +7,7 @@ once, without saving.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,9 +57,7 @@ def stop_on_signals() -> Iterator[StopRequest]:
             return
         if request.asked:
             if signum == signal.SIGINT:  # Ctrl-C again: abort
-                raise KeyboardInterrupt("aborted by a second Ctrl-C, without saving: the steps since the last "
-                                        "checkpoint (train.checkpoint_interval) are lost; that checkpoint, if one "
-                                        "was saved, is resumed by the same command")
+                raise KeyboardInterrupt(aborted_without_saving())
             return  # SIGTERM again (a killed DVC's shell and the kernel may both send one): asked and said already
         request.signum = signum
         logger.info(f"\n{signal.Signals(signum).name}: finishing the current step, then saving a checkpoint "
@@ -70,6 +69,16 @@ def stop_on_signals() -> Iterator[StopRequest]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def aborted_without_saving() -> str:
+    """What a second Ctrl-C cost. Under ``dvc exp run`` the whole run: only a stop that saves keeps it
+    (train/interrupted.py), and DVC puts its baseline's checkpoint back before the same command runs again."""
+    if os.environ.get("DVC_EXP_NAME"):
+        return ("aborted by a second Ctrl-C, without saving: this run is lost (`dvc exp run` puts its baseline's "
+                "checkpoint back before it runs again; one Ctrl-C saves the run and keeps it to resume)")
+    return ("aborted by a second Ctrl-C, without saving: the steps since the last checkpoint "
+            "(train.checkpoint_interval) are lost; the same command resumes from that checkpoint, if one was saved")
 
 
 class StopVote:

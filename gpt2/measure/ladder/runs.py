@@ -29,13 +29,13 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
     root, started = paths.root(), time.time()
     out = Path(out)
     check_owned(out.absolute(), LADDER_FILES, "gpt2 ladder")  # before an hour of runs, not after
+    procedure.check_before("ladder", root, params_path, apply)
     ladder = load_ladder(ladder_path)
     raw = read_yaml(params_path, "params", "--params")  # raw: the rungs override it key by key
     if not isinstance(raw, dict):
         raise UserError(f"params file {str(params_path)!r} must be a mapping of sections")
     device = resolve_device(device)
     resolved = resolve(ladder, raw, device, model, steps, repeats, mlflow, target, time_budget_s)
-    procedure.check_before("ladder", root, params_path, apply)
     repeats = resolved.profile.repeats
     seeds = procedure.repeat_seeds(raw, repeats)
     unshown = [i for i, why in enumerate(resolved.cannot_show) if why]
