@@ -257,7 +257,7 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, t
     assert parent.info.start_time <= min(r.info.start_time for r in children)  # it lasts as long as the grid
     assert parent.data.metrics["speed vs ref: train.lr 0.03"] > 0 and parent.inputs.dataset_inputs  # each by name
     assert parent.data.tags["apply"] == "nothing"
-    assert parent.data.tags["mlflow.note.content"].startswith("**Nothing for `--apply` to write**")
+    assert parent.data.tags["mlflow.note.content"].startswith("**Nothing for `--apply` to write**: no setting wins")
     assert sorted(float(r.data.params["train.lr"]) for r in children) == [lr, 0.03]
     assert {r.data.tags["dvc_exp_name"] for r in children} == set(exps)
     assert {r.data.params["train.seed"] for r in children} == {"1338"}

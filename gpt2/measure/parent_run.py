@@ -29,7 +29,8 @@ def log_parent(kind: str, name: str, judged: Judged, files: list[Path], describe
     tracker = MlflowTracker(experiment, run_name=name, kept_in=str(files[0].parent), started_at=started)
     applies = ", ".join(f"{c.key}={json_value(c.value)}" for c in changes)
     headline = (f"**`--apply` writes {applies}**: {changes[0].why}" if changes else
-                "**Nothing for `--apply` to write**: no arm wins outside noise without losing elsewhere.")
+                f"**Nothing for `--apply` to write**: no {'rung' if kind == 'ladder' else 'setting'} wins outside "
+                "noise without losing elsewhere.")
     try:
         tracker.set_tags({"kind": kind, **tags, "apply": applies or "nothing",
                           **({"failed_runs": ", ".join(judged.failed)} if judged.failed else {})})

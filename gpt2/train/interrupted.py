@@ -115,8 +115,11 @@ def _same(value: Any) -> str:
 
 
 def _remove_kept(path: Path) -> None:
+    """A kept copy and what it is, and their folder once it holds nothing else."""
     path.unlink(missing_ok=True)
     path.with_suffix(".json").unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # others are kept in it, or it is gone
+        path.parent.rmdir()
 
 
 def tidy_interrupted(s: Setup) -> None:
