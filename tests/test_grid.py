@@ -373,7 +373,7 @@ def test_a_grid_over_the_seed_refuses_repeats_that_would_train_a_seed_again(tmp_
 def test_what_a_comparison_will_cost_is_said_before_it_starts(tmp_path):
     """Each run's training at the pace of the workspace's last training (its ms per step, its evals' share), plus
     the start and save of each; without a pace or a budget, it says the cost is measured after the first run."""
-    from gpt2.measure.procedure import RUN_START_S, Planned, expected_cost, keep_run_start
+    from gpt2.measure.planned import RUN_START_S, Planned, expected_cost, keep_run_start
 
     (tmp_path / "params.yaml").write_text("train:\n  max_steps: 100\n")
     budget = Planned("a", {"train.time_budget_s": 60, "train.max_steps": None}, "a", "a")
@@ -459,7 +459,7 @@ def test_a_setting_that_changes_no_step_s_work_is_never_called_faster_and_its_mo
 def test_runs_too_short_to_time_are_named_before_the_first_starts(tmp_path):
     """A budget that ends inside the warm-up a training here took, a handful of timed steps, or steps that end
     inside the learning rate's warm-up: said up front (each run's own warning would only reach dvc.log)."""
-    from gpt2.measure.procedure import Planned, too_short
+    from gpt2.measure.planned import Planned, too_short
 
     (tmp_path / "reports/train").mkdir(parents=True)
     (tmp_path / "reports/train/summary.json").write_text(json.dumps({"perf": {"warmup_s": 38.0, "step_ms": 500}}))

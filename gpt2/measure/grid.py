@@ -30,6 +30,7 @@ from gpt2.measure import procedure, revisions
 from gpt2.measure.apply import Change, value_of, runs_the_same
 from gpt2.measure.compare import ALPHA, Arm, Judged, judge
 from gpt2.measure.parent_run import log_parent
+from gpt2.measure.planned import Planned
 from gpt2.measure.report import (METHOD, Column, Words, as_data, columns, decide_best, render_png, table,
                                  verdict)
 from gpt2.run.names import json_value
@@ -209,7 +210,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
         planned = []
         for i, r in order:
             checkout = checkouts.get(combos[i].get("revision"))
-            planned.append(procedure.Planned(
+            planned.append(Planned(
                 names[i][r], run_sets[i, r], f"{describe(combos[i])}, run {r + 1}",
                 f"{describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else "") + f" · {name}", checkout,
                 revisions.params_for(checkout, raw, run_sets[i, r]) if checkout else None))

@@ -14,6 +14,7 @@ from gpt2.measure.compare import ALPHA, Judged, judge
 from gpt2.measure.ladder.report import LADDER_FILES, arms, decide, write_report
 from gpt2.measure.ladder.spec import EXP_PREFIX, resolve, load_ladder
 from gpt2.measure.parent_run import log_parent
+from gpt2.measure.planned import Planned
 
 logger = log.get("ladder")
 
@@ -54,7 +55,7 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
                 f"repeat r trains train.seed {', '.join(map(str, seeds))}): {len(todo)} run(s)"
                 + "".join(f"; rung {i} {ladder.rungs[i].name!r} cannot show on {device}: {resolved.cannot_show[i]}"
                           for i in unshown))
-    procedure.run_in_turn(root, [procedure.Planned(
+    procedure.run_in_turn(root, [Planned(
         names[i][r], run_sets[i, r], f"rung {i} {ladder.rungs[i].name!r}, repeat {r + 1}/{repeats}",
         f"{i:02d} {ladder.rungs[i].name} · run {r + 1} · ladder") for i, r in todo], "train", out / "dvc.log", "ladder",
         plan={"key": key, "names": names, "started": started}, done=done)
