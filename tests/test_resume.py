@@ -48,7 +48,8 @@ def test_a_new_run_never_overwrites_a_finished_model(tmp_path, tokens, capsys, m
     cached = project / ".dvc/cache/files/md5" / md5[:2] / md5[2:]
     cached.parent.mkdir(parents=True)
     cached.write_bytes(moved.read_bytes())
-    assert resume.keep_replaced(moved) == (None, f"DVC's cache keeps it ({cached})") and moved.is_file()
+    assert resume.keep_replaced(moved) == (None, f"DVC's cache keeps it ({cached}: `dvc checkout` brings back the "
+                                                 "one dvc.lock records)") and moved.is_file()
     # a cache that `dvc cache dir` put outside the project (a team's shared cache) holds it too
     shared = tmp_path / "shared-cache"
     (project / ".dvc/config").write_text(f"[cache]\n    dir = {shared}\n")

@@ -159,7 +159,7 @@ def keep_replaced(path: Path) -> tuple[Path | None, str]:
     if project is not None:
         cached = dvc_cache_file(md5, project)
         if cached.is_file():
-            return None, f"DVC's cache keeps it ({cached})"
+            return None, f"DVC's cache keeps it ({cached}: `dvc checkout` brings back the one dvc.lock records)"
         target = project / ".dvc" / "tmp" / "gpt2-kept" / f"{path.stem}.{md5[:12]}{path.suffix}"
     else:
         target = path.with_name(f"{path.stem}.{md5[:12]}{path.suffix}")
