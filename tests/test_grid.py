@@ -344,6 +344,9 @@ def test_apply_scores_held_out_windows_and_refuses_a_win_that_does_not_hold_ther
     assert data["rows"][1]["versus"]["loss"]["apart"] and data["apply"] == {}
     assert "Not confirmed on the held-out windows, so not applied: train.lr=0.003 (held-out val loss" in data["verdict"]
     assert (tmp_path / "params.yaml").read_text() == before
+    planned.clear()  # a verdict on more text than params.yaml's: the held-out windows are as many
+    grid.run_grid(("train.lr=1.0e-3,3.0e-3", "train.eval_windows=120"), name="lr-more", repeats=1, apply=True)
+    assert {r.sets["train.holdout_windows"] for r in planned} == {120}
 
 
 def test_a_revision_trains_the_workspace_s_params_where_it_knows_them(tmp_path):

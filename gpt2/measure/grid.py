@@ -179,7 +179,9 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                 raise UserError(f"grid: the setting {describe(combo)} cannot run: {exc}") from None
     raw = read_yaml(params_path, "params", "--params") or {}
     if apply:  # text no verdict reads, where a quality win must hold before it is written
-        fixed["train.holdout_windows"] = procedure.holdout_size(raw)
+        fixed["train.holdout_windows"] = procedure.holdout_size([
+            {**(raw.get("train") or {}), **{k.removeprefix("train."): v for k, v in {**combo, **fixed}.items()
+                                             if k.startswith("train.")}} for combo in settings(grid)])
     seeds = [None] * repeats if "train.seed" in grid else procedure.repeat_seeds(raw, repeats)
     out = Path(out)
     collected: dict[str, Any] = {}

@@ -58,13 +58,14 @@ def repeat_seeds(params: dict[str, Any], repeats: int) -> list[int]:
     return [int(base) + 1 + r for r in range(repeats)]
 
 
-def holdout_size(params: dict[str, Any]) -> int:
-    """How many held-out windows a comparison's runs score for ``--apply``: as many as the val windows (params.yaml's
-    train.eval_windows), so the confirmation reads as much text as the verdict; at least params.yaml's own."""
+def holdout_size(trains: list[dict[str, Any]]) -> int:
+    """How many held-out windows every run of a comparison scores for ``--apply``: as many as the most val windows
+    any of its runs reads (the train sections ``trains``' train.eval_windows), so the confirmation reads as much
+    text as the verdict; at least what train.holdout_windows asks."""
     from gpt2.core.config import TrainConfig
 
-    train = params.get("train") or {}
-    return max(int(train.get("eval_windows", TrainConfig.eval_windows)), int(train.get("holdout_windows") or 0))
+    return max(max(int(train.get("eval_windows", TrainConfig.eval_windows)), int(train.get("holdout_windows") or 0))
+               for train in trains)
 
 
 def interrupted_file(root: Path, what: str, key: str) -> Path:

@@ -41,7 +41,8 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
     seeds = procedure.repeat_seeds(raw, repeats)
     unshown = [i for i, why in enumerate(resolved.cannot_show) if why]
     todo = [(i, r) for i, r in procedure.alternating(len(ladder.rungs), repeats) if i not in unshown]
-    held = {"train.holdout_windows": resolved.sections[0]["train"]["eval_windows"]} if apply else {}
+    held = ({"train.holdout_windows": procedure.holdout_size([section["train"] for section in resolved.sections])}
+            if apply else {})
     run_sets = {(i, r): {**resolved.sets[i], "train.seed": seeds[r], **held} for i, r in todo}
     key = procedure.plan_key(root, params_path, "train", [run_sets[run] for run in todo])
     stopped = procedure.interrupted(root, "ladder", key)
