@@ -48,7 +48,9 @@ def settings_hint(exc: click.UsageError) -> str:
         sections = sorted(sections_with(key), key=lambda section: section != "train")  # training's first
         example = f"-S {sections[0]}.{key}=VALUE" if sections else "-S train.max_steps=10"
         return f"\nSettings are given as -S section.key=value, e.g. {example} (docs/params.md lists them)."
-    if "unexpected extra argument" in exc.message:
+    spaced = [item for p in command.params if "-S" in p.opts for item in (exc.ctx.params.get(p.name) or ())
+              if "=" not in item]
+    if "unexpected extra argument" in exc.message and spaced:  # -S train.lr 1e-3: the value came apart
         return "\n-S takes section.key=value as one word, e.g. -S train.lr=1.0e-3 (a grid's values: =1.0e-3,2.0e-3)."
     return ""
 

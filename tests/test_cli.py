@@ -139,8 +139,11 @@ def test_commands_in_a_subfolder_read_and_write_the_projects_files(runner, tmp_p
     assert tracking_uri() == f"sqlite:///{project.resolve()}/mlflow.db"
     result = runner.invoke(main, ["sample", "--prompt", "Hello"])  # the eval section's settings: two samples
     assert result.exit_code == 0 and result.output.count("Hello") == 2, result.output
-    result = runner.invoke(main, ["sample", "--prompt", "Hello", "-S", "eval.num_samples=3"])
+    result = runner.invoke(main, ["sample", "Hello", "-S", "eval.num_samples=3"])  # the prompt as an argument
     assert result.exit_code == 0 and result.output.count("Hello") == 3, result.output
+    for twice_or_none in (["sample", "Hello", "--prompt", "Hi"], ["sample"]):
+        result = runner.invoke(main, twice_or_none)
+        assert result.exit_code == 2 and "give the text to continue once: gpt2 sample 'ROMEO:'" in result.output
     result = runner.invoke(main, ["sample", "--prompt", "Hello", "-S", "eval.num_samples=3", "--num-samples", "1"])
     assert result.exit_code == 0 and result.output.count("Hello") == 1, result.output
     own = tmp_path / "own.pt"  # a path the user types is theirs, relative to where they are
@@ -176,5 +179,7 @@ def test_a_flag_from_another_tool_or_a_spaced_setting_is_answered_with_how_setti
     assert "'--time-budget'" in said.output and "Settings are given" not in said.output
     said = runner.invoke(main, ["grid", "-S", "train.lr", "1.0e-3,2.0e-3"])
     assert said.exit_code == 2 and "-S takes section.key=value as one word, e.g. -S train.lr=1.0e-3" in said.output
+    said = runner.invoke(main, ["train", "extra"])  # no -S came apart: click's words alone
+    assert "unexpected extra argument" in said.output and "-S takes" not in said.output
     said = runner.invoke(main, ["plan", "--bogus"])  # a command without -S: click's own words alone
     assert "Settings are given" not in said.output and "-S takes" not in said.output

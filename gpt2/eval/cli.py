@@ -37,7 +37,8 @@ def _flag(help: str, **kwargs) -> dict:
 @PARAMS
 @SETS
 @paths.option("--checkpoint", "ckpt", default=paths.CHECKPOINT, help="checkpoint file")
-@click.option("--prompt", required=True, help="text to continue")
+@click.argument("text", metavar="[PROMPT]", required=False)
+@click.option("--prompt", help="text to continue (or give it as PROMPT)")
 @click.option("--max-new-tokens", **_flag("tokens per sample", type=click.IntRange(min=0)))
 @click.option("--temperature", **_flag("0 = greedy", type=float))
 @click.option("--top-k", **_flag("0 = off", type=int))
@@ -49,12 +50,17 @@ def _flag(help: str, **kwargs) -> dict:
 @click.option("--kv-cache/--no-kv-cache", **_flag("a KV cache"))
 @click.option("--stop-at-eot/--no-stop-at-eot", **_flag("stop at <|endoftext|>"))
 @user_errors
-def sample(params_path: str, sets: tuple[str, ...], ckpt: str, prompt: str, **flags) -> None:
+def sample(params_path: str, sets: tuple[str, ...], ckpt: str, text: str | None, prompt: str | None,
+           **flags) -> None:
     """Continue PROMPT with a checkpoint, streaming tokens as they are generated.
 
     Sampling is set as the evaluate stage's samples are: params.yaml's eval section (when there is one), then
     -S, then these flags."""
     from pathlib import Path
+
+    if (text is None) == (prompt is None):
+        raise click.UsageError("give the text to continue once: gpt2 sample 'ROMEO:' (or --prompt 'ROMEO:')")
+    prompt = text if prompt is None else prompt
 
     from gpt2.core.config import EvalConfig, Params, load_params
     from gpt2.core.schema import build, override, to_dict
