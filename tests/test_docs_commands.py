@@ -89,8 +89,9 @@ def check_cli(args: list[str]) -> None:
         if isinstance(option.type, (click.types.IntParamType, click.types.FloatParamType, click.Choice)):
             option.type.convert(value, option, None)
     unlimited = any(a.nargs == -1 for a in arguments)
-    assert positional == len(arguments) or (unlimited and positional >= len(arguments) - 1), \
-        f"gpt2 {command.name} takes {len(arguments)} argument(s), the docs give {positional}"
+    required = sum(a.required for a in arguments)
+    assert required <= positional <= len(arguments) or (unlimited and positional >= len(arguments) - 1), \
+        f"gpt2 {command.name} takes {required} to {len(arguments)} argument(s), the docs give {positional}"
 
 
 @pytest.mark.parametrize("where, args", documented(("gpt2",)), ids=lambda v: v if isinstance(v, str) else "")
@@ -111,6 +112,10 @@ def test_the_checks_catch_what_they_are_for():
         check_settings(["train.lr=3.0e-5"], grid=False)
     with pytest.raises(AssertionError, match="no option --fast"):
         check_cli(["train", "--fast"])
+    check_cli(["sample", "ROMEO:"])  # an optional argument given, or not
+    check_cli(["sample", "--prompt", "ROMEO:"])
+    with pytest.raises(AssertionError, match=r"gpt2 sample takes 0 to 1 argument\(s\), the docs give 2"):
+        check_cli(["sample", "ROMEO:", "JULIET:"])
     with pytest.raises(AssertionError, match="no such key"):
         check_settings(["train.eval_iters=10"], grid=False)
 
