@@ -51,7 +51,7 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
         for i, rung in enumerate(ladder.rungs)], lambda used, taken: _free(used.rsplit("-", 1)[0], taken))
     started = (stopped or {}).get("started", started)  # a stopped ladder's MLflow run spans the runs it keeps
     shown = f"{len(ladder.rungs) - len(unshown)} of {len(ladder.rungs)}" if unshown else f"{len(ladder.rungs)}"
-    logger.info(f"ladder: {shown} rungs × {repeats} repeats on {device} "
+    logger.info(f"ladder: {shown} rungs × {repeats} repeat{'' if repeats == 1 else 's'} on {device} "
                 f"(model {resolved.sections[0]['model']['size']}, {resolved.profile.steps} steps per run, "
                 f"repeat r trains train.seed {', '.join(map(str, seeds))}): {len(todo)} run(s)"
                 + "".join(f"; rung {i} {ladder.rungs[i].name!r} cannot show on {device}: {resolved.cannot_show[i]}"
