@@ -185,6 +185,19 @@ def test_no_rank_leaves_before_rank_0_has_written_the_reports(tmp_path, tokens):
     assert checkpoint.load(tmp_path / "ckpt.pt")["step"] == 4
 
 
+def test_a_left_group_is_kept_until_the_process_ends(monkeypatch):
+    """Freed with the DDP model after the run, gloo's group joined its worker thread under the GIL while the worker
+    waited for the GIL: a finished rank hung (its stacks, in a CI run of tests/test_optim.py). It is left, and kept."""
+    from gpt2.train import distributed
+
+    monkeypatch.setattr(distributed, "KEPT_UNTIL_EXIT", [])
+    dist = distributed.dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    world = dist.group.WORLD
+    distributed.shutdown(distributed.Dist(rank=0, world=1, grouped=True), finished=True)
+    assert not dist.is_initialized() and distributed.KEPT_UNTIL_EXIT == [world]
+
+
 def test_a_peer_gone_at_the_last_barrier_is_a_warning_and_the_group_is_still_left(monkeypatch, caplog):
     from gpt2.train import distributed
 

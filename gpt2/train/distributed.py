@@ -82,11 +82,19 @@ def set_step_deadline(cfg: TrainConfig, d: Dist) -> None:
         set_timeout(datetime.timedelta(seconds=cfg.dist_timeout_s))
 
 
+KEPT_UNTIL_EXIT: list[object] = []  # left process groups, never freed (shutdown says why)
+
+
 def shutdown(d: Dist, finished: bool) -> None:
     """Leave the process group. After a finished run every rank first waits for rank 0, which writes the
     checkpoint and the reports after the last step: a rank that left early and then crashed in its own
     teardown would make torchrun stop rank 0 halfway through writing them. A peer gone by then is no
-    error here: this rank's share of the run is done and written."""
+    error here: this rank's share of the run is done and written.
+
+    The group itself is kept referenced until the process ends (with ``os._exit``, gpt2/core/entry.py, which
+    frees nothing). Freed with the DDP model's reducer, the last to hold it, gloo's destructor joins its worker
+    thread while holding the GIL, and a worker that waits for the GIL to run a callback never ends: a rank of a
+    finished run hung there until its job's timeout (both threads' stacks seen on a 2-core CPU, torch 2.13)."""
     if d.grouped and dist.is_initialized():
         if finished and d.world > 1:
             try:
@@ -94,6 +102,8 @@ def shutdown(d: Dist, finished: bool) -> None:
             except Exception as exc:  # noqa: BLE001 - any collective failure: the run itself is complete
                 logger.warning(f"rank {d.rank}/{d.world}: a peer left before the run's last barrier "
                                f"({exc.__class__.__name__}); this rank's work is complete", extra=log.EVERY_RANK)
+        if dist.group.WORLD is not None:
+            KEPT_UNTIL_EXIT.append(dist.group.WORLD)
         dist.destroy_process_group()
 
 
