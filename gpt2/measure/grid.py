@@ -30,7 +30,7 @@ from gpt2.measure import procedure, revisions
 from gpt2.measure.apply import Change, value_of, runs_the_same
 from gpt2.measure.compare import ALPHA, Arm, Judged, judge
 from gpt2.measure.parent_run import log_parent
-from gpt2.measure.planned import Planned
+from gpt2.measure.planned import Planned, train_with
 from gpt2.measure.report import (METHOD, Column, Words, as_data, columns, decide_best, render_png, table,
                                  verdict)
 from gpt2.run.names import json_value
@@ -179,9 +179,8 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                 raise UserError(f"grid: the setting {describe(combo)} cannot run: {exc}") from None
     raw = read_yaml(params_path, "params", "--params") or {}
     if apply:  # text no verdict reads, where a quality win must hold before it is written
-        fixed["train.holdout_windows"] = procedure.holdout_size([
-            {**(raw.get("train") or {}), **{k.removeprefix("train."): v for k, v in {**combo, **fixed}.items()
-                                             if k.startswith("train.")}} for combo in settings(grid)])
+        fixed["train.holdout_windows"] = procedure.holdout_size([train_with(raw.get("train") or {}, {**combo, **fixed})
+                                                                 for combo in settings(grid)])
     seeds = [None] * repeats if "train.seed" in grid else procedure.repeat_seeds(raw, repeats)
     out = Path(out)
     collected: dict[str, Any] = {}

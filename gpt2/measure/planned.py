@@ -95,7 +95,12 @@ def _train_of(run: Planned, base: dict[str, Any]) -> dict[str, Any]:
     """The train section ``run`` trains with: its revision's params, else the workspace's with its settings."""
     if run.params:
         return run.params.get("train") or {}
-    return {**base, **{k.split(".", 1)[1]: v for k, v in run.sets.items() if k.startswith("train.")}}
+    return train_with(base, run.sets)
+
+
+def train_with(base: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
+    """The train section ``base`` becomes with the ``train.*`` keys of ``sets`` (``-S`` settings) set in it."""
+    return {**base, **{k.removeprefix("train."): v for k, v in sets.items() if k.startswith("train.")}}
 
 
 def too_short(root: Path, planned: list[Planned], what: str) -> list[str]:
