@@ -36,9 +36,13 @@ def root() -> Path:
 
 
 def _enclosing_project() -> Path | None:
-    here = Path.cwd().resolve()
-    return next((folder for folder in (here, *here.parents)
-                 if (folder / PIPELINE).is_file() or (folder / ".dvc").is_dir()), None)
+    return enclosing(Path.cwd(), PIPELINE, ".dvc")
+
+
+def enclosing(start: Path, *markers: str) -> Path | None:
+    """The nearest folder at or above ``start`` that holds one of ``markers`` (file or folder names), or None."""
+    here = start.resolve()
+    return next((folder for folder in (here, *here.parents) if any((folder / m).exists() for m in markers)), None)
 
 
 def not_found(thing: str, fix: str, option: str | None = None) -> str:

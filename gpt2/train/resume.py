@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpt2.core import log
+from gpt2.core import log, paths
 from gpt2.core.config import REUSABLE_TRAIN_FIELDS, ModelParams, TrainConfig, to_dict
 from gpt2.core.digest import file_md5
 from gpt2.core.errors import UserError
@@ -174,8 +174,7 @@ def _dvc_project(checkpoint: Path) -> Path | None:
     checkpoint's that holds ``.dvc/``; None outside any."""
     if interrupted_dir() is not None:
         return Path(os.environ["DVC_ROOT"])
-    folder = checkpoint.resolve().parent
-    return next((f for f in (folder, *folder.parents) if (f / ".dvc").is_dir()), None)
+    return paths.enclosing(checkpoint.parent, ".dvc")
 
 
 def changed_settings(state: dict[str, Any], s: Setup) -> dict[str, tuple[Any, Any]]:
