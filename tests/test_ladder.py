@@ -120,6 +120,12 @@ def test_the_default_ladder_builds_every_rung_that_runs_on_a_cpu(tmp_path):
         ran.append(rung.name)
     assert ran[-3:] == ["fused adamw", "grad accumulation", "muon"]
     assert ("compile" in ran) == bool(ladder.spec._cxx_compiler())  # measured beside the ladder on a CPU
+    from gpt2.measure.planned import Planned, too_short
+
+    # its steps train at train.lr, past the learning rate's warm-up: nothing to warn of before the first run
+    assert {section["train"]["warmup_steps"] for section in p.sections} == {3} and p.profile.steps == 13
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS))  # the runs start from its 40-step warm-up
+    assert too_short(tmp_path, [Planned(f"r{i}", sets, "", "") for i, sets in enumerate(p.sets)], "ladder") == []
 
 
 def test_profile_follows_the_device_and_the_overrides():
