@@ -79,7 +79,8 @@ def test_compiled_ddp_is_split_at_its_gradient_buckets_and_trains_as_compiled_pl
     buckets: list[int] = []
     shown = ddp_optimizer.pretty_print_buckets
     monkeypatch.setattr(ddp_optimizer, "pretty_print_buckets", lambda b, cap: buckets.append(len(b)) or shown(b, cap))
-    settings = dict(max_steps=3, eval_interval=3, compile=True, grad_accum_steps=2, model={"n_layer": 1})
+    # the shapes of test_switches.py's compiled training (its loss chunk too): plain training's kernels are built once
+    settings = dict(max_steps=3, eval_interval=3, compile=True, grad_accum_steps=2, loss_chunk=40, model={"n_layer": 1})
     train(micro_params(**settings), tokens, tmp_path / "a/ckpt.pt", tmp_path / "a/reports")
     assert not buckets  # no DDP, no split
     torch._dynamo.reset()  # else the DDP run would reuse plain training's graph: its guards hold for the same code
