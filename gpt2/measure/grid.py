@@ -152,31 +152,10 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
     JSON holds it; prints the report's markdown on stdout, or with ``as_json`` the JSON (also when a run failed,
     before the error)."""
     root, started = paths.root(), time.time()
-    if name is not None and len(name.encode()) > MAX_NAME:  # before an hour of runs, not at the report after them
-        raise UserError(f"gpt2 grid --name is {len(name.encode())} bytes long; the report's files and the experiments "
-                        f"are named after it, and a file name holds at most 255: give one of at most {MAX_NAME}")
-    grid = parse_sets(sets)
-    if not grid and not revs:
-        raise UserError("gpt2 grid needs at least one -S section.key=value[,value...] or --rev A,B")
-    if "revision" in grid:
-        raise UserError("-S revision=...: revisions are given with --rev A,B")
-    fixed = ({"train.time_budget_s": time_budget_s, "train.max_steps": None, "train.max_tokens": None}
-             if time_budget_s else {})
-    if clash := [k for k in grid if k in fixed]:
-        raise UserError(f"-S {clash[0]} and --time-budget both set the run's length; give one")
-    if "train.seed" in grid and repeats > 1:
-        raise UserError("-S train.seed makes the seeds the settings: with --repeats above 1 a repeat would train a "
-                        "seed again and pass for another; give --repeats 1 (or leave the seed to the repeats)")
-    grid, held = swept(grid, compared_elsewhere=bool(revs))
-    fixed.update(held)
+    grid, fixed, held = _settings(sets, name, revs, time_budget_s, repeats)
     procedure.check_before("grid", root, params_path, apply)
     if not revs:  # each revision checks its own params.yaml; here a setting that can only fail stops the grid now
-        load_params(params_path)  # the file itself first: its own error is not a setting's
-        for combo in settings(grid):
-            try:
-                load_params(params_path, tuple(f"{k}={json.dumps(v)}" for k, v in {**combo, **fixed}.items()))
-            except UserError as exc:
-                raise UserError(f"grid: the setting {describe(combo)} cannot run: {exc}") from None
+        _every_setting_loads(params_path, grid, fixed)
     raw = read_yaml(params_path, "params", "--params") or {}
     if apply:  # text no verdict reads, where a quality win must hold before it is written
         fixed["train.holdout_windows"] = procedure.holdout_size([train_with(raw.get("train") or {}, {**combo, **fixed})
@@ -240,6 +219,40 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                    {p.name: p.run_name for p in planned}, changes)
     procedure.conclude("grid", out / f"{slug}.md", text, data, changes, params_path, apply, as_json)
     return data
+
+
+def _settings(sets: tuple[str, ...], name: str | None, revs: str | None, time_budget_s: float | None,
+              repeats: int) -> tuple[dict[str, list[Any]], dict[str, Any], dict[str, Any]]:
+    """The grid's compared settings, what every run sets alike (``fixed``, the single values ``held`` among them),
+    checked before an hour of runs rather than at the report after them."""
+    if name is not None and len(name.encode()) > MAX_NAME:
+        raise UserError(f"gpt2 grid --name is {len(name.encode())} bytes long; the report's files and the experiments "
+                        f"are named after it, and a file name holds at most 255: give one of at most {MAX_NAME}")
+    grid = parse_sets(sets)
+    if not grid and not revs:
+        raise UserError("gpt2 grid needs at least one -S section.key=value[,value...] or --rev A,B")
+    if "revision" in grid:
+        raise UserError("-S revision=...: revisions are given with --rev A,B")
+    fixed = ({"train.time_budget_s": time_budget_s, "train.max_steps": None, "train.max_tokens": None}
+             if time_budget_s else {})
+    if clash := [k for k in grid if k in fixed]:
+        raise UserError(f"-S {clash[0]} and --time-budget both set the run's length; give one")
+    if "train.seed" in grid and repeats > 1:
+        raise UserError("-S train.seed makes the seeds the settings: with --repeats above 1 a repeat would train a "
+                        "seed again and pass for another; give --repeats 1 (or leave the seed to the repeats)")
+    grid, held = swept(grid, compared_elsewhere=bool(revs))
+    return grid, {**fixed, **held}, held
+
+
+def _every_setting_loads(params_path: str | Path, grid: dict[str, list[Any]], fixed: dict[str, Any]) -> None:
+    """params.yaml, then each setting on it, as a run would load them: a setting that can only fail stops the
+    grid before its first run."""
+    load_params(params_path)  # the file itself first: its own error is not a setting's
+    for combo in settings(grid):
+        try:
+            load_params(params_path, tuple(f"{k}={json.dumps(v)}" for k, v in {**combo, **fixed}.items()))
+        except UserError as exc:
+            raise UserError(f"grid: the setting {describe(combo)} cannot run: {exc}") from None
 
 
 def decide(judged: Judged, words: Words, report: Path | str, held_out: bool) -> tuple[list[Change], str]:
