@@ -133,18 +133,7 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         eval_model = torch.compile(model, **compile_options(cfg.compile_mode, cfg.compile_tuning))
     step_model = eval_model
     if dist_info.grouped and not dist_info.sharded:
-        from torch.nn.parallel import DistributedDataParallel
-
-        # DDP around the compiled model: Dynamo compiles the model's forward inside DDP's, sees DDP active and
-        # splits the graph at the gradient buckets (DDPOptimizer), so each bucket's all-reduce starts while the
-        # backward goes on (tests/test_distributed.py); compiling around DDP would split the same way but also
-        # break the graph at DDP's own Python code
-        # the only buffer, the logit mask, is constant: no sync before each forward (torch 2.13 renamed the switch)
-        constant_buffers = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
-                            inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
-        step_model = DistributedDataParallel(eval_model, device_ids=[device.index] if device.type == "cuda" else None,
-                                             gradient_as_bucket_view=True,  # grads live in the buckets: no copy
-                                             **constant_buffers)
+        step_model = _ddp(eval_model, device)
     return Setup(
         params=params, runtime=runtime, model_cfg=model_cfg, model=model, step_model=step_model,
         eval_model=eval_model, dist=dist_info,
@@ -158,6 +147,21 @@ def build(params: Params, tokens_dir: str | Path) -> Setup:
         tokens_dir=Path(tokens_dir),
         compile_watch=CompileWatch(cfg.compile), init=init, fp8_layers=fp8_layers,
     )
+
+
+def _ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """DDP around the (compiled) model: Dynamo compiles the model's forward inside DDP's, sees DDP active and
+    splits the graph at the gradient buckets (DDPOptimizer), so each bucket's all-reduce starts while the backward
+    goes on (tests/test_distributed.py); compiling around DDP would split the same way but also break the graph at
+    DDP's own Python code."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    # the only buffer, the logit mask, is constant: no sync before each forward (torch 2.13 renamed the switch)
+    constant_buffers = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+                        inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False})
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   gradient_as_bucket_view=True,  # grads live in the buckets: no copy
+                                   **constant_buffers)
 
 
 def load_pretrained(model: GPT, source: str, params: Params) -> dict[str, str]:
