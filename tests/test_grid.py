@@ -495,3 +495,33 @@ def test_a_stopped_plan_that_cannot_be_read_is_no_plan(tmp_path):
         assert procedure.interrupted(tmp_path, "grid", "k" * 64) is None
     path.write_text(json.dumps({"key": "k" * 64, "names": [["a"]]}))
     assert procedure.interrupted(tmp_path, "grid", "k" * 64)["names"] == [["a"]]
+
+
+def test_a_stopped_grid_of_revisions_says_it_keeps_nothing_and_its_runs_leave_the_start_estimate_alone(
+        tmp_path, monkeypatch):
+    """A revision's run is no DVC experiment: Ctrl-C keeps nothing to go on from (its checkout ends with the grid),
+    and its start, seconds shorter than an experiment's, is not what the next comparison's estimate reads."""
+    from gpt2.measure import planned as planned_module
+    from gpt2.measure import revisions
+
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / "params.yaml").write_text("train: {}\n")
+    kept: list[list[str]] = []
+    monkeypatch.setattr(procedure, "keep_run_start", lambda root, runs: kept.append([r.name for r, _ in runs]))
+    monkeypatch.setattr(planned_module, "too_short", lambda *a: [])
+    calls = []
+
+    def run(checkout, name, params, target, log, run_name=None):
+        calls.append(name)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return 0
+
+    monkeypatch.setattr(revisions, "run", run)
+    monkeypatch.setattr(revisions, "collect", lambda checkout, name: None)
+    runs = [planned_module.Planned(f"rev-{i}", {}, f"revision={i}", f"r{i}", checkout=object(),
+                                   params={"train": {"max_steps": 10}}) for i in (1, 2)]
+    with pytest.raises(UserError, match="the running run was stopped; the revisions' checkouts end with the grid, "
+                                        "which keeps none of its runs: the same command again starts over"):
+        procedure.run_in_turn(tmp_path, runs, "train", tmp_path / "dvc.log", "grid")
+    assert calls == ["rev-1", "rev-2"] and kept == []

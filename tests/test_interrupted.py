@@ -93,3 +93,27 @@ def test_a_kept_run_is_found_by_its_model_data_and_optimizer_whatever_else_chang
     exact.write_bytes(b"kept")
     os.utime(exact, (exact.stat().st_mtime - 1000,) * 2)  # the oldest, and still the one
     assert interrupted.kept_interrupted(base) == exact
+
+
+def test_a_comparisons_run_resumes_only_its_own_kept_run(tmp_path, monkeypatch, caplog):
+    """A grid's or a ladder's run (GPT2_COMPARISON_RUN) never continues another run's kept checkpoint under its own
+    settings: it would be compared as if it had trained those weights. Its own stopped run it does resume, and the
+    other copy stays kept for the run it belongs to."""
+    from gpt2.run.names import COMPARISON_RUN_ENV
+    from gpt2.train import interrupted
+
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    folder = tmp_path / ".dvc/tmp/gpt2-interrupted"
+    folder.mkdir(parents=True)
+    base, other_lr = fake_run(), fake_run(lr=5.0e-3)
+    someone_elses = folder / f"{interrupted.run_key(base)}.{interrupted.params_key(other_lr)}.pt"
+    someone_elses.write_bytes(b"kept")
+    assert interrupted.kept_interrupted(base) == someone_elses  # a plain `dvc exp run` continues it, changed
+    monkeypatch.setenv(COMPARISON_RUN_ENV, "lr-1-1")
+    with caplog.at_level("INFO"):
+        assert interrupted.kept_interrupted(base) is None
+    assert f"the interrupted run kept in {someone_elses} (other train settings) is not resumed" in caplog.text
+    own = folder / f"{interrupted.run_key(base)}.{interrupted.params_key(base)}.pt"
+    own.write_bytes(b"kept")
+    assert interrupted.kept_interrupted(base) == own and someone_elses.is_file()

@@ -20,6 +20,7 @@ from typing import Any
 
 from gpt2.core import paths
 from gpt2.core.errors import UserError
+from gpt2.run.names import COMPARISON_RUN_ENV, RUN_NAME_ENV
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,8 @@ def run_now(root: Path, name: str, sets: dict[str, Any], target: str, log: Path,
     with open(log, "a") as sink:
         process = subprocess.Popen([sys.executable, "-m", "dvc", "exp", "run", "--temp", "-n", name,
                                     *_set_args(sets), target], cwd=root, stdout=sink, stderr=subprocess.STDOUT,
-                                   env={**_env(), "GPT2_COMPARISON_RUN": name,
-                                        **({"GPT2_RUN_NAME": run_name} if run_name else {})},
+                                   env={**_env(), COMPARISON_RUN_ENV: name,
+                                        **({RUN_NAME_ENV: run_name} if run_name else {})},
                                    start_new_session=True)
         return wait_or_stop(process)
 

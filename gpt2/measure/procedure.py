@@ -168,12 +168,15 @@ def run_in_turn(root: Path, planned: list[Planned], target: str, dvc_log: Path, 
                                   "stopped": run.name})
                 going_on_from = (f"; the same command again goes on from them (to measure them all anew instead: "
                                  f"rm {os.path.relpath(kept)})")
-            error = UserError(f"{what} interrupted: the running experiment was stopped; finished runs are kept "
-                              f"(dvc exp show){going_on_from}")
+            error = UserError(
+                f"{what} interrupted: the running run was stopped; the revisions' checkouts end with the {what}, "
+                "which keeps none of its runs: the same command again starts over" if run.checkout else
+                f"{what} interrupted: the running experiment was stopped; finished runs are kept "
+                f"(dvc exp show){going_on_from}")
             error.exit_code = 143 if isinstance(interrupt, Terminated) else 130
             raise error from None
         durations.append(time.perf_counter() - started)
-        if code == 0:
+        if code == 0 and not run.checkout:  # a revision's run starts no DVC experiment: seconds shorter
             succeeded.append((run, durations[-1]))
             keep_run_start(root, succeeded)  # the next comparison's estimate: this machine's
         if run.checkout and code == 0 and (found := revisions.collect(run.checkout, run.name)):

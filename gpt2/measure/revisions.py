@@ -34,7 +34,6 @@ from gpt2.core.errors import UserError
 from gpt2.measure.experiments import Experiment, parse_val_curve, wait_or_stop
 
 CHECKOUTS = Path(".dvc") / "tmp" / "gpt2-revisions"
-COMPARISON_RUN_ENV = "GPT2_COMPARISON_RUN"  # the run's name in its comparison: its MLflow run's tag comparison_run
 
 
 @dataclass(frozen=True)
@@ -118,7 +117,7 @@ def remove(root: Path, checkouts: list[Checkout]) -> None:
 def run(checkout: Checkout, name: str, params: dict[str, Any], target: str, log: Path, run_name: str) -> int:
     """One run of the revision: its train stage (and evaluate) on ``params``, from nothing (no checkpoint or report
     of the run before). Returns the exit status; Ctrl-C or SIGTERM stops it as ``experiments.run_now`` does."""
-    from gpt2.run.names import RUN_NAME_ENV
+    from gpt2.run.names import COMPARISON_RUN_ENV, RUN_NAME_ENV
     from gpt2.run.tracking import tracking_uri
 
     for old in ("checkpoints", "reports/train", "reports/eval"):

@@ -35,6 +35,9 @@ def git_commit() -> str | None:
 
 
 RUN_NAME_ENV = "GPT2_RUN_NAME"  # set by gpt2 grid and gpt2 ladder for each experiment they run
+# the run's name in its comparison (a grid's or a ladder's): its MLflow tag comparison_run, and what keeps it from
+# resuming another run's kept interrupted checkpoint (train/interrupted.py)
+COMPARISON_RUN_ENV = "GPT2_COMPARISON_RUN"
 
 
 def experiment_run_name(params_path: str | Path = paths.PARAMS) -> str | None:

@@ -22,7 +22,7 @@ from gpt2.model import onednn
 from gpt2.run.catch_up import catch_up, replay_hint
 from gpt2.run.device import sdpa_backend
 from gpt2.run.figures import FEW_TIMED_STEPS, tracked_summary
-from gpt2.run.names import experiment_run_name, flatten, git_commit
+from gpt2.run.names import COMPARISON_RUN_ENV, experiment_run_name, flatten, git_commit
 from gpt2.run.tracking import MlflowTracker, Tracker
 from gpt2.train.build import Setup
 from gpt2.train.history import History
@@ -69,7 +69,7 @@ def open_tracker(s: Setup, start: Start, ckpt_path: Path, report_dir: Path | Non
                                             "which logs the run"})
     tracker.set_tags({"git_commit": git_commit(), "training_code_md5": training_code_digest(),
                       "dvc_exp_name": os.environ.get("DVC_EXP_NAME"), "torch_version": torch.__version__,
-                      "comparison_run": os.environ.get("GPT2_COMPARISON_RUN"), **info})
+                      "comparison_run": os.environ.get(COMPARISON_RUN_ENV), **info})
     if start.changes is not None:  # each resume records what it changed
         changed = "; ".join(f"train.{k}: {old} → {new}" for k, (old, new) in start.changes.items())
         tracker.set_tags({f"resume.step_{start.step}": changed or "no params changed"})

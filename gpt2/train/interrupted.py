@@ -22,6 +22,7 @@ from typing import Any
 from gpt2.core import log
 from gpt2.core.atomic import atomic_file
 from gpt2.core.config import REUSABLE_TRAIN_FIELDS, to_dict
+from gpt2.run.names import COMPARISON_RUN_ENV
 from gpt2.train.build import Setup
 from gpt2.train.signals import TrainingInterrupted
 
@@ -84,7 +85,8 @@ def keep_interrupted(path: Path, s: Setup, resumed_from: Path | None) -> Path | 
 
 def kept_interrupted(s: Setup) -> Path | None:
     """This run's kept interrupted copy: the one of its exact params, else the newest of its model, data and
-    optimizer (resumed with its changed settings, as a plain resume would be)."""
+    optimizer (resumed with its changed settings, as a plain resume would be). A grid's or a ladder's run takes
+    only its own: another run's weights under its settings would be compared as if it had trained them."""
     folder = interrupted_dir()
     if folder is None or not folder.is_dir():
         return None
@@ -92,6 +94,10 @@ def kept_interrupted(s: Setup) -> Path | None:
     if exact.is_file():
         return exact
     others = sorted(folder.glob(f"{run_key(s)}.*.pt"), key=lambda p: p.stat().st_mtime)
+    if others and os.environ.get(COMPARISON_RUN_ENV):
+        logger.info(f"train: a comparison's run starts from its own settings: the interrupted run kept in "
+                    f"{others[-1]} (other train settings) is not resumed, and stays kept for the run it belongs to")
+        return None
     return others[-1] if others else None
 
 
