@@ -166,8 +166,7 @@ def test_a_key_given_one_value_is_every_runs_and_no_settings_label(tmp_path, mon
     assert [row["label"] for row in data["rows"]] == ["model.attention=flash", "model.attention=manual"]
     assert data["grid"] == {"model.attention": ["flash", "manual"]} and data["held"] == {"train.max_steps": 100}
     assert "2 settings × 1 run(s) (model.attention; every run with train.max_steps=100)" in caplog.text
-    assert grid.swept({"train.max_steps": [100]}) == ({"train.max_steps": [100]}, {})  # a grid of one setting
-    assert grid.swept({"train.max_steps": [100]}, compared_elsewhere=True) == ({}, {"train.max_steps": 100})
+    assert grid.swept({"train.max_steps": [100]}) == ({}, {"train.max_steps": 100})  # beside --rev's revisions
     assert "each run trains train.max_steps=100; the first setting" in (tmp_path / "reports/grid/attn.md").read_text()
     planned.clear()  # a winner measured under a setting params.yaml lacks: the verdict names what --apply leaves
     data = grid.run_grid(("train.max_steps=100", "model.attention=flash,manual"), name="held", repeats=3,
@@ -525,3 +524,13 @@ def test_a_stopped_grid_of_revisions_says_it_keeps_nothing_and_its_runs_leave_th
                                         "which keeps none of its runs: the same command again starts over"):
         procedure.run_in_turn(tmp_path, runs, "train", tmp_path / "dvc.log", "grid")
     assert calls == ["rev-1", "rev-2"] and kept == []
+
+
+@pytest.mark.parametrize("sets", [("train.warmup_steps=1000", "train.max_steps=10"), ("train.seed=5",)])
+def test_a_grid_of_one_setting_is_refused_before_it_runs(tmp_path, monkeypatch, sets):
+    """Every -S with one value (a comma forgotten): one setting, nothing to compare it with, refused before a run."""
+    planned = fake_grid(monkeypatch, tmp_path, lambda name, sets: None)
+    with pytest.raises(UserError, match="every -S gives one value, so the grid is one setting with nothing to "
+                                        "compare it with; give the key you compare two values or more"):
+        grid.run_grid(sets, name="one")
+    assert not planned

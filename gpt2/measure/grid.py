@@ -240,7 +240,11 @@ def _settings(sets: tuple[str, ...], name: str | None, revs: str | None, time_bu
     if "train.seed" in grid and repeats > 1:
         raise UserError("-S train.seed makes the seeds the settings: with --repeats above 1 a repeat would train a "
                         "seed again and pass for another; give --repeats 1 (or leave the seed to the repeats)")
-    grid, held = swept(grid, compared_elsewhere=bool(revs))
+    if not revs and len(settings(grid)) < 2:
+        raise UserError(f"gpt2 grid {' '.join('-S ' + item for item in sets)}: every -S gives one value, so the grid "
+                        "is one setting with nothing to compare it with; give the key you compare two values or more, "
+                        "the first the baseline (-S train.lr=1.0e-3,2.0e-3), or train one setting with dvc exp run")
+    grid, held = swept(grid)
     return grid, {**fixed, **held}, held
 
 
@@ -308,15 +312,11 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ju
     return text, data
 
 
-def swept(grid: dict[str, list[Any]], compared_elsewhere: bool = False
-          ) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+def swept(grid: dict[str, list[Any]]) -> tuple[dict[str, list[Any]], dict[str, Any]]:
     """The keys a grid compares (two values or more), and those given one value, which every run has alike and
-    no label repeats (``-S train.max_steps=100 -S model.attention=flash,manual``). A grid of one setting keeps its
-    keys, unless something else is compared (``compared_elsewhere``: the revisions of ``--rev``); a single seed
-    stays a setting, as the repeats would otherwise set their own."""
+    no label repeats (``-S train.max_steps=100 -S model.attention=flash,manual``). A single seed stays a setting,
+    as the repeats would otherwise set their own."""
     many = {k: v for k, v in grid.items() if len(v) > 1 or k == "train.seed"}
-    if not many and not compared_elsewhere:
-        return grid, {}
     return many, {k: v[0] for k, v in grid.items() if k not in many}
 
 
