@@ -534,3 +534,38 @@ def test_a_grid_of_one_setting_is_refused_before_it_runs(tmp_path, monkeypatch, 
                                         "compare it with; give the key you compare two values or more"):
         grid.run_grid(sets, name="one")
     assert not planned
+
+
+def test_a_lower_loss_measured_inside_the_learning_rates_warm_up_is_never_applied(tmp_path, monkeypatch):
+    """Runs that end before train.warmup_steps never train at train.lr: a learning rate that lowers their loss
+    wins the first steps only. The verdict says so by name and --apply writes nothing, though the loss is lower
+    on every seed and on the held-out windows too; the same runs trained past the warm-up are applied."""
+    import subprocess
+
+    from conftest import environment
+
+    warmup = [40]
+
+    def results(name, sets):
+        lower = sets["train.lr"] == 0.003
+        exp = run(name, 100 + sets["train.seed"], loss=(5.7 if lower else 6.0) + 0.01 * (sets["train.seed"] % 3),
+                  se=0.01)
+        exp.params["train"] = {"warmup_steps": warmup[0]}
+        exp.files[paths.TRAIN_SUMMARY] = {"steps": 30, "val": {"holdout_loss": (5.7 if lower else 6.0) + 0.01 * (
+            sets["train.seed"] % 2), "holdout_loss_se": 0.01}}
+        return exp
+
+    fake_grid(monkeypatch, tmp_path, results)
+    for command in (["git", "init", "-q"], ["git", "add", "params.yaml"], ["git", "commit", "-qm", "params"]):
+        subprocess.run(command, cwd=tmp_path, check=True, env=environment())
+    before = (tmp_path / "params.yaml").read_text()
+    data = grid.run_grid(("train.lr=1.0e-3,3.0e-3",), name="lr", target="train", repeats=3, apply=True)
+    assert data["rows"][1]["versus"]["loss"]["apart"] and data["apply"] == {}
+    assert ("Measured inside the learning rate's warm-up, so not applied: train.lr=0.003 (its runs end at step 30, "
+            "inside the learning rate's warm-up (train.warmup_steps 40): their val losses compare warm-ups"
+            in data["verdict"])
+    assert (tmp_path / "params.yaml").read_text() == before
+    warmup[0] = 3
+    subprocess.run(["git", "commit", "-qam", "x", "--allow-empty"], cwd=tmp_path, check=True, env=environment())
+    data = grid.run_grid(("train.lr=1.0e-3,3.0e-3",), name="lr-past", target="train", repeats=3, apply=True)
+    assert data["apply"] == {"train.lr": 0.003} and "warm-up" not in data["verdict"]

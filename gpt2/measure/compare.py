@@ -109,6 +109,7 @@ class Run:
     curve: Curve | None = None
     runtime: dict[str, Any] = field(default_factory=dict)  # what really ran (the trainer's summary)
     machine: dict[str, float] | None = None  # how busy other work kept the cores while it was timed
+    warming_up: tuple[int, int] | None = None  # (its last step, train.warmup_steps) where it ended in the lr warm-up
 
 
 def read_run(name: str, repeat: int, seed: int | None, exp: Any, curve: Curve | None = None) -> Run:
@@ -136,6 +137,9 @@ def read_run(name: str, repeat: int, seed: int | None, exp: Any, curve: Curve | 
     run.target, run.curve = metrics.get("target"), curve
     run.runtime = summary.get("runtime") or {}
     run.machine = metrics.get("machine")
+    steps, warmup = summary.get("steps"), (exp.params.get("train") or {}).get("warmup_steps")
+    if isinstance(steps, int) and isinstance(warmup, int) and steps < warmup:
+        run.warming_up = (steps, warmup)
     return run
 
 
@@ -380,8 +384,7 @@ def confirm(arm: Arm) -> str:
     there outside noise. "not scored" where the runs scored no held-out windows."""
     versus = arm.versus
     lower = bool(versus and versus.loss and versus.loss.apart and versus.loss.delta < 0)
-    sooner_by = bool(versus and versus.sooner.inside_noise is False and versus.sooner.median > 1)
-    if not (lower or sooner_by):
+    if not claims_quality(arm):
         return ""
     held = versus.holdout
     if held is None or held.test is None:
@@ -391,6 +394,24 @@ def confirm(arm: Arm) -> str:
     if held.apart and held.delta > 0:
         return f"held-out val loss {held.delta:+.3f} ({p_text(held.test.p)}): higher"
     return ""
+
+
+def claims_quality(arm: Arm) -> bool:
+    """Whether ``arm`` claims a better model: a lower val loss, or the same loss sooner, outside noise."""
+    versus = arm.versus
+    return bool(versus and ((versus.loss and versus.loss.apart and versus.loss.delta < 0)
+                            or (versus.sooner.inside_noise is False and versus.sooner.median > 1)))
+
+
+def warming_up(arm: Arm) -> str:
+    """Why a quality win of ``arm`` says nothing of training at its learning rate ("" where it claims none, or its
+    runs trained past the warm-up): its runs ended inside the learning rate's warm-up, so their losses compare
+    warm-ups, and a learning rate chosen there is chosen for the first steps alone."""
+    ends = [run.warming_up for run in arm.done if run.warming_up]
+    if not ends or not claims_quality(arm):
+        return ""
+    return (f"its runs end at step {ends[0][0]}, inside the learning rate's warm-up (train.warmup_steps "
+            f"{ends[0][1]}): their val losses compare warm-ups; train longer or lower train.warmup_steps")
 
 
 def _sooner_ratio(reference: list[Run], runs: list[Run], alpha: float) -> Ratio:

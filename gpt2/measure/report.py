@@ -16,7 +16,7 @@ from typing import Any, Callable
 from gpt2.core.plots import png, pyplot
 from gpt2.measure.apply import Change
 from gpt2.measure.compare import (ADVICE, TOO_NOISY, AtQuality, Arm, Judged, LossDiff, Ratio, confirm, final_loss,
-                                  ratio_inside_noise, win)
+                                  ratio_inside_noise, warming_up, win)
 from gpt2.measure.significance import Test, p_text
 from gpt2.run import machine_load
 from gpt2.run.names import json_value
@@ -408,10 +408,14 @@ def decide_best(judged: Judged, words: Words, held_out: bool,
     winners left out. ``held_out``: the runs scored held-out windows, and a quality win counts only where it holds
     there (``compare.confirm``); else a quality win is named as what ``--apply`` would confirm first."""
     scored = [(won, arm) for arm in judged.arms[1:] if among(arm) and (won := win(arm, bool(words.at_equal_time_s)))]
-    failed = [(arm, why) for _, arm in scored if held_out and (why := confirm(arm))]
-    scored = [(won, arm) for won, arm in scored if arm not in [a for a, _ in failed]]
-    said = "".join(f" Not confirmed on the held-out windows, so not applied: {arm.label} ({why})."
-                   for arm, why in failed)
+    warming = [(arm, why) for _, arm in scored if (why := warming_up(arm))]
+    failed = [(arm, why) for _, arm in scored if held_out and not warming_up(arm) and (why := confirm(arm))]
+    left_out = [id(arm) for arm, _ in warming + failed]
+    scored = [(won, arm) for won, arm in scored if id(arm) not in left_out]
+    said = "".join(f" Measured inside the learning rate's warm-up, so not applied: {arm.label} ({why})."
+                   for arm, why in warming)
+    said += "".join(f" Not confirmed on the held-out windows, so not applied: {arm.label} ({why})."
+                    for arm, why in failed)
     if not scored:
         return None, said.strip()
     (_, why), best = max(scored, key=lambda pair: pair[0][0])
