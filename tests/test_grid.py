@@ -569,3 +569,43 @@ def test_a_lower_loss_measured_inside_the_learning_rates_warm_up_is_never_applie
     subprocess.run(["git", "commit", "-qam", "x", "--allow-empty"], cwd=tmp_path, check=True, env=environment())
     data = grid.run_grid(("train.lr=1.0e-3,3.0e-3",), name="lr-past", target="train", repeats=3, apply=True)
     assert data["apply"] == {"train.lr": 0.003} and "warm-up" not in data["verdict"]
+
+
+def test_revisions_that_compare_no_code_are_said_before_the_first_run(tmp_path):
+    """--rev compares code: a revision with the baseline's commit, or one that changes only params.yaml (which every
+    run takes from the workspace), is said before the runs, and so is code edited and not committed."""
+    import subprocess
+
+    from conftest import environment
+
+    from gpt2.measure.revisions import Checkout, same_code
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True,
+                              env=environment()).stdout.strip()
+
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2/step.py").write_text("x = 1\n")
+    (tmp_path / "params.yaml").write_text("train:\n  lr: 1.0e-3\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "base")
+    base = git("rev-parse", "HEAD")
+    (tmp_path / "params.yaml").write_text("train:\n  lr: 2.0e-3\n")
+    git("commit", "-qam", "params only")
+    params_only = git("rev-parse", "HEAD")
+    (tmp_path / "gpt2/step.py").write_text("x = 2\n")
+    git("commit", "-qam", "code")
+    code = git("rev-parse", "HEAD")
+    at = {c: Checkout(name, c, tmp_path) for name, c in (("main", base), ("lr", params_only), ("mine", code))}
+    assert same_code(tmp_path, [at[base], at[code]]) == []
+    [said] = same_code(tmp_path, [at[base], at[params_only]])
+    assert said.startswith("--rev lr changes none of main's code") and "compare params with -S key=a,b" in said
+    [said] = same_code(tmp_path, [at[base], Checkout("HEAD~2", base, tmp_path)])
+    assert said == f"--rev main and HEAD~2 are the same commit ({base[:7]}): the grid compares its code with itself " \
+                   "(an A/A comparison, this machine's noise)"
+    (tmp_path / "gpt2/step.py").write_text("x = 3\n")
+    (tmp_path / "params.yaml").write_text("train:\n  lr: 3.0e-3\n")  # params are the workspace's anyway
+    [said] = same_code(tmp_path, [at[base], at[code]])
+    assert said == ("the workspace's uncommitted changes to gpt2/step.py are in no revision (each runs its commit): "
+                    "commit them to compare them (--rev main,HEAD)")

@@ -183,6 +183,8 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                     + (f"; every run with {describe(held)}" if held else "") + "), one at a time; "
                     f"the first, {describe(combos[0])}, is the baseline"
                     + (f"; repeat r trains train.seed {', '.join(map(str, seeds))}" if seeds[0] is not None else ""))
+        for warning in revisions.same_code(root, list(checkouts.values())) if checkouts else []:
+            logger.warning(f"grid: {warning}")
         for checkout in checkouts.values():
             if left := revisions.unknown_keys(checkout, raw):
                 logger.warning(f"grid: revision {checkout.label} has no {', '.join(left)} in its params.yaml: its "
