@@ -117,3 +117,30 @@ def test_a_comparisons_run_resumes_only_its_own_kept_run(tmp_path, monkeypatch, 
     own = folder / f"{interrupted.run_key(base)}.{interrupted.params_key(base)}.pt"
     own.write_bytes(b"kept")
     assert interrupted.kept_interrupted(base) == own and someone_elses.is_file()
+
+
+def test_a_shorter_run_of_other_settings_starts_anew_beside_a_kept_run_it_cannot_finish(tmp_path, tokens, monkeypatch,
+                                                                                       capsys):
+    """A kept run stopped at step 6 of 12, then `dvc exp run -S train.max_steps=4 -S train.lr=...`: the kept run is
+    another run's, past this one's end. The short run trains its own 4 steps from scratch, says why, and the kept run
+    stays for the command that made it (not a refusal asking to train 6 steps or more)."""
+    from gpt2.train import interrupted
+
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    interrupt_at(monkeypatch, 5)
+    with pytest.raises(TrainingInterrupted):
+        run(tmp_path, tokens, micro_params())
+    monkeypatch.undo()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    [kept] = (tmp_path / ".dvc/tmp/gpt2-interrupted").glob("*.pt")
+    (tmp_path / "run/ckpt.pt").unlink()  # as `dvc exp run` leaves it: the baseline has none
+    short = micro_params(max_steps=4, lr=5.0e-3)
+    assert run(tmp_path, tokens, short, "short")["steps"] == 4
+    assert (f"the interrupted run kept in {kept} (other train settings) is at step 6, past this run's 4 steps: this "
+            "run starts anew" in capsys.readouterr().err)
+    monkeypatch.delenv("DVC_ROOT")  # outside DVC nothing is kept: a run from scratch
+    run(tmp_path, tokens, short, "scratch")
+    assert losses(tmp_path, "short") == losses(tmp_path, "scratch")
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    assert kept.is_file() and interrupted.kept_interrupted(resume_setup(tokens)) == kept

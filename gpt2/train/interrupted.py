@@ -101,6 +101,11 @@ def kept_interrupted(s: Setup) -> Path | None:
     return others[-1] if others else None
 
 
+def is_own(kept: Path, s: Setup) -> bool:
+    """Whether a kept copy is of this run's exact params (not another run's, continued under them)."""
+    return kept.name == _exact(kept.parent, s).name
+
+
 def drop_interrupted(s: Setup, resumed_from: Path | None) -> None:
     """The run finished: its interrupted copies are no longer needed."""
     folder = interrupted_dir()

@@ -34,7 +34,7 @@ from gpt2.run import checkpoint
 from gpt2.train import run_state
 from gpt2.train.build import Setup
 from gpt2.train.history import History
-from gpt2.train.interrupted import interrupted_dir, kept_interrupted, tidy_interrupted
+from gpt2.train.interrupted import interrupted_dir, is_own, kept_interrupted, tidy_interrupted
 from gpt2.train.reports import write_reports
 
 logger = log.get("train")
@@ -97,6 +97,12 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
         if state is not None and why is None and state.get("metrics") is not None:
             return state  # finished with these params and data by this code: its reports are rebuilt, nothing retrains
         kept = kept_interrupted(s)  # `dvc exp run` put its baseline's checkpoint back in place of the interrupted one
+        kept_state = checkpoint.load(kept) if kept is not None else None
+        if kept_state is not None and not is_own(kept, s) and kept_state["step"] > (s.total_steps or math.inf):
+            logger.info(f"train: the interrupted run kept in {kept} (other train settings) is at step "
+                        f"{kept_state['step']}, past this run's {s.total_steps} steps: this run starts anew and "
+                        "leaves it kept for its own settings")
+            kept = kept_state = None
         resuming = f"resuming the interrupted run of these params and data kept in {kept}"
         if state is not None and s.dist.main:  # this run's first save would overwrite it
             hint = ("; a change that trains the same (a refactor, a comment) keeps the model if "
@@ -109,7 +115,7 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
             return None
         if state is None:
             logger.info(f"train: {resuming} ({path} is missing)")
-        state, path = checkpoint.load(kept), kept
+        state, path = kept_state, kept
         state["kept_from"] = str(kept)  # removed once the run finishes, or is kept again under its new settings
     bad = checkpoint.non_finite(checkpoint.clean_state_dict(state["model"]))
     if bad:  # its first step would diverge at once, whatever the learning rate
