@@ -34,7 +34,8 @@ def test_the_printed_link_opens_the_run_where_it_is_and_the_runs_compared():
                              "(every run compared: http://mlflow.lab:8080/#/experiments/3/runs?viewStateShareKey="
                              "gpt2-compare&workflowType=machine_learning)")
     local = mlflow_ui.where_to_see("sqlite:////p/my runs/mlflow.db", "1", "abc")
-    assert local.startswith("see it with `mlflow ui --backend-store-uri 'sqlite:////p/my runs/mlflow.db'`, then open "
+    assert local.startswith("see it with `MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri "
+                            "'sqlite:////p/my runs/mlflow.db' --workers 1`, then open "
                             "http://127.0.0.1:5000/#/experiments/1/runs/abc")
 
 

@@ -55,6 +55,10 @@ def page_url(uri: str, page: str) -> str:
     return f"{uri.rstrip('/') if served(uri) else 'http://127.0.0.1:5000'}/{page}"
 
 
+# the README's command: one server worker, and no runner for MLflow's GenAI jobs, which these runs never start
+UI_COMMAND = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri {uri} --workers 1"
+
+
 def where_to_see(uri: str, experiment_id: str, run_id: str) -> str:
     """How to open a run, and the runs compared: a tracking server serves them at its own address; a local
     store needs `mlflow ui`."""
@@ -64,5 +68,5 @@ def where_to_see(uri: str, experiment_id: str, run_id: str) -> str:
     compared = page_url(uri, view_page(experiment_id, COMPARE_VIEW_KEY))
     if served(uri):
         return f"open {page} (every run compared: {compared})"
-    return (f"see it with `mlflow ui --backend-store-uri {shlex.quote(uri)}`, then open {page} "
+    return (f"see it with `{UI_COMMAND.format(uri=shlex.quote(uri))}`, then open {page} "
             f"(every run compared: {compared})")
