@@ -90,7 +90,9 @@ def test_a_grid_setting_without_values_is_refused_before_anything_is_queued(runn
     result = runner.invoke(main, ["grid", "-S", "lr=1e-3,2e-3"])  # a key one section has: that section named
     assert result.exit_code == 2 and result.output.strip() == (
         "error: -S 'lr=1e-3,2e-3': write section.key=value[,value...], did you mean -S train.lr=1e-3,2e-3?")
-    result = runner.invoke(main, ["grid", "-S", "train.lr=1.0e-3"])
+    result = runner.invoke(main, ["grid", "-S", "train.lr=1.0e-3"])  # a comma forgotten: one setting
+    assert result.exit_code == 2 and "every -S gives one value, so the grid is one setting" in result.output
+    result = runner.invoke(main, ["grid", "-S", "train.lr=1.0e-3,2.0e-3"])
     assert result.exit_code == 2 and "has no dvc.yaml; run from the project root" in result.output
 
 
