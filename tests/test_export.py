@@ -125,6 +125,20 @@ def test_init_from_a_pytorch_bin_trains_and_records_its_source(tmp_path, tokens)
     assert metrics["runtime"]["init_file"].endswith("pytorch_model.bin") and metrics["steps"] == 2
 
 
+def test_init_from_a_checkpoint_of_this_project_starts_from_its_weights(tmp_path, tokens):
+    """`-S train.init_from=checkpoints/ckpt.pt`: a new run (step 0, its own optimizer and schedule) from the
+    weights the checkpoint holds, as from its export; it crashed on the checkpoint's own key names."""
+    from gpt2.run import checkpoint
+    from gpt2.train import trainer
+
+    train(micro_params(max_steps=4), tokens, tmp_path / "first/ckpt.pt", tmp_path / "first/reports")
+    s = trainer.build(micro_params(init_from=str(tmp_path / "first/ckpt.pt")), tokens)
+    saved = checkpoint.load(tmp_path / "first/ckpt.pt")["model"]
+    rows = s.model_cfg.vocab_size  # the padded vocabulary rows are never looked up: the export drops them
+    assert all(torch.equal(s.model.state_dict()[name][:rows], weights[:rows]) for name, weights in saved.items())
+    assert s.init["init_from"] == str(tmp_path / "first/ckpt.pt")
+
+
 def test_init_from_errors_name_the_cause(tmp_path, tokens):
     from gpt2.train import trainer
 

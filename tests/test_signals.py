@@ -143,3 +143,16 @@ def test_a_second_ctrl_c_before_the_save_aborts_and_says_what_is_lost(caplog, mo
     monkeypatch.setenv("DVC_EXP_NAME", "exp-1")  # DVC restores its baseline's checkpoint before the next run
     assert aborted_without_saving().endswith("this run is lost (`dvc exp run` puts its baseline's checkpoint back "
                                              "before it runs again; one Ctrl-C saves the run and keeps it to resume)")
+
+
+def test_a_run_under_resume_never_says_how_to_resume_it(tmp_path, tokens, monkeypatch):
+    """Stopped, a run under train.resume: never says to run again with train.resume: auto: the same command again
+    would start afresh and set the checkpoint just saved aside. With it, the run continues from that checkpoint."""
+    interrupt_at(monkeypatch, 5)
+    with pytest.raises(TrainingInterrupted, match=r"SIGINT at step 6/12; checkpoint saved to .*; to resume it, run "
+                                                  r"again with train.resume: auto \(this run's train.resume: never "
+                                                  r"starts afresh\)"):
+        run(tmp_path, tokens, micro_params(resume="never"))
+    monkeypatch.undo()
+    assert run(tmp_path, tokens, micro_params(resume="auto"))["steps"] == 12
+    assert checkpoint.load(tmp_path / "run/ckpt.pt")["step"] == 12

@@ -178,7 +178,7 @@ class TrainConfig:
     deterministic: bool = param(False, "bit-identical reruns on every device: deterministic kernels (CUDA's ordered "
                                        "ones); on a CPU the thread count decides (train.threads)")
     init_from: str = param("scratch", "scratch | gpt2 | gpt2-medium | gpt2-large | gpt2-xl (OpenAI's) | a Hugging "
-                                      "Face dir or file")
+                                      "Face dir or file | a checkpoint of this project (its weights, a new run)")
     # data
     data_loading: Literal["preload", "memmap"] = param("preload", "preload (RAM) | memmap (open the file per batch)")
     batching: Literal["vectorized", "loop"] = param(

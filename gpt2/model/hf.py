@@ -152,7 +152,8 @@ def _from_hub(name: str, key: str) -> Path:
 
 def read_pretrained(weights: Path, key: str = "train.init_from"
                     ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
-    """(state dict, config.json beside it or None) of a safetensors or PyTorch weights file."""
+    """(state dict, config.json beside it or None) of a safetensors or PyTorch weights file, in Hugging Face's
+    layout; a checkpoint of this project (``gpt2 train``'s) is read as its export would be."""
     from gpt2.core.errors import UserError
 
     try:
@@ -165,6 +166,9 @@ def read_pretrained(weights: Path, key: str = "train.init_from"
     except Exception as exc:
         raise UserError(f"{key}: {weights} is not a readable weights file ({exc.__class__.__name__}); "
                         "check the download") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict) and "model_config" in state:
+        cfg = GPTConfig(**state["model_config"])  # a checkpoint of this project: its weights, as `gpt2 export` writes
+        return to_hf(state["model"], cfg), hf_config(cfg)
     config_file = weights.parent / "config.json"
     config = json.loads(config_file.read_text()) if config_file.is_file() else None
     return state, config

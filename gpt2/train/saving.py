@@ -87,8 +87,11 @@ class Checkpointer:
         if finished:
             return (f"the run is finished and saved to {self.path}; {again} to write its reports (nothing is "
                     "trained again)")
-        resume = "to resume it (or `dvc repro` in this workspace)" if experiment else "to resume (train.resume: auto)"
         killed = DVC_KILLED if experiment and parent_gone() else ""
+        if self.cfg.resume == "never":  # run as it was, it would start afresh and set this checkpoint aside
+            return (f"checkpoint saved to {self.path}; to resume it, run again with train.resume: auto (this run's "
+                    f"train.resume: never starts afresh){killed}")
+        resume = "to resume it (or `dvc repro` in this workspace)" if experiment else "to resume (train.resume: auto)"
         return f"checkpoint saved to {self.path}; {again} {resume}{killed}"
 
     def last_good(self) -> str:
