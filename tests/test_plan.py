@@ -263,3 +263,29 @@ def test_plan_says_what_does_not_fit_the_step_auto_would_run_and_this_cpus_peak(
     assert "--batch-tokens must be a multiple of 3,072" in planned("--model", "gpt2", "--gpus", "3")
     cpu = planned("--model", "tiny", "--device", "cpu")  # the peak tests/conftest.py keeps for this machine
     assert "0.2 TFLOP/s fp32 peak, measured here before" in cpu and "time              " in cpu and "unknown" not in cpu
+
+
+@pytest.mark.parametrize("device, tags, found", [
+    ("cpu", {"tags.device": "cpu", "tags.device_name": "AMD EPYC"}, True),
+    ("h100", {"tags.device": "cuda:0", "tags.device_name": "NVIDIA H100 80GB HBM3"}, True),
+    ("h100", {"tags.device": "cpu", "tags.device_name": "AMD EPYC"}, False),
+    ("cpu", {"tags.device": "cuda:0", "tags.device_name": "NVIDIA H100 80GB HBM3"}, False)])
+def test_the_plan_reads_the_mfu_a_finished_run_measured_on_the_device(tmp_path, monkeypatch, device, tags, found):
+    """A training run tags its device (``cpu``, ``cuda:0``) and the device's name: the plan matched the peak table's
+    GPU names against the former, so no run was ever found, on a GPU or on this CPU."""
+    import sqlite3
+
+    import mlflow
+    import pandas
+
+    from gpt2.measure import plan
+
+    with sqlite3.connect(tmp_path / "mlflow.db") as db:  # a store whose runs logged an MFU
+        db.execute("CREATE TABLE metrics (key TEXT)")
+        db.execute("INSERT INTO metrics VALUES ('MFU')")
+    runs = pandas.DataFrame([{"run_id": "r1", "metrics.MFU": 0.42, "params.model.size": "tiny", **tags}])
+    monkeypatch.setattr(mlflow, "search_runs", lambda **kwargs: runs)
+    monkeypatch.setattr(mlflow, "set_tracking_uri", lambda uri: None)
+    measured = plan._mlflow_mfu(plan.DEVICES[device], "tiny", tmp_path)
+    assert (measured == (0.42, f"measured: MLflow run r1 (tiny on {tags['tags.device_name']})")) if found else (
+        measured is None)

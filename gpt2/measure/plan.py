@@ -54,7 +54,8 @@ def measured_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | N
     ladder = root / paths.LADDER_REPORTS / "ladder.json"
     if ladder.is_file():
         rows = [r for r in json.loads(ladder.read_text()).get("rows", []) if r.get("mfu")]
-        rows = [r for r in rows if _same_device((r.get("runtime") or {}).get("device_name", ""), device)]
+        rows = [r for r in rows if _same_device((r.get("runtime") or {}).get("device_name", ""), device,
+                                                (r.get("runtime") or {}).get("device", ""))]
         if rows:
             last = rows[-1]
             rung = last.get("label", last.get("rung"))  # "rung": a ladder.json written before the rows were arms
@@ -85,8 +86,11 @@ def _gpu_check_mfu(device: Device, size: str, root: Path) -> tuple[float, str] |
     return None
 
 
-def _same_device(name: str, device: Device) -> bool:
-    """``name`` (torch's) is this device: the peak table's key for it is ``device.name``."""
+def _same_device(name: str, device: Device, kind: str = "") -> bool:
+    """A run on device ``name`` (torch's name for it) of kind ``kind`` (``cpu``, ``cuda:0``) ran on ``device``: a
+    GPU whose peak table key is ``device.name``, or, for ``cpu``, this machine's CPU."""
+    if device.name == "cpu":
+        return kind == "cpu"
     return device_key(name) == device.name
 
 
@@ -116,8 +120,8 @@ def _mlflow_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | No
         return None
     for _, run in runs.iterrows():
         mfu = next((value for key in keys if (value := run.get(f"metrics.{key}")) and not math.isnan(value)), None)
-        name = str(run.get("tags.device") or "")
-        if mfu and not math.isnan(mfu) and run.get("params.model.size") == size and _same_device(name, device):
+        name, kind = str(run.get("tags.device_name") or ""), str(run.get("tags.device") or "")
+        if mfu and not math.isnan(mfu) and run.get("params.model.size") == size and _same_device(name, device, kind):
             return float(mfu), f"measured: MLflow run {run['run_id']} ({size} on {name})"
     return None
 
