@@ -218,13 +218,13 @@ def test_plan_uses_the_mfu_of_a_finished_mlflow_run_and_skips_a_store_without_on
     assert plan.plan("gpt2", 10e9, "h100", root=tmp_path)["mfu_source"].startswith("assumed")
     with mlflow.start_run():
         mlflow.log_param("model.size", "gpt2")
-        mlflow.set_tag("device", "NVIDIA H100 80GB HBM3")
+        mlflow.set_tags({"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3"})  # as a training tags them
         mlflow.log_metric("summary/perf.mfu", 0.42)
     p = plan.plan("gpt2", 10e9, "h100", root=tmp_path)
     assert p["mfu"] == 0.42 and p["mfu_source"].startswith("measured: MLflow run")
     with mlflow.start_run() as newer:  # as runs log it since MLflow's columns were named
         mlflow.log_param("model.size", "gpt2")
-        mlflow.set_tag("device", "NVIDIA H100 80GB HBM3")
+        mlflow.set_tags({"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3"})  # as a training tags them
         mlflow.log_metric("MFU", 0.45)
     p = plan.plan("gpt2", 10e9, "h100", root=tmp_path)
     assert p["mfu"] == 0.45 and p["mfu_source"].startswith(f"measured: MLflow run {newer.info.run_id}")
