@@ -402,20 +402,25 @@ def _bars(ax: Any, arms: list[Arm], figures: Callable[[Arm], tuple[Ratio | None,
     ax.set_xlim(0, 1.5 * max(highest))
 
 
+def held_back(arm: Arm, held_out: bool) -> str:
+    """Why a winning ``arm`` is not applied, as the verdict says it ("" where it is): its quality win was measured
+    inside the learning rate's warm-up, or (``held_out``) does not hold on the held-out windows. The grid's and the
+    ladder's rule alike."""
+    if why := warming_up(arm):
+        return f" Measured inside the learning rate's warm-up, so not applied: {arm.label} ({why})."
+    if held_out and (why := confirm(arm)):
+        return f" Not confirmed on the held-out windows, so not applied: {arm.label} ({why})."
+    return ""
+
+
 def decide_best(judged: Judged, words: Words, held_out: bool,
                 among: Callable[[Arm], bool] = lambda arm: True) -> tuple[tuple[Arm, str] | None, str]:
     """The arm that wins against its reference by the most, and why (``compare.win``), and what to say of the
     winners left out. ``held_out``: the runs scored held-out windows, and a quality win counts only where it holds
     there (``compare.confirm``); else a quality win is named as what ``--apply`` would confirm first."""
     scored = [(won, arm) for arm in judged.arms[1:] if among(arm) and (won := win(arm, bool(words.at_equal_time_s)))]
-    warming = [(arm, why) for _, arm in scored if (why := warming_up(arm))]
-    failed = [(arm, why) for _, arm in scored if held_out and not warming_up(arm) and (why := confirm(arm))]
-    left_out = [id(arm) for arm, _ in warming + failed]
-    scored = [(won, arm) for won, arm in scored if id(arm) not in left_out]
-    said = "".join(f" Measured inside the learning rate's warm-up, so not applied: {arm.label} ({why})."
-                   for arm, why in warming)
-    said += "".join(f" Not confirmed on the held-out windows, so not applied: {arm.label} ({why})."
-                    for arm, why in failed)
+    said = "".join(held_back(arm, held_out) for _, arm in scored)
+    scored = [(won, arm) for won, arm in scored if not held_back(arm, held_out)]
     if not scored:
         return None, said.strip()
     (_, why), best = max(scored, key=lambda pair: pair[0][0])

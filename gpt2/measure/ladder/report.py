@@ -18,9 +18,10 @@ from typing import Any
 from gpt2.core.atomic import write_files
 from gpt2.core.config import RESOLVED_ON_DEVICE
 from gpt2.measure.apply import Change
-from gpt2.measure.compare import Arm, Judged, Run, confirm, warming_up, win
+from gpt2.measure.compare import Arm, Judged, Run, confirm, win
 from gpt2.measure.ladder.spec import Ladder, Resolved, Rung, flat
-from gpt2.measure.report import METHOD, Column, Words, as_data, columns, ratio_shown, render_png, table, verdict
+from gpt2.measure.report import (METHOD, Column, Words, as_data, columns, held_back, ratio_shown, render_png, table,
+                                 verdict)
 from gpt2.run.compiled import flag
 
 LADDER_FILES = ("ladder.*", "dvc.log")  # what the report folder holds: refused if it holds more
@@ -107,13 +108,8 @@ def decide(judged: Judged, ladder: Ladder, resolved: Resolved, at_equal_time: bo
     rungs left out. Later rungs' values win where two set a key. Of the rungs measured beside the ladder (each
     alone on the same rung), only the fastest that wins is applied: two were never measured together."""
     won = [(i, w[1]) for i, arm in enumerate(judged.arms) if i and (w := win(arm, at_equal_time))]
-    warming = [(i, why) for i, _ in won if (why := warming_up(judged.arms[i]))]
-    failed = [(i, why) for i, _ in won if held_out and i not in dict(warming) and (why := confirm(judged.arms[i]))]
-    won = [(i, why) for i, why in won if i not in dict(warming) and i not in dict(failed)]
-    said = "".join(f" Measured inside the learning rate's warm-up, so not applied: {ladder.rungs[i].name} ({why})."
-                   for i, why in warming)
-    said = (said + "".join(f" Not confirmed on the held-out windows, so not applied: {ladder.rungs[i].name} ({why})."
-                           for i, why in failed)).strip()
+    said = "".join(held_back(judged.arms[i], held_out) for i, _ in won).strip()  # an arm's label is its rung's name
+    won = [(i, why) for i, why in won if not held_back(judged.arms[i], held_out)]
     levers = sorted((i for i, _ in won if beside(ladder, resolved, i)),
                     key=lambda i: judged.arms[i].versus.speed.median or 0.0, reverse=True)
     changes: dict[str, Change] = {}
