@@ -14,6 +14,7 @@ import torch
 from gpt2.cli import main
 from gpt2.core import memory_model
 from gpt2.measure import plan
+from gpt2.model import loss
 from gpt2.model.gpt import GPT, gpt_config
 from gpt2.run.flops import llmc_share
 
@@ -179,7 +180,10 @@ def test_plan_uses_the_mfu_measured_by_the_ladder(runner, tmp_path):
     report.mkdir(parents=True)
     rows = [{"label": "baseline", "mfu": 0.1, "runtime": {"device_name": "NVIDIA H100 80GB HBM3"}},
             {"label": "fused adamw", "mfu": 0.5, "runtime": {"device_name": "NVIDIA H100 80GB HBM3"}}]
-    (report / "ladder.json").write_text(json.dumps({"rows": rows}))
+    (report / "ladder.json").write_text(json.dumps({"rows": rows}))  # as written before it named its model
+    assert plan.plan("gpt2", 10e9, "h100", root=tmp_path)["mfu_source"].startswith("assumed")
+    (report / "ladder.json").write_text(json.dumps({"model": "gpt2", "rows": rows}))
+    assert plan.plan("gpt2-medium", 10e9, "h100", root=tmp_path)["mfu_source"].startswith("assumed")  # another size
     p = plan.plan("gpt2", 10e9, "h100", root=tmp_path)
     assert p["mfu"] == 0.5 and "measured" in p["mfu_source"]
     assert p["hours"] == pytest.approx(8.554e18 / (989e12 * 0.5) / 3600, rel=0.01)
@@ -263,6 +267,10 @@ def test_plan_says_what_does_not_fit_the_step_auto_would_run_and_this_cpus_peak(
     assert "--batch-tokens must be a multiple of 3,072" in planned("--model", "gpt2", "--gpus", "3")
     cpu = planned("--model", "tiny", "--device", "cpu")  # the peak tests/conftest.py keeps for this machine
     assert "0.2 TFLOP/s fp32 peak, measured here before" in cpu and "time              " in cpu and "unknown" not in cpu
+    # on a CPU auto keeps params.yaml's micro-batch (gpt2/train/batch.py), whatever the RAM would hold
+    assert "micro-batch 8 × 128" in cpu and "train.micro_batch_size 8 × train.grad_accum_steps 512" in cpu
+    assert f"loss in chunks of {loss.chunk_rows('auto', 'cpu', 50304)} positions" in cpu
+    assert "micro-batch 16 × 1024, adamw, loss in chunks of 8192" in planned("--model", "gpt2")
 
 
 @pytest.mark.parametrize("device, tags, found", [

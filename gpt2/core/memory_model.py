@@ -40,6 +40,7 @@ from gpt2.core.sizes import SIZES
 from gpt2.core.sizes import pad_vocab as padded_size
 
 VOCAB = 50257
+GPU_CHUNK_ROWS = 8192  # train.loss_chunk auto on a GPU (gpt2/model/loss.py says why)
 HEADROOM = 0.9  # share of device memory the plan fills; the rest is the CUDA context, allocator slack
 
 

@@ -102,7 +102,8 @@ def grid(params_path: str, sets: tuple[str, ...], revs: str | None, name: str | 
               type=click.Choice(["h100", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "b200", "a100", "a100-40gb",
                                  "l40s", "l4", "v100", "cpu"]))
 @click.option("--gpus", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("--micro-batch", default=16, show_default=True, type=click.IntRange(min=1), help="sequences per GPU")
+@click.option("--micro-batch", default=None, type=click.IntRange(min=1),
+              help="sequences per GPU (default: 16 on a GPU; on a CPU params.yaml's 8)")
 @click.option("--seq-len", default=None, type=click.IntRange(min=1), help="default: the model's context")
 @click.option("--dtype", default=None, type=click.Choice(["fp32", "bf16", "fp16"]),
               help="default: bf16 on a GPU, fp32 on a CPU (where bf16 is emulated and slow)")
@@ -115,8 +116,9 @@ def grid(params_path: str, sets: tuple[str, ...], revs: str | None, name: str | 
               help="peak per device (0.01 to 1e5 TFLOP/s)")
 @click.option("--root", default=".", show_default=True, type=click.Path(exists=True, file_okay=False),
               help="project whose reports/ladder and mlflow.db hold measured MFU")
-@click.option("--loss-chunk", default=8192, show_default=True, type=click.IntRange(min=0),
-              help="train.loss_chunk: positions whose logits exist at once; 0 = plain loss")
+@click.option("--loss-chunk", default=None, type=click.IntRange(min=0),
+              help="train.loss_chunk: positions whose logits exist at once; 0 = plain loss (default: auto's, 8192 on "
+                   "a GPU, on a CPU as this one resolves it)")
 @click.option("--optimizer", default="adamw", show_default=True, type=click.Choice(["adamw", "muon"]),
               help="train.optimizer: its state is part of the memory")
 @click.option("--distributed", default="ddp", show_default=True, type=click.Choice(["ddp", "fsdp"]),
@@ -128,9 +130,9 @@ def grid(params_path: str, sets: tuple[str, ...], revs: str | None, name: str | 
               help="train.fp8_head: the loss's FP8 gradients hold 2 bytes more per token and vocabulary column")
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
 @user_errors
-def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int, seq_len: int | None, dtype: str | None,
-         attention: str, mfu: float | None, price_per_hour: float | None, memory_gb: float | None,
-         peak_tflops: float | None, root: str, loss_chunk: int, optimizer: str, distributed: str,
+def plan(model: str, tokens: float, device: str, gpus: int, micro_batch: int | None, seq_len: int | None,
+         dtype: str | None, attention: str, mfu: float | None, price_per_hour: float | None, memory_gb: float | None,
+         peak_tflops: float | None, root: str, loss_chunk: int | None, optimizer: str, distributed: str,
          batch_tokens: int, fp8_head: bool, as_json: bool) -> None:
     """Compute budget: parameters, FLOPs, memory, largest micro-batch, time and cost for TOKENS."""
     import json

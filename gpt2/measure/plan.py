@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core import paths
+from gpt2.core.config import TrainConfig
 from gpt2.core.errors import UserError
-from gpt2.core.memory_model import HEADROOM, largest_micro_batch, memory, shape
+from gpt2.core.memory_model import GPU_CHUNK_ROWS, HEADROOM, largest_micro_batch, memory, shape
 from gpt2.core.sizes import SIZES
 from gpt2.run.cost import ASSUMED_PRICE_PER_HOUR
 from gpt2.run.flops import PEAK_TFLOPS, device_key, flops_per_token
@@ -31,6 +32,7 @@ def _device(name: str, memory_gb: float, price: float | None = None) -> Device:
 
 
 GPT2_BATCH_TOKENS = 524_288  # GPT-2's 0.5 M tokens per step
+GPU_MICRO_BATCH = 16  # the plan's micro-batch on a GPU unless --micro-batch says otherwise
 
 DEVICES: dict[str, Device] = {
     "h100": _device("H100", 80),
@@ -49,11 +51,12 @@ DEVICES: dict[str, Device] = {
 
 
 def measured_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
-    """MFU measured on ``device``: this project's ladder report first, then MLflow's training runs, then the GPU
-    check's figures committed with the code."""
+    """MFU measured on ``device`` at model ``size``: this project's ladder report first, then MLflow's training
+    runs, then the GPU check's figures committed with the code."""
     ladder = root / paths.LADDER_REPORTS / "ladder.json"
-    if ladder.is_file():
-        rows = [r for r in json.loads(ladder.read_text()).get("rows", []) if r.get("mfu")]
+    data = json.loads(ladder.read_text()) if ladder.is_file() else {}
+    if data.get("model") == size:  # a ladder.json of before 2026-12-02 does not say its model: not used
+        rows = [r for r in data.get("rows", []) if r.get("mfu")]
         rows = [r for r in rows if _same_device((r.get("runtime") or {}).get("device_name", ""), device,
                                                 (r.get("runtime") or {}).get("device", ""))]
         if rows:
@@ -137,17 +140,24 @@ def _has_metric(db: Path, key: str) -> bool:
         return True
 
 
-def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: int | None = None,
+def plan(size: str, tokens: float, device: str, micro_batch: int | None = None, seq_len: int | None = None,
          gpus: int = 1, dtype: str | None = None, attention: str = "flash", mfu: float | None = None,
          price_per_hour: float | None = None, memory_gb: float | None = None, peak_tflops: float | None = None,
-         root: Path = Path("."), loss_chunk: int = 8192, optimizer: str = "adamw",
+         root: Path = Path("."), loss_chunk: int | None = None, optimizer: str = "adamw",
          distributed: str = "ddp", batch_tokens: int = GPT2_BATCH_TOKENS, fp8_head: bool = False) -> dict[str, Any]:
-    """Everything ``gpt2 plan`` prints, as a dict; memory per GPU (``distributed`` fsdp: sharded over ``gpus``)."""
+    """Everything ``gpt2 plan`` prints, as a dict; memory per GPU (``distributed`` fsdp: sharded over ``gpus``).
+
+    Left out, the micro-batch and the loss's chunk are training's defaults on that device: 16 sequences and
+    8192 positions on a GPU; on a CPU params.yaml's micro-batch and ``loss_chunk: auto`` as this CPU resolves it."""
     if device not in DEVICES:
         raise UserError(f"unknown device {device!r}; one of {', '.join(DEVICES)}")
     dev = DEVICES[device]
-    dtype = dtype or ("fp32" if device == "cpu" else "bf16")
+    cpu = device == "cpu"
+    dtype = dtype or ("fp32" if cpu else "bf16")
     s = shape(size)
+    micro_batch = micro_batch or (TrainConfig.micro_batch_size if cpu else GPU_MICRO_BATCH)
+    if loss_chunk is None:
+        loss_chunk = _cpu_chunk(s.padded_vocab) if cpu else GPU_CHUNK_ROWS
     seq = seq_len or SIZES[size]["block_size"]
     if seq > SIZES[size]["block_size"]:
         raise UserError(f"--seq-len {seq} exceeds {size}'s context {SIZES[size]['block_size']}")
@@ -166,7 +176,7 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
     if device == "cpu" and not peak_tflops:
         peak, peak_source = _cpu_peak(dtype)
     chosen = f"{'fp32' if dtype == 'fp32' else 'amp'} {attention}"
-    step = _step(batch_tokens, seq, gpus, fits[chosen])
+    step = _step(batch_tokens, seq, gpus, min(fits[chosen], TrainConfig.micro_batch_size) if cpu else fits[chosen])
     if mfu is not None:
         used_mfu, source = mfu, "given (--mfu)"
     else:
@@ -177,7 +187,7 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
     return {
         "model": size, "params": s.params, "params_without_wpe": s.params_without_wpe, "seq_len": seq,
         "tokens": tokens, "flops_per_token": {"dense_6N": dense, "attention": attn, "total": dense + attn},
-        "total_flops": total_flops, "device": dev.name, "cpu": device == "cpu", "gpus": gpus, "memory_gb": mem_gb,
+        "total_flops": total_flops, "device": dev.name, "cpu": cpu, "gpus": gpus, "memory_gb": mem_gb,
         "dtype": dtype,
         "attention": attention, "micro_batch": micro_batch, "loss_chunk": loss_chunk, "optimizer": optimizer,
         "fp8_head": fp8_head,
@@ -194,12 +204,20 @@ def plan(size: str, tokens: float, device: str, micro_batch: int = 16, seq_len: 
 
 def _step(batch_tokens: int, seq: int, gpus: int, largest: int) -> dict[str, Any]:
     """The micro-batch × accumulation that ``train.micro_batch_size: auto`` picks for ``batch_tokens``: the
-    largest divisor of the sequences per GPU that fits."""
+    largest divisor of the sequences per GPU up to ``largest`` (on a GPU what fits; on a CPU, with no free memory
+    to size against, params.yaml's micro-batch; gpt2/train/batch.py)."""
     per_gpu, rest = divmod(batch_tokens, seq * gpus)
     if rest or per_gpu == 0:
         return {"sequences_per_gpu": None, "unit": seq * gpus}
     micro = next((d for d in range(min(per_gpu, largest), 0, -1) if per_gpu % d == 0), 0)
     return {"sequences_per_gpu": per_gpu, "micro_batch": micro, "grad_accum_steps": per_gpu // micro if micro else None}
+
+
+def _cpu_chunk(vocab: int) -> int:
+    """``train.loss_chunk: auto`` on this CPU (it depends on the vendor)."""
+    from gpt2.model.loss import chunk_rows
+
+    return chunk_rows("auto", "cpu", vocab)
 
 
 def _cpu_peak(dtype: str) -> tuple[float, str]:
@@ -264,7 +282,9 @@ def render(p: dict[str, Any]) -> str:
     elif step["micro_batch"]:
         lines.append(f"a step of {p['batch_tokens']:,} tokens ({step['sequences_per_gpu']} sequences per {unit}): "
                      f"train.micro_batch_size {step['micro_batch']} × train.grad_accum_steps "
-                     f"{step['grad_accum_steps']} (what micro_batch_size: auto picks: the largest divisor that fits)")
+                     f"{step['grad_accum_steps']} (what micro_batch_size: auto picks: " + (
+                         f"on a CPU, with no free memory to size against, {TrainConfig.micro_batch_size} or its "
+                         "largest divisor)" if p["cpu"] else "the largest divisor that fits)"))
     else:
         lines.append(f"a step of {p['batch_tokens']:,} tokens: not even one sequence fits per {unit}; shard the "
                      "model (--distributed fsdp over more --gpus), use bf16 or a shorter --seq-len")

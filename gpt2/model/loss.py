@@ -33,10 +33,10 @@ import torch
 
 from gpt2.core.cpu import cpu_vendor
 from gpt2.core.errors import UserError
+from gpt2.core.memory_model import GPU_CHUNK_ROWS
 from gpt2.model.fp8 import HeadFp8
 
 
-GPU_CHUNK_ROWS = 8192
 CPU_CHUNK_BYTES = 32 * 2**20  # fp32 logits of one chunk: small enough for a server CPU's caches
 AMD_CHUNK_BYTES = 128 * 2**20  # on AMD CPUs MKL needs more rows per matmul than the cache holds
 LOG_TINY = -69.0  # log(1e-30): a label's probability below it is recomputed, as fp32 underflows near 1e-38

@@ -171,7 +171,8 @@ def write_report(out: Path, judged: Judged, ladder: Ladder, resolved: Resolved, 
               f"run-to-run noise, the floor under every other figure. {METHOD} Experiments: "
             + "; ".join(f"{a.label}: {', '.join(r.name for r in a.runs) or 'none'}" for a in judged.arms)
             + ". Inspect them with `dvc exp show`.\n")
-    data = {"date": today, "device": resolved.device, "report": str(out / "ladder.md"), "time_budget_s": budget,
+    data = {"date": today, "device": resolved.device, "model": resolved.sections[0]["model"]["size"],
+            "report": str(out / "ladder.md"), "time_budget_s": budget,
             "repeats": resolved.profile.repeats, **as_data(judged, said, changes)}
     write_files(out, {"ladder.md": text, "ladder.json": json.dumps(data, indent=2) + "\n",
                       "ladder.png": render_png(judged, describe(resolved, judged), words,
