@@ -77,6 +77,16 @@ def test_validate_refuses_what_the_train_stage_would_refuse(runner, tmp_path, se
     assert not (tmp_path / "ok").exists()
 
 
+def test_validate_names_the_settings_it_checked_and_what_yaml_made_of_a_bare_yes(runner, tmp_path, caplog):
+    params = write_params(tmp_path / "p.yaml", train={"lr": 1.0e-3})
+    args = ["validate", "--params", str(params), "--out", str(tmp_path / "ok")]
+    assert runner.invoke(main, [*args, "-S", "train.lr=0.002"]).exit_code == 0
+    assert f"validate: {params} is valid with -S train.lr=0.002" in caplog.text
+    result = runner.invoke(main, [*args, "-S", "train.resume=yes"])
+    assert result.exit_code == 2 and ("train.resume = True is not allowed; expected one of 'auto', 'never' (YAML reads "
+                                      "a bare yes, no, on, off, true or false as a boolean)") in result.output
+
+
 def test_missing_params_file(runner, tmp_path):
     result = runner.invoke(main, ["stats", "--params", str(tmp_path / "none.yaml")])
     assert result.exit_code == 2 and "not found" in result.output
@@ -143,9 +153,14 @@ def test_commands_in_a_subfolder_read_and_write_the_projects_files(runner, tmp_p
     assert result.exit_code == 0 and result.output.count("Hello") == 2, result.output
     result = runner.invoke(main, ["sample", "Hello", "-S", "eval.num_samples=3"])  # the prompt as an argument
     assert result.exit_code == 0 and result.output.count("Hello") == 3, result.output
-    for twice_or_none in (["sample", "Hello", "--prompt", "Hi"], ["sample"]):
-        result = runner.invoke(main, twice_or_none)
-        assert result.exit_code == 2 and "give the text to continue once: gpt2 sample 'ROMEO:'" in result.output
+    for args, said in ((["sample", "Hello", "--prompt", "Hi"], "give the text to continue once, as PROMPT or "
+                                                               "--prompt, not both ('Hello' and 'Hi')"),
+                       (["sample"], "give the text to continue: gpt2 sample 'ROMEO:' (or --prompt 'ROMEO:')"),
+                       (["sample", "Hello", "--temperature", "-1"], "--temperature (eval.temperature) -1.0 is not "
+                                                                    "allowed; expected a number >= 0 (0 = greedy)"),
+                       (["sample", "Hello", "-S", "eval.temperature=-1"], "params: eval.temperature = -1.0 is not")):
+        result = runner.invoke(main, args)
+        assert result.exit_code == 2 and said in result.output, result.output
     result = runner.invoke(main, ["sample", "--prompt", "Hello", "-S", "eval.num_samples=3", "--num-samples", "1"])
     assert result.exit_code == 0 and result.output.count("Hello") == 1, result.output
     own = tmp_path / "own.pt"  # a path the user types is theirs, relative to where they are

@@ -86,9 +86,22 @@ def test_missing_file(tmp_path):
         load_params(tmp_path / "nope.yaml")
 
 
-def test_invalid_yaml(tmp_path):
-    with pytest.raises(UserError, match="not valid YAML"):
-        load(tmp_path, "download: [\n")
+@pytest.mark.parametrize("text, message", [
+    ("download: [\n", r"not valid YAML: line 2, column 1: expected the node content, but found '<stream end>'$"),
+    ("train:\n  lr: [1, 2\n  min_lr: 2\n", r"not valid YAML: line 3, column 9 \('min_lr: 2'\): expected ',' or ']', "
+                                          r"but got ':', while parsing a flow sequence begun on line 2$"),
+    ("train:\n\tlr: 1\n", r"line 2, column 1 \('lr: 1'\): found character '\\t' that cannot start any token; YAML "
+                         r"indents with spaces, not tabs$"),
+    ("train:\n  time_budget_s:\n    lr: 1.0e-3\n", r"params: train.lr is indented under train.time_budget_s, so YAML "
+                                                 r"reads it as train.time_budget_s's value \(\{'lr': 0.001\}\); "
+                                                 r"indent it as train's other keys$"),
+])
+def test_invalid_yaml_is_one_line_naming_where(tmp_path, text, message):
+    """PyYAML's six lines become one: the line, its text and what is wrong; a key indented under an empty one is
+    named, not blamed on the key above it."""
+    with pytest.raises(UserError, match=message) as raised:
+        load(tmp_path, text)
+    assert "\n" not in str(raised.value)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -150,7 +163,8 @@ def test_a_model_switch_in_its_old_train_place_names_the_new_key(tmp_path, key):
     ("train:\n  min_lr: 0.5\n", r"train.min_lr = 0.5.*\[0, train.lr\]"),
     ("train:\n  max_tokens: 100\n", r"train.max_tokens = 100.*exactly one of train.max_steps, train.max_tokens and "
                                       r"train.time_budget_s set .*max_steps and max_tokens are both set"),
-    ("train:\n  time_budget_s: 60.0\n", r"train.time_budget_s = 60.0.*max_steps and time_budget_s are both set"),
+    ("train:\n  time_budget_s: 60.0\n", r"train.time_budget_s = 60.0.*max_steps and time_budget_s are both set \(to "
+                                          r"keep time_budget_s: -S train.max_steps=null, or null in params.yaml\)"),
     ("train:\n  max_steps: null\n  time_budget_s: 0.0\n", r"train.time_budget_s = 0.0.*a number > 0"),
     ("train:\n  max_steps: null\n", r"train.max_steps = None.*exactly one of"),
     ("train:\n  price_per_hour: -1.0\n", r"train.price_per_hour = -1.0.*a number >= 0"),

@@ -235,9 +235,23 @@ def test_onednn_asked_of_a_build_without_it_names_the_eval_key_and_writes_nothin
     assert not (tmp_path / "eval").exists()
 
 
-def test_missing_and_corrupt_checkpoints(tmp_path, trained):
-    with pytest.raises(UserError, match="not found; train first"):
+def test_missing_and_corrupt_checkpoints(tmp_path, trained, monkeypatch):
+    """The project's own checkpoint missing: train first; a path given wrong: pass the right one; a file that is
+    no checkpoint at all (data/tokens/meta.json): said so, not called corrupt."""
+    with pytest.raises(UserError, match=r"none.pt not found; pass the path of one \(training writes "
+                                        r"checkpoints/ckpt.pt\)"):
         evaluate(quick(), tmp_path / "none.pt", trained / "tokens", tmp_path / "eval")
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"checkpoints/ckpt.pt not found; train first \(dvc repro train\)"):
+        evaluate(quick(), Path("checkpoints/ckpt.pt"), trained / "tokens", tmp_path / "eval")
+    meta = tmp_path / "meta.json"
+    meta.write_text('{"tokens": 100}')
+    with pytest.raises(UserError, match=r"meta.json is not a checkpoint: it begins b'\{\"to', where torch.save's "):
+        evaluate(quick(), meta, trained / "tokens", tmp_path / "eval")
+    meta.write_bytes(b"")
+    with pytest.raises(UserError, match=r"meta.json is not a checkpoint: it is empty; pass one that gpt2 train wrote"):
+        evaluate(quick(), meta, trained / "tokens", tmp_path / "eval")
     bad = tmp_path / "bad.pt"
     bad.write_bytes((trained / "ckpt.pt").read_bytes()[:1000])
     with pytest.raises(UserError, match="corrupt or truncated"):

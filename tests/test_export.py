@@ -61,6 +61,19 @@ def test_autotokenizer_gives_the_pipelines_ids(tmp_path, tokens):
     assert len(set(modes.values())) == 1, modes  # model.safetensors readable like the rest (safetensors writes 0600)
 
 
+def test_an_unfinished_run_and_a_replaced_export_are_said(tmp_path, tokens, caplog):
+    state = checkpoint.load(trained(tmp_path, tokens))
+    export(tmp_path / "ckpt.pt", tmp_path / "hf")
+    assert "it replaced the model" not in caplog.text and "is an unfinished run" not in caplog.text
+    state.update(metrics=None, step=1)  # as a run stopped at step 1 of 2 leaves it
+    torch.save(state, tmp_path / "half.pt")
+    export(tmp_path / "half.pt", tmp_path / "hf")
+    assert "→ " + f"{tmp_path / 'hf'}/ (GPT2LMHeadModel" in caplog.text
+    assert "; it replaced the model exported there before" in caplog.text
+    assert (f"export: {tmp_path / 'half.pt'} is an unfinished run (step 1 of 2): the export holds its weights at that "
+            "step; finish it (train.resume: auto) and export again") in caplog.text
+
+
 def test_a_checkpoint_folder_names_the_file_to_pass(tmp_path, tokens):
     ckpt = trained(tmp_path, tokens)
     with pytest.raises(UserError, match=rf"checkpoint {ckpt.parent} is a folder \(ckpt.pt there\): pass the checkpoint "

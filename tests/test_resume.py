@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from conftest import micro_params
-from training import fake_run, interrupt_at, run, stop_at_step_3
+from training import fake_run, interrupt_at, losses, run, stop_at_step_3
 
 from gpt2.core.errors import UserError
 from gpt2.run import checkpoint
@@ -30,8 +30,8 @@ def test_a_new_run_never_overwrites_a_finished_model(tmp_path, tokens, capsys, m
     err = capsys.readouterr().err
     kept = ckpt.parent / f"ckpt.{first[:12]}.pt"
     said = [line for line in err.splitlines() if "was a finished run" in line]  # what, where and why: one line
-    assert len(said) == 1 and (f"was a finished run (4 steps) of other params or data; kept as {kept} (" in said[0]
-                               and said[0].endswith("delete it once you no longer need it; starting a new run"))
+    assert len(said) == 1 and said[0].endswith("delete it once you no longer need it; starting a new run")
+    assert f"was a finished run (4 steps) of other params or data (train.lr 0.01 → 0.001); kept as {kept} (" in said[0]
     assert file_md5(kept) == first and checkpoint.load(kept)["params"]["train"]["lr"] == 1.0e-2
     assert checkpoint.load(ckpt)["params"]["train"]["lr"] == 1.0e-3
     second = file_md5(ckpt)
@@ -67,6 +67,34 @@ def test_a_new_run_never_overwrites_a_finished_model(tmp_path, tokens, capsys, m
     output.write_bytes(b"another run")
     moved, _ = resume.keep_replaced(output)
     assert moved.parent == project / ".dvc/tmp/gpt2-kept" and list(output.parent.iterdir()) == []
+
+
+def test_a_finished_run_made_longer_goes_on_from_its_last_step(tmp_path, tokens, capsys, monkeypatch):
+    """Only train.max_steps raised: the finished run goes on from its last step (its steps are not trained again)
+    and its model is kept. Another change beside it, or a grid's or ladder's run, trains anew."""
+    from gpt2.run.names import COMPARISON_RUN_ENV
+
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    monkeypatch.delenv(COMPARISON_RUN_ENV, raising=False)
+    run(tmp_path, tokens, micro_params(max_steps=4))
+    short = losses(tmp_path)
+    capsys.readouterr()
+    longer = run(tmp_path, tokens, micro_params(max_steps=6))
+    err = capsys.readouterr().err
+    assert longer["steps"] == 6 and len(losses(tmp_path)) == 6 and losses(tmp_path)[:4] == short
+    assert "was a finished run of 4 steps; kept as" in err
+    assert "train: finished 6 steps in 0:00:0" in err  # the run's last line: what it left and where
+    assert (f"; the model in {tmp_path / 'run/ckpt.pt'}, the reports in {tmp_path / 'run/reports'}/ (metrics.json, "
+            "summary.json, plots/)") in err
+    assert ("going on from step 4 to 6: only its length changed (train.max_steps 4 → 6), so the cosine stretches "
+            "from step 4 on") in err and "starting a new run" not in err
+    run(tmp_path, tokens, micro_params(max_steps=8, lr=1.0e-3))
+    err = capsys.readouterr().err
+    assert "was a finished run (6 steps) of other params or data (" in err and "train.lr 0.01 → 0.001" in err
+    assert "train.max_steps 6 → 8" in err and "starting a new run" in err
+    monkeypatch.setenv(COMPARISON_RUN_ENV, "grid-1")
+    run(tmp_path, tokens, micro_params(max_steps=10, lr=1.0e-3))
+    assert "of other params or data (train.max_steps 8 → 10); kept as" in capsys.readouterr().err
 
 
 def test_finished_checkpoint_of_the_same_params_rebuilds_the_reports_without_training(tmp_path, tokens, capsys,
@@ -153,7 +181,8 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, tokens, damage, recwarn):
         torch.save({"weights": torch.zeros(2)}, path)
     else:
         path.write_bytes(damage + path.read_bytes()[len(damage):])
-    with pytest.raises(UserError, match="corrupt or truncated|not a checkpoint of this pipeline"):
+    with pytest.raises(UserError, match="corrupt or truncated|not a checkpoint of this pipeline|is not a checkpoint: "
+                                        "it begins b'(not |qK|h\\\\x80)"):
         run(tmp_path, tokens, micro_params(max_steps=2))
     assert not [w for w in recwarn if "pickle protocol" in str(w.message)]
 

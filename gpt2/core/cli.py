@@ -101,4 +101,5 @@ def validate(params_path: str, sets: tuple[str, ...], out: str) -> None:
     check_devices(params)
     with atomic_file(Path(out)) as tmp:
         tmp.write_text(VALID_MARK)
-    logger.info(f"validate: {params_path} is valid")
+    logger.info(f"validate: {params_path} is valid" + (f" with {' '.join(f'-S {item}' for item in sets)}"
+                                                        if sets else ""))

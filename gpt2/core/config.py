@@ -265,7 +265,9 @@ class TrainConfig:
         given = [k for k, v in lengths.items() if v is not None]
         require(len(given) == 1, f"{at}.{given[-1] if given else 'max_steps'}", lengths[given[-1]] if given else None,
                 "exactly one of train.max_steps, train.max_tokens and train.time_budget_s set (the others null)"
-                + (f"; {' and '.join(given)} are both set" if len(given) > 1 else ""))
+                + (f"; {' and '.join(given)} are both set (to keep {given[-1]}: "
+                   f"{' '.join(f'-S {at}.{k}=null' for k in given[:-1])}, or null in params.yaml)"
+                   if len(given) > 1 else ""))
         require(self.min_lr <= self.lr, f"{at}.min_lr", self.min_lr, "a number in [0, train.lr]")
         require(bool(self.init_from.strip()), f"{at}.init_from", self.init_from,
                 "scratch, gpt2, gpt2-medium, gpt2-large, gpt2-xl or a path")

@@ -74,7 +74,24 @@ def read_yaml(path: str | os.PathLike, kind: str, option: str) -> Any:
     except yaml.YAMLError as exc:
         if "is written twice" in str(getattr(exc, "problem", "")):
             raise UserError(f"{kind} file {str(path)!r}: {exc.problem}") from None
-        raise UserError(f"{kind} file {str(path)!r} is not valid YAML: {exc}") from None
+        raise UserError(f"{kind} file {str(path)!r} is not valid YAML: {yaml_problem(exc, path.read_text())}") from None
+
+
+def yaml_problem(exc: Any, text: str) -> str:
+    """PyYAML's error in one line: where (line, column and the line's text), what, and what it was reading
+    when that began on another line (an unclosed bracket or quote). PyYAML's own text spans six lines."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is None or problem is None:
+        return " ".join(str(exc).split())
+    lines = text.splitlines()
+    shown = lines[mark.line].strip() if mark.line < len(lines) else ""
+    said = f"line {mark.line + 1}, column {mark.column + 1}" + (f" ({shown[:60]!r})" if shown else "") + f": {problem}"
+    context, begun = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context and begun is not None and begun.line != mark.line:
+        said += f", {context} begun on line {begun.line + 1}"
+    if "'\\t'" in problem:
+        said += "; YAML indents with spaces, not tabs"
+    return said
 
 
 def override(data: dict[str, Any], sets: tuple[str, ...] | list[str]) -> dict[str, Any]:
@@ -150,6 +167,10 @@ def build(cls: type, data: Any, at: str, moved: dict[str, str] | None = None) ->
     values = {}
     for name, value in data.items():
         key = _join(at, name)
+        nested = [k for k in value if k in fields] if isinstance(value, dict) else []
+        if nested and not dataclasses.is_dataclass(hints[name]):  # `time_budget_s:` then an over-indented `lr:`
+            raise ParamError(f"params: {', '.join(_join(at, k) for k in nested)} is indented under {key}, so YAML "
+                             f"reads it as {key}'s value ({value!r}); indent it as {where}'s other keys")
         values[name] = coerce(value, hints[name], key, moved)
         check_range(values[name], fields[name], hints[name], key)
     obj = cls(**values)
@@ -180,7 +201,9 @@ def coerce(value: Any, hint: Any, key: str, moved: dict[str, str] | None = None)
     if origin is Literal:
         if "off" in args:
             value = bare_off(value)
-        require(value in args, key, value, "one of " + ", ".join(repr(a) for a in args))
+        read_as_bool = (" (YAML reads a bare yes, no, on, off, true or false as a boolean)"
+                        if isinstance(value, bool) and not any(isinstance(a, bool) for a in args) else "")
+        require(value in args, key, value, "one of " + ", ".join(repr(a) for a in args) + read_as_bool)
         return value
     if origin in (list, tuple):
         require(isinstance(value, list | tuple), key, value, f"a list ({_type_name(hint)})")

@@ -58,12 +58,15 @@ def sample(params_path: str, sets: tuple[str, ...], ckpt: str, text: str | None,
     -S, then these flags."""
     from pathlib import Path
 
-    if (text is None) == (prompt is None):
-        raise click.UsageError("give the text to continue once: gpt2 sample 'ROMEO:' (or --prompt 'ROMEO:')")
+    if text is None and prompt is None:
+        raise click.UsageError("give the text to continue: gpt2 sample 'ROMEO:' (or --prompt 'ROMEO:')")
+    if text is not None and prompt is not None:
+        raise click.UsageError(f"give the text to continue once, as PROMPT or --prompt, not both ({text!r} and "
+                               f"{prompt!r})")
     prompt = text if prompt is None else prompt
 
     from gpt2.core.config import EvalConfig, Params, load_params
-    from gpt2.core.schema import build, override, to_dict
+    from gpt2.core.schema import ParamError, build, override, to_dict
     from gpt2.eval.sample import SamplingConfig, stream_sample
 
     ctx = click.get_current_context()
@@ -73,7 +76,14 @@ def sample(params_path: str, sets: tuple[str, ...], ckpt: str, text: str | None,
     else:  # a checkpoint outside a project: the eval section's defaults
         cfg = build(Params, override({}, sets), "").eval
     chosen = {name: value for name, value in flags.items() if value is not None}
-    cfg = build(EvalConfig, {**to_dict(cfg), **chosen}, "sample")  # the flags checked as the params are
+    try:
+        cfg = build(EvalConfig, {**to_dict(cfg), **chosen}, "eval")  # the flags checked as the params are
+    except ParamError as error:  # name the flag the user typed, with the key it sets
+        flag = next((name for name in chosen if str(error).startswith(f"params: eval.{name} = ")), None)
+        if flag is None:
+            raise
+        raise ParamError(str(error).replace(f"params: eval.{flag} = ", f"--{flag.replace('_', '-')} (eval.{flag}) ",
+                                            1)) from None
     stream_sample(ckpt, prompt, SamplingConfig.of(cfg), cfg.num_samples, cfg.seed, cfg.device, cfg.dtype, cfg.cpu_gemm)
 
 

@@ -39,6 +39,7 @@ def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
         raise UserError(f"{ckpt_path} was trained with model.bias: false; Hugging Face's GPT-2 always has biases, "
                         "so it cannot hold this model")
     weights = to_hf(trained, cfg)
+    replaced = (out / "model.safetensors").is_file()
     with atomic_dir(out, owns=EXPORT_FILES, command="gpt2 export") as tmp:
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         umask = os.umask(0)
@@ -49,7 +50,12 @@ def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
         write_tokenizer(tmp)
     count = sum(w.numel() for w in weights.values())
     logger.info(f"export: {ckpt_path} (step {state['step']}, {count:,} parameters) → "
-                f"{out}/ (GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained load it)")
+                f"{out}/ (GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained load it)"
+                + ("; it replaced the model exported there before" if replaced else ""))
+    if "history" in state and state.get("metrics") is None:  # trained here and not finished (imported weights are)
+        of = f" of {state['total_steps']}" if state.get("total_steps") else ""
+        logger.warning(f"export: {ckpt_path} is an unfinished run (step {state['step']}{of}): the export holds its "
+                       "weights at that step; finish it (train.resume: auto) and export again for the trained model")
     if cfg.block_size < state["model_config"]["block_size"]:
         logger.info(f"export: n_positions {cfg.block_size}, the positions it trained on (train.block_size), not the "
                     f"model's {state['model_config']['block_size']}: the position embeddings past them never learned")

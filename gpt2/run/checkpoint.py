@@ -173,6 +173,10 @@ class BackgroundSaver:
             raise error
 
 
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's files are zip archives (since PyTorch 1.6)
+PICKLE_MAGIC = b"\x80"  # an older torch.save's, a bare pickle
+
+
 def load(path: str | os.PathLike) -> dict[str, Any]:
     """Read a checkpoint onto the CPU, or raise :class:`UserError` saying why it cannot be used."""
     path = Path(path)
@@ -182,10 +186,17 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
         raise UserError(f"checkpoint {path} is a folder{inside}: pass the checkpoint file, e.g. "
                         f"{path / (files[0] if files else 'ckpt.pt')}")
     if not path.is_file():
-        from gpt2.core.paths import not_found
+        from gpt2.core.paths import CHECKPOINT, not_found, root
 
-        raise UserError(not_found(f"checkpoint {path}", "train first (dvc repro train) or pass the right path",
-                                  "--checkpoint PATH"))
+        default = path.resolve() == (root() / CHECKPOINT).resolve()
+        raise UserError(not_found(f"checkpoint {path}", "train first (dvc repro train)" if default else
+                                  f"pass the path of one (training writes {CHECKPOINT})", "--checkpoint PATH"))
+    with path.open("rb") as file:
+        head = file.read(len(ZIP_MAGIC))
+    if head != ZIP_MAGIC and head[:1] != PICKLE_MAGIC:
+        raise UserError(f"{path} is not a checkpoint: " + (
+            "it is empty" if not head else f"it begins {head!r}, where torch.save's files begin {ZIP_MAGIC!r}")
+            + "; pass one that gpt2 train wrote, or, if this was one, it is damaged: restore a good copy or delete it")
     try:
         with warnings.catch_warnings():  # a damaged header reads as an unknown pickle protocol: the error below says it
             warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)

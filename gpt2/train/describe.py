@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from gpt2.core import log
+from gpt2.core.progress import clock
 from gpt2.core.config import Params, TrainConfig, to_dict
 from gpt2.core.provenance import checkpoint_hashes, describe_tokens, model_tags, training_code_digest
 from gpt2.model import onednn
@@ -101,6 +102,17 @@ def record_end(s: Setup, tracker: Tracker, summary: dict[str, Any], history: His
     metrics, tags = tracked_summary(summary)
     tracker.log_metrics(metrics, step=summary["steps"])
     tracker.set_tags(tags)
+    if s.dist.main:
+        logger.info(closing_line(summary, ckpt_path if cfg.save_checkpoint else None, report_dir))
+
+
+def closing_line(summary: dict[str, Any], ckpt_path: Path | None, report_dir: Path | None) -> str:
+    """What the run leaves and where, in the last line it logs."""
+    val = summary.get("val") or {}
+    loss = f", val loss {val['loss']:.4f} ({val['bpb']:.3f} bits per byte)" if val.get("loss") is not None else ""
+    model = f"the model in {ckpt_path}" if ckpt_path is not None else "no checkpoint (train.save_checkpoint: false)"
+    reports = f", the reports in {report_dir}/ (metrics.json, summary.json, plots/)" if report_dir is not None else ""
+    return f"train: finished {summary['steps']} steps in {clock(summary['wall_s'])}{loss}; {model}{reports}"
 
 
 def tracked_params(params: Params) -> dict[str, Any]:

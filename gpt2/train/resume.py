@@ -5,7 +5,8 @@
   rebuilt from it.
 - A finished run of other params, data or code, or no checkpoint: the interrupted run of these params kept
   in ``.dvc/tmp/gpt2-interrupted/`` continues if there is one (``dvc exp run`` puts its baseline's
-  checkpoint back before it runs), else a fresh start (said so). A checkpoint a new run would
+  checkpoint back before it runs); else a finished run that only gets longer (``train.max_steps`` or
+  ``max_tokens``) goes on from its last step; else a fresh start (said so). A checkpoint a new run would
   overwrite is kept first (``keep_replaced``), unless DVC's cache holds it.
 - An unfinished run: it continues, unless the model, the data or the optimizer changed, which is
   refused (the weights would not fit, would go on learning other text, or the optimizer's state
@@ -31,6 +32,7 @@ from gpt2.core.digest import file_md5
 from gpt2.core.errors import UserError
 from gpt2.core.provenance import dvc_cache_file, training_code_digest
 from gpt2.run import checkpoint
+from gpt2.run.names import COMPARISON_RUN_ENV
 from gpt2.train import run_state
 from gpt2.train.build import Setup
 from gpt2.train.history import History
@@ -93,30 +95,12 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
         return None
     state = checkpoint.load(path) if path.exists() else None
     if state is None or state.get("metrics") is not None or state["step"] >= (state["total_steps"] or math.inf):
-        why = None if state is None else other_run(state, s)
-        if state is not None and why is None and state.get("metrics") is not None:
+        if state is not None and state.get("metrics") is not None and other_run(state, s) is None:
             return state  # finished with these params and data by this code: its reports are rebuilt, nothing retrains
-        kept = kept_interrupted(s)  # `dvc exp run` put its baseline's checkpoint back in place of the interrupted one
-        kept_state = checkpoint.load(kept) if kept is not None else None
-        if kept_state is not None and not is_own(kept, s) and kept_state["step"] > (s.total_steps or math.inf):
-            logger.info(f"train: the interrupted run kept in {kept} (other train settings) is at step "
-                        f"{kept_state['step']}, past this run's {s.total_steps} steps: this run starts anew and "
-                        "leaves it kept for its own settings")
-            kept = kept_state = None
-        resuming = f"resuming the interrupted run of these params and data kept in {kept}"
-        if state is not None and s.dist.main:  # this run's first save would overwrite it
-            hint = ("; a change that trains the same (a refactor, a comment) keeps the model if "
-                    "`dvc commit train -f` runs before `dvc repro` (to get it back now, stop this run: "
-                    "docs/training.md, \"Checkpoints and resume\", says how)" if why == CODE_CHANGED else "")
-            say_replaced(path, f"was a finished run ({state['step']} steps) "
-                               f"{why or 'written before checkpoints kept their summary'}",
-                         resuming if kept is not None else f"starting a new run{hint}")
-        if kept is None:
+        found = instead_of_finished(path, state, s)
+        if found is None:
             return None
-        if state is None:
-            logger.info(f"train: {resuming} ({path} is missing)")
-        state, path = kept_state, kept
-        state["kept_from"] = str(kept)  # removed once the run finishes, or is kept again under its new settings
+        state, path = found
     bad = checkpoint.non_finite(checkpoint.clean_state_dict(state["model"]))
     if bad:  # its first step would diverge at once, whatever the learning rate
         raise UserError(f"{path} holds NaN or inf weights ({len(bad)} tensors, {bad[0]} first): its run diverged or "
@@ -145,6 +129,43 @@ def load_for_resume(path: Path, s: Setup) -> dict[str, Any] | None:
         logger.info(f"train: resuming a run begun by other code (the training code in gpt2/ changed since): the "
                     f"steps from {state['step']} on run this code")
     return state
+
+
+def instead_of_finished(path: Path, state: dict[str, Any] | None, s: Setup) -> tuple[dict[str, Any], Path] | None:
+    """No checkpoint at ``path``, or a finished run other than this one: the state and path this run goes on
+    from (the interrupted run of these params kept in ``.dvc/tmp/gpt2-interrupted/``, else the finished run made
+    longer), or None for a fresh start. A finished model this run will overwrite is kept first."""
+    kept = kept_interrupted(s)  # `dvc exp run` put its baseline's checkpoint back in place of the interrupted one
+    kept_state = checkpoint.load(kept) if kept is not None else None
+    if kept_state is not None and not is_own(kept, s) and kept_state["step"] > (s.total_steps or math.inf):
+        logger.info(f"train: the interrupted run kept in {kept} (other train settings) is at step "
+                    f"{kept_state['step']}, past this run's {s.total_steps} steps: this run starts anew and "
+                    "leaves it kept for its own settings")
+        kept = kept_state = None
+    if kept is None and state is not None and extends(state, s):
+        if s.dist.main:  # this run's first save overwrites it
+            say_replaced(path, f"was a finished run of {state['step']} steps", (
+                f"going on from step {state['step']} to {s.total_steps}: only its length changed "
+                f"({', '.join(param_changes(state, s))}), so the cosine stretches from step {state['step']} on; "
+                f"a fresh run of {s.total_steps} steps, whose cosine spans them all, differs (train.resume: "
+                "never trains one)"))
+        state["metrics"] = None
+        return state, path
+    resuming = f"resuming the interrupted run of these params and data kept in {kept}"
+    if state is not None and s.dist.main:  # this run's first save would overwrite it
+        why = other_run(state, s)
+        hint = ("; a change that trains the same (a refactor, a comment) keeps the model if "
+                "`dvc commit train -f` runs before `dvc repro` (to get it back now, stop this run: "
+                "docs/training.md, \"Checkpoints and resume\", says how)" if why == CODE_CHANGED else "")
+        say_replaced(path, f"was a finished run ({state['step']} steps) "
+                           f"{why or 'written before checkpoints kept their summary'}",
+                     resuming if kept is not None else f"starting a new run{hint}")
+    if kept is None:
+        return None
+    if state is None:
+        logger.info(f"train: {resuming} ({path} is missing)")
+    kept_state["kept_from"] = str(kept)  # removed once the run finishes, or is kept again under its new settings
+    return kept_state, kept
 
 
 def say_replaced(path: Path, what: str, then: str) -> None:
@@ -191,18 +212,44 @@ def changed_settings(state: dict[str, Any], s: Setup) -> dict[str, tuple[Any, An
 
 
 def other_run(state: dict[str, Any], s: Setup) -> str | None:
-    """How a checkpoint's run differs from this one (None: the same run): other model or train params, other data,
-    or other training code (a checkpoint from before checkpoints recorded their code counts as other code). A key
-    that a checkpoint's params lack is a switch added since, and it trained as that switch's default does."""
-    model = {**to_dict(ModelParams()), **state["params"]["model"]}
-    train = {k: _normal(v) for k, v in to_dict(s.params.train).items() if k not in REUSABLE_TRAIN_FIELDS}
-    saved = {k: _normal(v) for k, v in {**to_dict(TrainConfig()), **state["params"]["train"]}.items()
-             if k not in REUSABLE_TRAIN_FIELDS}
-    if model != to_dict(s.params.model) or saved != train or state["data"] != s.data_identity:
-        return "of other params or data"
+    """How a checkpoint's run differs from this one (None: the same run): other model or train params (named),
+    other data, or other training code (a checkpoint from before checkpoints recorded their code counts as other
+    code)."""
+    changed = param_changes(state, s)
+    if state["data"] != s.data_identity:
+        changed.append("other training data (data/tokens changed)")
+    if changed:
+        return f"of other params or data ({', '.join(changed)})"
     if state.get("code") != training_code_digest():
         return CODE_CHANGED
     return None
+
+
+def param_changes(state: dict[str, Any], s: Setup) -> list[str]:
+    """The model and train params that differ from a checkpoint's, as ``train.lr 0.01 → 0.001``; tracking switches
+    (REUSABLE_TRAIN_FIELDS) do not count. A key that a checkpoint's params lack is a switch added since, and it
+    trained as that switch's default does."""
+    changed = []
+    for section, defaults, now in (("model", ModelParams(), s.params.model), ("train", TrainConfig(), s.params.train)):
+        was = {**to_dict(defaults), **state["params"][section]}
+        changed += [f"{section}.{key} {was.get(key)} → {value}" for key, value in to_dict(now).items()
+                    if key not in REUSABLE_TRAIN_FIELDS and _normal(was.get(key)) != _normal(value)]
+    return changed
+
+
+LENGTH_KEYS = ("train.max_steps", "train.max_tokens")  # what a longer run of a finished one may change
+
+
+def extends(state: dict[str, Any], s: Setup) -> bool:
+    """A finished run that trained all its steps, which this run only lengthens (``train.max_steps`` or
+    ``max_tokens``, same data and code): it goes on from its last step instead of training anew. Never for a
+    grid's or ladder's run, whose longer arm would otherwise continue the shorter one's weights."""
+    changed = param_changes(state, s)
+    return (bool(changed) and all(change.startswith(LENGTH_KEYS) for change in changed)
+            and state["total_steps"] is not None and state["step"] == state["total_steps"]
+            and s.total_steps is not None and s.total_steps > state["step"]
+            and state["data"] == s.data_identity and state.get("code") == training_code_digest()
+            and not os.environ.get(COMPARISON_RUN_ENV))
 
 
 def _normal(value: Any) -> Any:
