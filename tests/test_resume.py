@@ -83,7 +83,7 @@ def test_a_finished_run_made_longer_goes_on_from_its_last_step(tmp_path, tokens,
     err = capsys.readouterr().err
     assert longer["steps"] == 6 and len(losses(tmp_path)) == 6 and losses(tmp_path)[:4] == short
     assert "was a finished run of 4 steps; kept as" in err
-    assert "train: finished 6 steps in 0:00:0" in err  # the run's last line: what it left and where
+    assert "train: finished 6 steps (steps 5 to 6 in this session's 0:00:0" in err  # the last line: what it left
     assert (f"; the model in {tmp_path / 'run/ckpt.pt'}, the reports in {tmp_path / 'run/reports'}/ (metrics.json, "
             "summary.json, plots/)") in err
     assert ("going on from step 4 to 6: only its length changed (train.max_steps 4 → 6), so the cosine stretches "

@@ -102,17 +102,18 @@ def record_end(s: Setup, tracker: Tracker, summary: dict[str, Any], history: His
     metrics, tags = tracked_summary(summary)
     tracker.log_metrics(metrics, step=summary["steps"])
     tracker.set_tags(tags)
-    if s.dist.main:
-        logger.info(closing_line(summary, ckpt_path if cfg.save_checkpoint else None, report_dir))
 
 
-def closing_line(summary: dict[str, Any], ckpt_path: Path | None, report_dir: Path | None) -> str:
-    """What the run leaves and where, in the last line it logs."""
+def closing_line(summary: dict[str, Any], first_step: int, ckpt_path: Path | None, report_dir: Path | None) -> str:
+    """What the run leaves and where, in the last line it logs; a resumed run's time is this session's."""
+    steps, wall = summary["steps"], clock(summary["wall_s"])
+    when = (f"in {wall}" if first_step == 0 else
+            f"(steps {first_step + 1} to {steps} in this session's {wall})")
     val = summary.get("val") or {}
     loss = f", val loss {val['loss']:.4f} ({val['bpb']:.3f} bits per byte)" if val.get("loss") is not None else ""
     model = f"the model in {ckpt_path}" if ckpt_path is not None else "no checkpoint (train.save_checkpoint: false)"
     reports = f", the reports in {report_dir}/ (metrics.json, summary.json, plots/)" if report_dir is not None else ""
-    return f"train: finished {summary['steps']} steps in {clock(summary['wall_s'])}{loss}; {model}{reports}"
+    return f"train: finished {steps} steps {when}{loss}; {model}{reports}"
 
 
 def tracked_params(params: Params) -> dict[str, Any]:

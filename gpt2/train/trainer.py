@@ -147,6 +147,9 @@ def session(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) 
         summary = fit(s, start.step, start.history, checkpointer, tracker, finish)
         with finished_model_kept(ckpt_path, s.params.train.save_checkpoint):
             describe.record_end(s, tracker, summary, start.history, ckpt_path, report_dir, dataset)
+    if s.dist.main:
+        saved = ckpt_path if s.params.train.save_checkpoint else None
+        log.get("train").info(describe.closing_line(summary, start.step, saved, report_dir))
     return summary
 
 
