@@ -146,7 +146,7 @@ def instead_of_finished(path: Path, state: dict[str, Any] | None, s: Setup) -> t
         if s.dist.main:  # this run's first save overwrites it
             say_replaced(path, f"was a finished run of {state['step']} steps", (
                 f"going on from step {state['step']} to {s.total_steps}: only its length changed "
-                f"({', '.join(param_changes(state, s))}), so the cosine stretches from step {state['step']} on; "
+                f"({', '.join(said(param_changes(state, s)))}), so the cosine stretches from step {state['step']} on; "
                 f"a fresh run of {s.total_steps} steps, whose cosine spans them all, differs (train.resume: "
                 "never trains one)"))
         state["metrics"] = None
@@ -215,7 +215,7 @@ def other_run(state: dict[str, Any], s: Setup) -> str | None:
     """How a checkpoint's run differs from this one (None: the same run): other model or train params (named),
     other data, or other training code (a checkpoint from before checkpoints recorded their code counts as other
     code)."""
-    changed = param_changes(state, s)
+    changed = said(param_changes(state, s))
     if state["data"] != s.data_identity:
         changed.append("other training data (data/tokens changed)")
     if changed:
@@ -225,19 +225,24 @@ def other_run(state: dict[str, Any], s: Setup) -> str | None:
     return None
 
 
-def param_changes(state: dict[str, Any], s: Setup) -> list[str]:
-    """The model and train params that differ from a checkpoint's, as ``train.lr 0.01 → 0.001``; tracking switches
-    (REUSABLE_TRAIN_FIELDS) do not count. A key that a checkpoint's params lack is a switch added since, and it
-    trained as that switch's default does."""
-    changed = []
-    for section, defaults, now in (("model", ModelParams(), s.params.model), ("train", TrainConfig(), s.params.train)):
-        was = {**to_dict(defaults), **state["params"][section]}
-        changed += [f"{section}.{key} {was.get(key)} → {value}" for key, value in to_dict(now).items()
-                    if key not in REUSABLE_TRAIN_FIELDS and _normal(was.get(key)) != _normal(value)]
+def param_changes(state: dict[str, Any], s: Setup) -> dict[str, tuple[Any, Any]]:
+    """The model and train params that differ from a checkpoint's: {``train.lr``: (checkpoint's, this run's)};
+    tracking switches (REUSABLE_TRAIN_FIELDS) do not count. A key that a checkpoint's params lack is a switch
+    added since, and it trained as that switch's default does; one that this run's lack was removed since."""
+    changed = {}
+    for section, defaults, params in (("model", ModelParams(), s.params.model), ("train", TrainConfig(),
+                                                                                  s.params.train)):
+        was, now = {**to_dict(defaults), **state["params"][section]}, to_dict(params)
+        changed |= {f"{section}.{key}": (was.get(key), now.get(key, "(no longer a param)")) for key in {**was, **now}
+                    if key not in REUSABLE_TRAIN_FIELDS and _normal(was.get(key)) != _normal(now.get(key))}
     return changed
 
 
-LENGTH_KEYS = ("train.max_steps", "train.max_tokens")  # what a longer run of a finished one may change
+def said(changes: dict[str, tuple[Any, Any]]) -> list[str]:
+    return [f"{key} {was} → {now}" for key, (was, now) in changes.items()]
+
+
+LENGTH_KEYS = {"train.max_steps", "train.max_tokens"}  # what a longer run of a finished one may change
 
 
 def extends(state: dict[str, Any], s: Setup) -> bool:
@@ -245,7 +250,7 @@ def extends(state: dict[str, Any], s: Setup) -> bool:
     ``max_tokens``, same data and code): it goes on from its last step instead of training anew. Never for a
     grid's or ladder's run, whose longer arm would otherwise continue the shorter one's weights."""
     changed = param_changes(state, s)
-    return (bool(changed) and all(change.startswith(LENGTH_KEYS) for change in changed)
+    return (bool(changed) and set(changed) <= LENGTH_KEYS
             and state["total_steps"] is not None and state["step"] == state["total_steps"]
             and s.total_steps is not None and s.total_steps > state["step"]
             and state["data"] == s.data_identity and state.get("code") == training_code_digest()
