@@ -342,7 +342,7 @@ def test_sample_command_streams_text(runner, trained):
 def test_sample_command_rejects_bad_values(runner, trained):
     result = runner.invoke(main, ["sample", "--checkpoint", str(trained / "ckpt.pt"), "--prompt", "x",
                                   "--top-p", "2"])
-    assert result.exit_code == 2 and "sample.top_p = 2.0" in result.output
+    assert result.exit_code == 2 and "--top-p (eval.top_p) 2.0 is not allowed" in result.output
 
 
 def test_compiled_checkpoint_evaluates(tmp_path):
