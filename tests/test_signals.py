@@ -156,3 +156,59 @@ def test_a_run_under_resume_never_says_how_to_resume_it(tmp_path, tokens, monkey
     monkeypatch.undo()
     assert run(tmp_path, tokens, micro_params(resume="auto"))["steps"] == 12
     assert checkpoint.load(tmp_path / "run/ckpt.pt")["step"] == 12
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the lost one, printed by Python
+def test_a_ctrl_c_python_loses_while_a_command_starts_still_stops_it(tmp_path, tokens, caplog):
+    """A Ctrl-C in an import can come out as another error (a half-imported numpy recursing), and one in a
+    finalizer is printed as "Exception ignored" and lost: either way the command ends as interrupted (130), and a
+    training that goes on stops before it writes anything."""
+    import gc
+
+    from gpt2.core.cli import user_errors
+
+    @user_errors
+    def echoed() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            raise RecursionError("maximum recursion depth exceeded") from None
+
+    with pytest.raises(SystemExit) as stopped:
+        echoed()
+    assert stopped.value.code == 130 and "interrupted (Ctrl-C)" in caplog.text
+
+    class Finalized:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGINT)  # raised inside __del__: Python prints it and goes on
+
+    @user_errors
+    def starts_training() -> None:
+        Finalized()
+        gc.collect()
+        run(tmp_path, tokens, micro_params(max_steps=2))
+
+    caplog.clear()
+    with pytest.raises(SystemExit) as stopped:
+        starts_training()
+    assert stopped.value.code == 130 and "interrupted; no output was written" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == []  # no checkpoint, no reports
+
+    from gpt2.train.signals import stop_on_signals
+
+    @user_errors
+    def lost_once_the_run_is_tracked() -> bool:
+        Finalized()
+        gc.collect()
+        with stop_on_signals() as request:  # the loop's handling: a first Ctrl-C, a stop after the step
+            return request.asked
+
+    assert lost_once_the_run_is_tracked()
+
+    @user_errors
+    def not_interrupted() -> None:
+        raise RecursionError("a bug's own")
+
+    with pytest.raises(RecursionError):  # without a Ctrl-C an error is the bug it is, with its traceback
+        not_interrupted()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's own handler is back

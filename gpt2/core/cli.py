@@ -31,6 +31,24 @@ def _terminate(signum: int, frame: Any) -> None:
     raise Terminated
 
 
+_interrupted = False  # a Ctrl-C reached the command before it set up its own handling (training's stop_on_signals)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    """Python's own Ctrl-C (a KeyboardInterrupt), remembered: one that lands in an import can surface as another
+    error (a half-imported numpy recursing), and one raised in a finalizer is printed as "Exception ignored" and
+    lost while the command goes on."""
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt
+
+
+def interrupt_pending() -> bool:
+    """A Ctrl-C came and the command is still running: its KeyboardInterrupt was lost. Called where a command
+    starts to write, so that the Ctrl-C still stops it."""
+    return _interrupted
+
+
 def _main_thread() -> bool:
     import threading
 
@@ -43,7 +61,12 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        global _interrupted
+        _interrupted = False
         previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
+        # Python's Ctrl-C, remembered; not where it is ignored (a job started in the background keeps ignoring it)
+        previous_int = (signal.signal(signal.SIGINT, _interrupt) if _main_thread()
+                        and signal.getsignal(signal.SIGINT) is signal.default_int_handler else None)
         try:
             return func(*args, **kwargs)
         except UserError as exc:
@@ -55,9 +78,16 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt as exc:  # its own words where it has some (training's second Ctrl-C)
             logger.info(str(exc) or "interrupted; no output was written", extra=log.EVERY_RANK)
             sys.exit(130)
+        except Exception:
+            if not _interrupted:
+                raise
+            logger.info("interrupted (Ctrl-C)", extra=log.EVERY_RANK)  # what it raised on its way out is its echo
+            sys.exit(130)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+            if previous_int is not None:
+                signal.signal(signal.SIGINT, previous_int)
 
     return wrapper
 

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from gpt2.core import log
+from gpt2.core.cli import interrupt_pending
 from gpt2.core.errors import Stopped
 
 logger = log.get("train")
@@ -64,6 +65,8 @@ def stop_on_signals() -> Iterator[StopRequest]:
                     "(Ctrl-C again to abort without saving)", extra=log.EVERY_RANK)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    if interrupt_pending():  # a Ctrl-C while the run started, whose KeyboardInterrupt Python lost: a first Ctrl-C
+        handler(signal.SIGINT, None)
     try:
         yield request
     finally:

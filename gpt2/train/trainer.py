@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from gpt2.core import log, paths
+from gpt2.core.cli import interrupt_pending
 from gpt2.core.config import Params
 from gpt2.core.errors import Stopped, Terminated
 from gpt2.run import checkpoint
@@ -127,6 +128,8 @@ def train(params: Params, tokens_dir: str | Path = paths.TOKENS, ckpt_path: str 
 
 def session(s: Setup, ckpt_path: Path, report_dir: Path | None, started: float) -> dict[str, Any]:
     """One session of a run: start (resume, reuse or afresh), announce and track, fit, report."""
+    if interrupt_pending():  # a Ctrl-C during the build whose KeyboardInterrupt Python lost: nothing written yet
+        raise KeyboardInterrupt
     start = resume.start(ckpt_path, s)
     distributed.agree_on_start(start.step, start.finished is not None, s.dist, s.runtime.device, ckpt_path)
     if start.finished is not None:
