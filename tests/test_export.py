@@ -72,6 +72,11 @@ def test_an_unfinished_run_and_a_replaced_export_are_said(tmp_path, tokens, capl
     assert "; it replaced the model exported there before" in caplog.text
     assert (f"export: {tmp_path / 'half.pt'} is an unfinished run (step 1 of 2): the export holds its weights at that "
             "step; finish it (train.resume: auto) and export again") in caplog.text
+    caplog.clear()
+    state.update(step=2)  # a finished run's checkpoint written before checkpoints kept their summary
+    torch.save(state, tmp_path / "half.pt")
+    export(tmp_path / "half.pt", tmp_path / "hf")
+    assert "is an unfinished run" not in caplog.text
 
 
 def test_a_checkpoint_folder_names_the_file_to_pass(tmp_path, tokens):

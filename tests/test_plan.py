@@ -269,6 +269,8 @@ def test_plan_says_what_does_not_fit_the_step_auto_would_run_and_this_cpus_peak(
     assert "0.2 TFLOP/s fp32 peak, measured here before" in cpu and "time              " in cpu and "unknown" not in cpu
     # on a CPU auto keeps params.yaml's micro-batch (gpt2/train/batch.py), whatever the RAM would hold
     assert "micro-batch 8 × 128" in cpu and "train.micro_batch_size 8 × train.grad_accum_steps 512" in cpu
+    small = planned("--model", "gpt2", "--device", "cpu", "--memory-gb", "4")  # RAM for fewer than 8: auto takes 8
+    assert "train.micro_batch_size 8 × train.grad_accum_steps 64" in small and "micro-batch 8 does NOT fit" in small
     assert f"loss in chunks of {loss.chunk_rows('auto', 'cpu', 50304)} positions" in cpu
     assert "micro-batch 16 × 1024, adamw, loss in chunks of 8192" in planned("--model", "gpt2")
 

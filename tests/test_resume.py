@@ -70,31 +70,58 @@ def test_a_new_run_never_overwrites_a_finished_model(tmp_path, tokens, capsys, m
 
 
 def test_a_finished_run_made_longer_goes_on_from_its_last_step(tmp_path, tokens, capsys, monkeypatch):
-    """Only train.max_steps raised: the finished run goes on from its last step (its steps are not trained again)
-    and its model is kept. Another change beside it, or a grid's or ladder's run, trains anew."""
+    """Only train.max_steps raised: the finished run goes on from its last step (its steps are not trained again),
+    its model is kept (a copy: the file stays until the first save) and the summary says where it went on.
+    Another change beside it, a grid's or ladder's run, or a run that stopped early trains anew, saying why."""
+    from gpt2.core.digest import file_md5
     from gpt2.run.names import COMPARISON_RUN_ENV
 
     monkeypatch.delenv("DVC_ROOT", raising=False)
     monkeypatch.delenv(COMPARISON_RUN_ENV, raising=False)
+    ckpt = tmp_path / "run/ckpt.pt"
     run(tmp_path, tokens, micro_params(max_steps=4))
-    short = losses(tmp_path)
+    short, first = losses(tmp_path), file_md5(ckpt)
     capsys.readouterr()
+    updates = []
+    original = trainer.optimizer_step
+    monkeypatch.setattr(trainer, "optimizer_step", lambda *a: updates.append(1) or original(*a))
     longer = run(tmp_path, tokens, micro_params(max_steps=6))
+    monkeypatch.setattr(trainer, "optimizer_step", original)
     err = capsys.readouterr().err
-    assert longer["steps"] == 6 and len(losses(tmp_path)) == 6 and losses(tmp_path)[:4] == short
+    assert len(updates) == 2 and longer["steps"] == 6 and losses(tmp_path)[:4] == short  # steps 5 and 6 alone
+    assert longer["lengthened_at"] == [4] and checkpoint.load(ckpt)["history"]["lengthened_at"] == [4]
+    assert file_md5(ckpt.parent / f"ckpt.{first[:12]}.pt") == first  # the 4-step model, kept
     assert "was a finished run of 4 steps; kept as" in err
+    assert ("going on from step 4 to 6: only its length changed (train.max_steps 4 → 6); the learning rate follows "
+            "the 6-step cosine from there: 1.00e-02 at step 4, 7.55e-03 at step 5; a fresh run of 6 steps differs "
+            "(train.resume: never trains one)") in err and "starting a new run" not in err
     assert "train: finished 6 steps (steps 5 to 6 in this session's 0:00:0" in err  # the last line: what it left
-    assert (f"; the model in {tmp_path / 'run/ckpt.pt'}, the reports in {tmp_path / 'run/reports'}/ (metrics.json, "
+    assert (f"; the model in {ckpt}, the reports in {tmp_path / 'run/reports'}/ (metrics.json, "
             "summary.json, plots/)") in err
-    assert ("going on from step 4 to 6: only its length changed (train.max_steps 4 → 6), so the cosine stretches "
-            "from step 4 on") in err and "starting a new run" not in err
     run(tmp_path, tokens, micro_params(max_steps=8, lr=1.0e-3))
     err = capsys.readouterr().err
     assert "was a finished run (6 steps) of other params or data (" in err and "train.lr 0.01 → 0.001" in err
     assert "train.max_steps 6 → 8" in err and "starting a new run" in err
     monkeypatch.setenv(COMPARISON_RUN_ENV, "grid-1")
     run(tmp_path, tokens, micro_params(max_steps=10, lr=1.0e-3))
-    assert "of other params or data (train.max_steps 8 → 10); kept as" in capsys.readouterr().err
+    assert ("of other params or data (train.max_steps 8 → 10), and it does not go on from there: a grid's or "
+            "ladder's run trains anew, so that a longer arm never continues a shorter one's weights; kept as") \
+        in capsys.readouterr().err
+    monkeypatch.delenv(COMPARISON_RUN_ENV)
+    state = checkpoint.load(ckpt)
+    state["step"] = 7  # as a run that reached train.target_val_loss at step 7 of 10 leaves it
+    torch.save(state, ckpt)
+    run(tmp_path, tokens, micro_params(max_steps=12, lr=1.0e-3))
+    assert ("and it does not go on from there: it ended at step 7, before its 10 (train.target_val_loss or a time "
+            "budget stopped it)") in capsys.readouterr().err
+
+
+def test_the_closing_line_of_a_run_whose_tokens_lack_the_byte_counts():
+    """Token folders written before the byte counts give no bits per byte: the line leaves them out."""
+    from gpt2.train.describe import closing_line
+
+    assert closing_line({"steps": 4, "wall_s": 3.2, "val": {"loss": 5.0}}, 0, None, None) == \
+        "train: finished 4 steps in 0:00:03, val loss 5.0000; no checkpoint (train.save_checkpoint: false)"
 
 
 def test_finished_checkpoint_of_the_same_params_rebuilds_the_reports_without_training(tmp_path, tokens, capsys,

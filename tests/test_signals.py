@@ -176,7 +176,7 @@ def test_a_ctrl_c_python_loses_while_a_command_starts_still_stops_it(tmp_path, t
 
     with pytest.raises(SystemExit) as stopped:
         echoed()
-    assert stopped.value.code == 130 and "interrupted (Ctrl-C)" in caplog.text
+    assert stopped.value.code == 130 and "interrupted (Ctrl-C; it surfaced as RecursionError)" in caplog.text
 
     class Finalized:
         def __del__(self) -> None:

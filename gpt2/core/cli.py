@@ -78,10 +78,10 @@ def user_errors(func: Callable[..., Any]) -> Callable[..., Any]:
         except KeyboardInterrupt as exc:  # its own words where it has some (training's second Ctrl-C)
             logger.info(str(exc) or "interrupted; no output was written", extra=log.EVERY_RANK)
             sys.exit(130)
-        except Exception:
+        except Exception as exc:
             if not _interrupted:
                 raise
-            logger.info("interrupted (Ctrl-C)", extra=log.EVERY_RANK)  # what it raised on its way out is its echo
+            logger.info(f"interrupted (Ctrl-C; it surfaced as {type(exc).__name__})", extra=log.EVERY_RANK)
             sys.exit(130)
         finally:
             if previous is not None:

@@ -11,6 +11,7 @@ may be shorter than the model's context: the position embeddings past it never l
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -52,7 +53,8 @@ def export(ckpt_path: str | Path, out_dir: str | Path) -> Path:
     logger.info(f"export: {ckpt_path} (step {state['step']}, {count:,} parameters) → "
                 f"{out}/ (GPT2LMHeadModel.from_pretrained and AutoTokenizer.from_pretrained load it)"
                 + ("; it replaced the model exported there before" if replaced else ""))
-    if "history" in state and state.get("metrics") is None:  # trained here and not finished (imported weights are)
+    if "history" in state and state.get("metrics") is None and state["step"] < (state.get("total_steps") or math.inf):
+        # trained here and not finished (imported weights are; a checkpoint of old at its last step lacks metrics)
         of = f" of {state['total_steps']}" if state.get("total_steps") else ""
         logger.warning(f"export: {ckpt_path} is an unfinished run (step {state['step']}{of}): the export holds its "
                        "weights at that step; finish it (train.resume: auto) and export again for the trained model")

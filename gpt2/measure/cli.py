@@ -103,7 +103,7 @@ def grid(params_path: str, sets: tuple[str, ...], revs: str | None, name: str | 
                                  "l40s", "l4", "v100", "cpu"]))
 @click.option("--gpus", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--micro-batch", default=None, type=click.IntRange(min=1),
-              help="sequences per GPU (default: 16 on a GPU; on a CPU params.yaml's 8)")
+              help="sequences per GPU (default: 16 on a GPU; on a CPU training's default, 8)")
 @click.option("--seq-len", default=None, type=click.IntRange(min=1), help="default: the model's context")
 @click.option("--dtype", default=None, type=click.Choice(["fp32", "bf16", "fp16"]),
               help="default: bf16 on a GPU, fp32 on a CPU (where bf16 is emulated and slow)")

@@ -148,7 +148,7 @@ def plan(size: str, tokens: float, device: str, micro_batch: int | None = None, 
     """Everything ``gpt2 plan`` prints, as a dict; memory per GPU (``distributed`` fsdp: sharded over ``gpus``).
 
     Left out, the micro-batch and the loss's chunk are training's defaults on that device: 16 sequences and
-    8192 positions on a GPU; on a CPU params.yaml's micro-batch and ``loss_chunk: auto`` as this CPU resolves it."""
+    8192 positions on a GPU; on a CPU the default micro-batch (8) and ``loss_chunk: auto`` as this CPU resolves it."""
     if device not in DEVICES:
         raise UserError(f"unknown device {device!r}; one of {', '.join(DEVICES)}")
     dev = DEVICES[device]
@@ -176,7 +176,7 @@ def plan(size: str, tokens: float, device: str, micro_batch: int | None = None, 
     if device == "cpu" and not peak_tflops:
         peak, peak_source = _cpu_peak(dtype)
     chosen = f"{'fp32' if dtype == 'fp32' else 'amp'} {attention}"
-    step = _step(batch_tokens, seq, gpus, min(fits[chosen], TrainConfig.micro_batch_size) if cpu else fits[chosen])
+    step = _step(batch_tokens, seq, gpus, TrainConfig.micro_batch_size if cpu else fits[chosen])
     if mfu is not None:
         used_mfu, source = mfu, "given (--mfu)"
     else:
@@ -205,7 +205,7 @@ def plan(size: str, tokens: float, device: str, micro_batch: int | None = None, 
 def _step(batch_tokens: int, seq: int, gpus: int, largest: int) -> dict[str, Any]:
     """The micro-batch × accumulation that ``train.micro_batch_size: auto`` picks for ``batch_tokens``: the
     largest divisor of the sequences per GPU up to ``largest`` (on a GPU what fits; on a CPU, with no free memory
-    to size against, params.yaml's micro-batch; gpt2/train/batch.py)."""
+    to size against, the default micro-batch, whatever the RAM holds; gpt2/train/batch.py)."""
     per_gpu, rest = divmod(batch_tokens, seq * gpus)
     if rest or per_gpu == 0:
         return {"sequences_per_gpu": None, "unit": seq * gpus}

@@ -110,7 +110,8 @@ def closing_line(summary: dict[str, Any], first_step: int, ckpt_path: Path | Non
     when = (f"in {wall}" if first_step == 0 else
             f"(steps {first_step + 1} to {steps} in this session's {wall})")
     val = summary.get("val") or {}
-    loss = f", val loss {val['loss']:.4f} ({val['bpb']:.3f} bits per byte)" if val.get("loss") is not None else ""
+    bpb = f" ({val['bpb']:.3f} bits per byte)" if val.get("bpb") is not None else ""  # token folders of old: none
+    loss = f", val loss {val['loss']:.4f}{bpb}" if val.get("loss") is not None else ""
     model = f"the model in {ckpt_path}" if ckpt_path is not None else "no checkpoint (train.save_checkpoint: false)"
     reports = f", the reports in {report_dir}/ (metrics.json, summary.json, plots/)" if report_dir is not None else ""
     return f"train: finished {steps} steps {when}{loss}; {model}{reports}"

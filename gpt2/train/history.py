@@ -27,6 +27,7 @@ class History:
     run_uid: str = field(default_factory=lambda: uuid.uuid4().hex)  # this run, over all its sessions: an
     # evaluation records the run it scored, so a report never passes another run's figures for its own
     budget_warm_s: float | None = None  # under train.time_budget_s: the time spent when the lr's decay began
+    lengthened_at: list[int] = field(default_factory=list)  # where a finished run went on to a longer length
     load: dict[str, float] = field(default_factory=machine_load.tally)  # other work's core-seconds beside the
     # steady state's (gpt2/run/machine_load.py)
 

@@ -111,6 +111,7 @@ def summarize(history: History, step: int, wall_s: float, first_step: int, *, th
         "cost": {**cost_figures(wall_s if run_wall_s is None else run_wall_s, world, price[0]),
                  "price_per_hour": price[0], "price_source": price[1]},
         "run_uid": history.run_uid,
+        **({"lengthened_at": history.lengthened_at} if history.lengthened_at else {}),
     }
 
 

@@ -37,6 +37,7 @@ from gpt2.train import run_state
 from gpt2.train.build import Setup
 from gpt2.train.history import History
 from gpt2.train.interrupted import interrupted_dir, is_own, kept_interrupted, tidy_interrupted
+from gpt2.train.optim import lr_at
 from gpt2.train.reports import write_reports
 
 logger = log.get("train")
@@ -142,18 +143,21 @@ def instead_of_finished(path: Path, state: dict[str, Any] | None, s: Setup) -> t
                     f"{kept_state['step']}, past this run's {s.total_steps} steps: this run starts anew and "
                     "leaves it kept for its own settings")
         kept = kept_state = None
-    if kept is None and state is not None and extends(state, s):
-        if s.dist.main:  # this run's first save overwrites it
+    longer = state is not None and lengthens(state, s)
+    if kept is None and longer and (refused := why_not_longer(state, s)) is None:
+        if s.dist.main:  # a copy: the file stays in place until this run's first save replaces it
             say_replaced(path, f"was a finished run of {state['step']} steps", (
                 f"going on from step {state['step']} to {s.total_steps}: only its length changed "
-                f"({', '.join(said(param_changes(state, s)))}), so the cosine stretches from step {state['step']} on; "
-                f"a fresh run of {s.total_steps} steps, whose cosine spans them all, differs (train.resume: "
-                "never trains one)"))
+                f"({', '.join(said(param_changes(state, s)))}); {schedule_from(state, s)}; a fresh run of "
+                f"{s.total_steps} steps differs (train.resume: never trains one)"), copy=True)
         state["metrics"] = None
+        state["history"]["lengthened_at"] = [*state["history"].get("lengthened_at", []), state["step"]]
         return state, path
     resuming = f"resuming the interrupted run of these params and data kept in {kept}"
     if state is not None and s.dist.main:  # this run's first save would overwrite it
         why = other_run(state, s)
+        if kept is None and longer:
+            why = f"{why}, and it does not go on from there: {refused}"
         hint = ("; a change that trains the same (a refactor, a comment) keeps the model if "
                 "`dvc commit train -f` runs before `dvc repro` (to get it back now, stop this run: "
                 "docs/training.md, \"Checkpoints and resume\", says how)" if why == CODE_CHANGED else "")
@@ -168,19 +172,20 @@ def instead_of_finished(path: Path, state: dict[str, Any] | None, s: Setup) -> t
     return kept_state, kept
 
 
-def say_replaced(path: Path, what: str, then: str) -> None:
+def say_replaced(path: Path, what: str, then: str, copy: bool = False) -> None:
     """Keep the checkpoint a new run is about to overwrite (``keep_replaced``) and say, in one line, what it
     held, where it is kept and what this run does instead."""
-    kept, where = keep_replaced(path)
+    kept, where = keep_replaced(path, copy)
     (logger.info if kept is None else logger.warning)(f"train: {path} {what}; {where}; {then}")
 
 
-def keep_replaced(path: Path) -> tuple[Path | None, str]:
+def keep_replaced(path: Path, copy: bool = False) -> tuple[Path | None, str]:
     """A new run is about to overwrite the checkpoint at ``path``: keep it, unless DVC's cache holds it already
     (``dvc exp apply`` or ``dvc checkout`` brings it back). In a DVC project (a stage, or ``gpt2 train`` run in
     one) it moves to the project's ``.dvc/tmp/gpt2-kept/``, not beside itself in the train stage's output folder,
-    whose hash and cache it would grow; outside one, beside itself. Named by its MD5. Returns where it was moved
-    (None where DVC's cache has it) and a phrase that says where it is."""
+    whose hash and cache it would grow; outside one, beside itself. Named by its MD5. ``copy``: copied, not moved
+    (a run that goes on from it reads it). Returns where it was kept (None where DVC's cache has it) and a phrase
+    that says where it is."""
     md5 = file_md5(path)
     project = _dvc_project(path)
     if project is not None:
@@ -191,7 +196,7 @@ def keep_replaced(path: Path) -> tuple[Path | None, str]:
     else:
         target = path.with_name(f"{path.stem}.{md5[:12]}{path.suffix}")
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(path, target)
+    (shutil.copy2 if copy else shutil.move)(path, target)
     return target, (f"kept as {target} ({target.stat().st_size / 1e6:,.0f} MB), not overwritten: delete it once "
                     "you no longer need it")
 
@@ -234,7 +239,8 @@ def param_changes(state: dict[str, Any], s: Setup) -> dict[str, tuple[Any, Any]]
                                                                                   s.params.train)):
         was, now = {**to_dict(defaults), **state["params"][section]}, to_dict(params)
         changed |= {f"{section}.{key}": (was.get(key), now.get(key, "(no longer a param)")) for key in {**was, **now}
-                    if key not in REUSABLE_TRAIN_FIELDS and _normal(was.get(key)) != _normal(now.get(key))}
+                    if key not in REUSABLE_TRAIN_FIELDS
+                    and (key not in now or _normal(was.get(key)) != _normal(now[key]))}
     return changed
 
 
@@ -245,16 +251,37 @@ def said(changes: dict[str, tuple[Any, Any]]) -> list[str]:
 LENGTH_KEYS = {"train.max_steps", "train.max_tokens"}  # what a longer run of a finished one may change
 
 
-def extends(state: dict[str, Any], s: Setup) -> bool:
-    """A finished run that trained all its steps, which this run only lengthens (``train.max_steps`` or
-    ``max_tokens``, same data and code): it goes on from its last step instead of training anew. Never for a
-    grid's or ladder's run, whose longer arm would otherwise continue the shorter one's weights."""
+def lengthens(state: dict[str, Any], s: Setup) -> bool:
+    """This run differs from a finished one only in its length (``train.max_steps`` or ``max_tokens``), which is
+    longer than the steps that run trained."""
     changed = param_changes(state, s)
-    return (bool(changed) and set(changed) <= LENGTH_KEYS
-            and state["total_steps"] is not None and state["step"] == state["total_steps"]
-            and s.total_steps is not None and s.total_steps > state["step"]
-            and state["data"] == s.data_identity and state.get("code") == training_code_digest()
-            and not os.environ.get(COMPARISON_RUN_ENV))
+    return bool(changed) and set(changed) <= LENGTH_KEYS and (s.total_steps or 0) > state["step"]
+
+
+def why_not_longer(state: dict[str, Any], s: Setup) -> str | None:
+    """Why a finished run that this run lengthens does not go on from its last step (None: it does)."""
+    if os.environ.get(COMPARISON_RUN_ENV):
+        return "a grid's or ladder's run trains anew, so that a longer arm never continues a shorter one's weights"
+    if state["total_steps"] is None or state["step"] != state["total_steps"]:
+        return (f"it ended at step {state['step']}, before its {state['total_steps'] or '?'} "
+                "(train.target_val_loss or a time budget stopped it)")
+    if state["data"] != s.data_identity:
+        return "its training data changed"
+    if state.get("code") != training_code_digest():
+        return ("it was trained by other code (the training code in gpt2/ changed since; after a change that "
+                "trains the same, `dvc commit train -f` before the run lets it go on)")
+    return None
+
+
+def schedule_from(state: dict[str, Any], s: Setup) -> str:
+    """What the learning rate does where a finished run goes on: the schedule is this run's, over its new length,
+    so a cosine that had decayed to min_lr rises to where the longer one stands at that step."""
+    cfg, step = s.params.train, state["step"]
+    if cfg.lr_schedule == "constant":
+        return f"the learning rate stays {cfg.lr:.2e}"
+    was, now = cfg.lr * lr_at(step - 1, cfg, state["total_steps"]), cfg.lr * lr_at(step, cfg, s.total_steps)
+    return (f"the learning rate follows the {s.total_steps}-step cosine from there: {was:.2e} at step {step}, "
+            f"{now:.2e} at step {step + 1}")
 
 
 def _normal(value: Any) -> Any:
