@@ -85,6 +85,9 @@ def test_validate_names_the_settings_it_checked_and_what_yaml_made_of_a_bare_yes
     result = runner.invoke(main, [*args, "-S", "train.resume=yes"])
     assert result.exit_code == 2 and ("train.resume = True is not allowed; expected one of 'auto', 'never' (YAML reads "
                                       "a bare yes, no, on, off, true or false as a boolean)") in result.output
+    result = runner.invoke(main, [*args, "-S", "train.micro_batch_size=yes"])
+    assert result.exit_code == 2 and ("train.micro_batch_size = True has the wrong type; expected an integer or auto "
+                                      "(YAML reads a bare yes") in result.output
 
 
 def test_missing_params_file(runner, tmp_path):

@@ -179,6 +179,9 @@ def build(cls: type, data: Any, at: str, moved: dict[str, str] | None = None) ->
     return obj
 
 
+READ_AS_BOOL = " (YAML reads a bare yes, no, on, off, true or false as a boolean)"
+
+
 def coerce(value: Any, hint: Any, key: str, moved: dict[str, str] | None = None) -> Any:
     """Return ``value`` as type ``hint`` or raise a :class:`ParamError` naming ``key``."""
     origin = typing.get_origin(hint)
@@ -197,12 +200,12 @@ def coerce(value: Any, hint: Any, key: str, moved: dict[str, str] | None = None)
             except ParamError:
                 continue
         raise ParamError(f"params: {key} = {value!r} has the wrong type; expected "
-                         + " or ".join(["null"] * (type(None) in args) + [_describe(a, {}) for a in inner]))
+                         + " or ".join(["null"] * (type(None) in args) + [_describe(a, {}) for a in inner])
+                         + (READ_AS_BOOL if isinstance(value, bool) and bool not in inner else ""))
     if origin is Literal:
         if "off" in args:
             value = bare_off(value)
-        read_as_bool = (" (YAML reads a bare yes, no, on, off, true or false as a boolean)"
-                        if isinstance(value, bool) and not any(isinstance(a, bool) for a in args) else "")
+        read_as_bool = READ_AS_BOOL if isinstance(value, bool) and not any(isinstance(a, bool) for a in args) else ""
         require(value in args, key, value, "one of " + ", ".join(repr(a) for a in args) + read_as_bool)
         return value
     if origin in (list, tuple):
