@@ -10,6 +10,7 @@ import pytest
 from conftest import write_params
 
 from gpt2.cli import main
+from gpt2.core.errors import UserError
 
 
 def test_help_lists_every_stage(runner):
@@ -88,6 +89,31 @@ def test_validate_names_the_settings_it_checked_and_what_yaml_made_of_a_bare_yes
     result = runner.invoke(main, [*args, "-S", "train.micro_batch_size=yes"])
     assert result.exit_code == 2 and ("train.micro_batch_size = True has the wrong type; expected an integer or auto "
                                       "(YAML reads a bare yes") in result.output
+
+
+def test_validate_refuses_a_local_source_that_is_not_there_where_download_will_run(tmp_path, monkeypatch):
+    """Before DVC deletes data/raw to download again: a missing path or an empty pattern stops the pipeline; a
+    source dvc.lock already records needs nothing (DVC keeps its download; a --temp copy lacks untracked folders),
+    nor do the embedded corpus and remote sources."""
+    from gpt2.core.cli import check_source
+
+    monkeypatch.chdir(tmp_path)
+    lock = tmp_path / "dvc.lock"
+    with pytest.raises(UserError, match=r"download.source: no such file or directory 'corpus/mine' \(checked before "
+                                        r"DVC deletes data/raw to download again\); use embedded.*`dvc add` it"):
+        check_source("corpus/mine", lock)
+    with pytest.raises(UserError, match=r"download.source: the pattern 'corpus/\*.txt' matched no files"):
+        check_source("corpus/*.txt", lock)
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus/a.txt").write_text("text")
+    for fine in ("corpus/a.txt", "corpus", "corpus/*.txt", "embedded", "hf:roneneldan/x",
+                 "https://example.com/a.txt"):
+        check_source(fine, lock)
+    lock.write_text("stages:\n  download:\n    params:\n      params.yaml:\n        download:\n"
+                    "          source: gone/\n")
+    check_source("gone/", lock)  # downloaded before: the stage will not run for it
+    with pytest.raises(UserError, match="no such file or directory 'gone/other'"):
+        check_source("gone/other", lock)
 
 
 def test_missing_params_file(runner, tmp_path):

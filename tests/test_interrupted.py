@@ -21,7 +21,11 @@ def test_an_interrupted_experiment_resumes_though_dvc_restored_its_baseline_chec
     run(tmp_path, tokens, micro_params(max_steps=4), "baseline")  # the committed, finished run of other params
     run(tmp_path, tokens, micro_params(), "straight")
     interrupt_at(monkeypatch, 5)
-    with pytest.raises(TrainingInterrupted, match="run the same `dvc exp run` command again to resume it"):
+    with pytest.raises(TrainingInterrupted, match=r"checkpoint saved to .*run/ckpt.pt and copied to "
+                                                  r"\.dvc/tmp/gpt2-interrupted/ \(DVC puts its baseline's checkpoint "
+                                                  r"back in .*run/ckpt.pt before a run; the next run of these params "
+                                                  r"resumes from the copy\); run the same `dvc exp run` command again "
+                                                  r"to resume it"):
         run(tmp_path, tokens, micro_params())
     monkeypatch.undo()
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))

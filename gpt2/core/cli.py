@@ -6,6 +6,7 @@ import functools
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -107,6 +108,35 @@ def check_devices(params: Any) -> None:
                         "set it to auto or cpu, or run on a machine with an NVIDIA GPU and a CUDA build of torch")
 
 
+REMOTE_SOURCES = ("http://", "https://", "hf:")
+
+
+def check_source(source: str, lock: Path) -> None:
+    """A local ``download.source`` that is not there stops the pipeline here, before DVC deletes data/raw to run
+    the download stage again. Only where that stage will run for it: where ``lock`` (dvc.lock) records another
+    source. A download DVC kept needs no source, and a ``dvc exp run --temp`` copy lacks the untracked folders."""
+    import glob
+
+    import yaml
+
+    if source == "embedded" or source.startswith(REMOTE_SOURCES):
+        return
+    try:
+        recorded = yaml.safe_load(lock.read_text())["stages"]["download"]["params"]["params.yaml"]["download"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        recorded = {}
+    if recorded.get("source") == source:
+        return
+    path, pattern = Path(source).expanduser(), any(ch in source for ch in "*?[")
+    if glob.glob(str(path), recursive=True) if pattern else path.exists():
+        return
+    missing = f"the pattern {source!r} matched no files" if pattern else f"no such file or directory {source!r}"
+    raise UserError(f"download.source: {missing} (checked before DVC deletes data/raw to download again); use "
+                    "embedded, a path, a glob, an http(s):// URL or hf:<dataset>. Under `dvc exp run --temp` or a "
+                    "queue, a path that git and DVC do not track is not in the run's copy: `dvc add` it and commit "
+                    "its .dvc file, or give its absolute path")
+
+
 @click.command()
 @PARAMS
 @SETS
@@ -114,13 +144,11 @@ def check_devices(params: Any) -> None:
               help="marker written when every section is valid (the first DVC stage's output)")
 @user_errors
 def validate(params_path: str, sets: tuple[str, ...], out: str) -> None:
-    """Check every section of params.yaml: unknown keys, types, ranges.
+    """Check every section of params.yaml: unknown keys, types, ranges, shapes, the device, a local source.
 
     As the first DVC stage, it runs whenever params.yaml changes, before any other stage can
     delete its outputs: a typo costs a message, not a retrain. Its marker never changes, so
     passing it re-runs nothing downstream."""
-    from pathlib import Path
-
     from gpt2.core.atomic import atomic_file
     from gpt2.core.config import load_params
 
@@ -129,6 +157,7 @@ def validate(params_path: str, sets: tuple[str, ...], out: str) -> None:
     params = load_params(params_path, sets)
     check_shapes(params.model, params.train)
     check_devices(params)
+    check_source(params.download.source, paths.root() / "dvc.lock")
     with atomic_file(Path(out)) as tmp:
         tmp.write_text(VALID_MARK)
     logger.info(f"validate: {params_path} is valid" + (f" with {' '.join(f'-S {item}' for item in sets)}"

@@ -161,8 +161,10 @@ def build(cls: type, data: Any, at: str, moved: dict[str, str] | None = None) ->
         if (moved or {}).get(_join(at, key)):
             raise ParamError(f"params: {_join(at, key)} {moved[_join(at, key)]}")
         close = difflib.get_close_matches(str(key), fields, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ParamError(f"params: unknown key {_join(at, key)!r}; {hint}allowed keys: {', '.join(sorted(fields))}")
+        known = f"{at}'s keys" if at else "the sections"
+        raise ParamError(f"params: unknown key {_join(at, key)!r}; " + (
+            f"did you mean {close[0]!r}? (docs/params.md lists every key)" if close
+            else f"{known}: {', '.join(sorted(fields))}"))
     hints = typing.get_type_hints(cls)
     values = {}
     for name, value in data.items():

@@ -75,7 +75,9 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
 @paths.option("--out", default=paths.GRID_REPORTS, help="report folder (<slug>.md, .json, .png: the name, spaces as -)")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 1000),
               help="runs per setting, in alternating order, repeat r training one seed (train.seed + 1 + r) in every "
-                   "setting: 2 or more give each speed ratio an interval, 3 or more can decide a quality difference")
+                   "setting: 2 or more give each speed ratio an interval and each val loss a t-test over the seeds "
+                   "(2 decide only a difference far outside the seeds' spread; more decide smaller ones, and the "
+                   "report says how many a difference would need)")
 @click.option("--mlflow/--no-mlflow", default=None, help="a parent MLflow run (default: params.yaml train.mlflow)")
 @click.option("--time-budget", "time_budget_s", default=None, type=Finite(min=0, min_open=True), metavar="SECONDS",
               help="every run trains this long (train.time_budget_s): val losses compare at equal time")

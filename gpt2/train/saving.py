@@ -24,6 +24,7 @@ from gpt2.run.tracking import Tracker
 from gpt2.train import run_state
 from gpt2.train.build import Setup
 from gpt2.train.history import History
+from gpt2.train.interrupted import interrupted_dir
 from gpt2.train.processes import parent_gone
 from gpt2.train.step_log import what_helps
 
@@ -92,7 +93,10 @@ class Checkpointer:
             return (f"checkpoint saved to {self.path}; to resume it, run again with train.resume: auto (this run's "
                     f"train.resume: never starts afresh){killed}")
         resume = "to resume it (or `dvc repro` in this workspace)" if experiment else "to resume (train.resume: auto)"
-        return f"checkpoint saved to {self.path}; {again} {resume}{killed}"
+        kept = (f" and copied to {kept_in.relative_to(Path(os.environ['DVC_ROOT']))}/ (DVC puts its baseline's "
+                f"checkpoint back in {self.path} before a run; the next run of these params resumes from the copy)"
+                if (kept_in := interrupted_dir()) is not None else "")
+        return f"checkpoint saved to {self.path}{kept}; {again} {resume}{killed}"
 
     def last_good(self) -> str:
         """For messages: the checkpoint on disk, once the write in flight (if any) has ended."""
