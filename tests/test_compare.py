@@ -228,8 +228,8 @@ def test_a_run_below_the_mark_at_its_first_eval_got_there_before_it_not_never():
     judged = judge([arm("base", base, None), arm("early", early), arm("mixed", mixed)])
     assert judged.arms[1].at_quality.reached == 0 and judged.arms[1].at_quality.early == 2
     shown = report.table(judged, [], report.columns(judged, WORDS))
-    assert "| 2/2 before the first eval (by 10.0 s) |" in shown and "not reached" not in shown
-    assert "23.7 (23.7–23.7) reached 1/2, 1/2 before the first eval (by 10.0 s) |" in shown
+    assert "| ≤ 10.0 s (already at the first eval, 2/2) |" in shown and "not reached" not in shown
+    assert "23.7 (23.7–23.7) reached 1/2, ≤ 10.0 s (already at the first eval, 1/2) |" in shown
 
 
 def test_failed_runs_come_first_and_no_verdict_is_read_from_runs_that_did_not_run():

@@ -90,7 +90,7 @@ def quality_shown(figures: AtQuality | None) -> str:
     its mark got there before that eval, when is not known: said apart from a run that never gets there."""
     if figures is None:
         return ""
-    early = (f"{figures.early}/{figures.runs} before the first eval (by {figures.early_by_s:.1f} s)"
+    early = (f"≤ {figures.early_by_s:.1f} s (already at the first eval, {figures.early}/{figures.runs})"
              if figures.early else "")
     if not figures.reached:
         return early or f"not reached (0/{figures.runs})"
