@@ -164,7 +164,7 @@ def test_commands_in_a_subfolder_read_and_write_the_projects_files(runner, tmp_p
 
     from conftest import MICRO_MODEL, MICRO_TRAIN
 
-    from gpt2.run.tracking import tracking_uri
+    from gpt2.run.mlflow_store import tracking_uri
 
     project = tmp_path / "project"
     (project / "docs").mkdir(parents=True)

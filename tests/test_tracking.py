@@ -13,6 +13,7 @@ from conftest import micro_params, mlflow_store
 
 from gpt2.run.figures import TRACKED
 from gpt2.run import checkpoint, mlflow_ui, names, tracking
+from gpt2.run.mlflow_store import older_store, tracking_uri
 from gpt2.train import trainer
 from gpt2.train.trainer import TrainingInterrupted, train
 
@@ -23,9 +24,9 @@ def test_default_uri_is_an_absolute_sqlite_db_at_the_dvc_root(monkeypatch, tmp_p
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
     monkeypatch.chdir("/")
-    assert tracking.tracking_uri() == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    assert tracking_uri() == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
-    assert tracking.tracking_uri() == "http://127.0.0.1:5000"
+    assert tracking_uri() == "http://127.0.0.1:5000"
 
 
 def test_the_printed_link_opens_the_run_where_it_is_and_the_runs_compared():
@@ -227,7 +228,7 @@ def test_a_store_an_older_mlflow_made_is_kept_as_it_was_before_it_is_upgraded(tm
     with sqlalchemy.create_engine(uri).begin() as connection:
         config.attributes["connection"] = connection
         command.downgrade(config, "-1")
-    older = tracking.older_store(db)
+    older = older_store(db)
     assert older is not None
     team = tmp_path / "team.db"  # a team server's store, upgraded as docs/sharing.md says
     shutil.copy(db, team)
@@ -235,16 +236,16 @@ def test_a_store_an_older_mlflow_made_is_kept_as_it_was_before_it_is_upgraded(tm
     from mlflow.db import commands  # `mlflow db`, in this process
 
     upgraded = CliRunner().invoke(commands, ["upgrade", f"sqlite:///{team}"])
-    assert upgraded.exit_code == 0 and tracking.older_store(team) is None, upgraded.output
+    assert upgraded.exit_code == 0 and older_store(team) is None, upgraded.output
     monkeypatch.setattr(plan, "_has_metric", lambda db, key: True)
-    assert plan._mlflow_mfu(None, "tiny", tmp_path) is None and tracking.older_store(db) == older  # untouched
+    assert plan._mlflow_mfu(None, "tiny", tmp_path) is None and older_store(db) == older  # untouched
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     with tracking.MlflowTracker("gpt2", run_name="first") as tracker:
         assert tracker.run_id and not tracker.failed
     kept = db.with_name(f"{db.name}.schema-{older}")
     assert f"was made by an older MLflow (schema {older}); upgrading it to MLflow {mlflow.__version__}'s" in \
         caplog.text and f"the store as it was is kept in {kept}" in caplog.text
-    assert tracking.older_store(db) is None and tracking.older_store(kept) == older
+    assert older_store(db) is None and older_store(kept) == older
     caplog.clear()
     with tracking.MlflowTracker("gpt2", run_name="second"):
         pass

@@ -108,7 +108,7 @@ def _mlflow_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | No
     try:
         import mlflow
 
-        from gpt2.run.tracking import older_store
+        from gpt2.run.mlflow_store import older_store
     except ImportError:
         return None
     if older_store(db):

@@ -118,7 +118,7 @@ def run(checkout: Checkout, name: str, params: dict[str, Any], target: str, log:
     """One run of the revision: its train stage (and evaluate) on ``params``, from nothing (no checkpoint or report
     of the run before). Returns the exit status; Ctrl-C or SIGTERM stops it as ``experiments.run_now`` does."""
     from gpt2.run.names import COMPARISON_RUN_ENV, RUN_NAME_ENV
-    from gpt2.run.tracking import tracking_uri
+    from gpt2.run.mlflow_store import tracking_uri
 
     for old in ("checkpoints", "reports/train", "reports/eval"):
         shutil.rmtree(checkout.path / old, ignore_errors=True)
