@@ -151,13 +151,11 @@ def plan(size: str, tokens: float, device: str, micro_batch: int | None = None, 
     8192 positions on a GPU; on a CPU the default micro-batch (8) and ``loss_chunk: auto`` as this CPU resolves it."""
     if device not in DEVICES:
         raise UserError(f"unknown device {device!r}; one of {', '.join(DEVICES)}")
-    dev = DEVICES[device]
-    cpu = device == "cpu"
+    dev, cpu = DEVICES[device], device == "cpu"
     dtype = dtype or ("fp32" if cpu else "bf16")
     s = shape(size)
     micro_batch = micro_batch or (TrainConfig.micro_batch_size if cpu else GPU_MICRO_BATCH)
-    if loss_chunk is None:
-        loss_chunk = _cpu_chunk(s.padded_vocab) if cpu else GPU_CHUNK_ROWS
+    loss_chunk = (_cpu_chunk(s.padded_vocab) if cpu else GPU_CHUNK_ROWS) if loss_chunk is None else loss_chunk
     seq = seq_len or SIZES[size]["block_size"]
     if seq > SIZES[size]["block_size"]:
         raise UserError(f"--seq-len {seq} exceeds {size}'s context {SIZES[size]['block_size']}")
@@ -170,25 +168,17 @@ def plan(size: str, tokens: float, device: str, micro_batch: int | None = None, 
                 for a in (False, True) for f in (False, True)}
     fits = {name: largest_micro_batch(s, seq, "amp" in name, "flash" in name, mem_gb, loss_chunk, optimizer, shards,
                                       fp8_head) for name in variants}
-    peak_kind = "tf32" if dtype == "fp32" else dtype
-    peak = (peak_tflops or PEAK_TFLOPS.get(dev.name, {}).get(peak_kind, 0.0)) * 1e12
-    peak_source = "given (--peak-tflops)" if peak_tflops else "the card's datasheet"
-    if device == "cpu" and not peak_tflops:
-        peak, peak_source = _cpu_peak(dtype)
+    peak, peak_source = _peak(dev, dtype, peak_tflops)
     chosen = f"{'fp32' if dtype == 'fp32' else 'amp'} {attention}"
     step = _step(batch_tokens, seq, gpus, TrainConfig.micro_batch_size if cpu else fits[chosen])
-    if mfu is not None:
-        used_mfu, source = mfu, "given (--mfu)"
-    else:
-        found = measured_mfu(dev, size, root)
-        used_mfu, source = found or (0.40, "assumed: no measurement on this device found; --mfu sets it")
+    used_mfu, source = ((mfu, "given (--mfu)") if mfu is not None else measured_mfu(dev, size, root)
+                        or (0.40, "assumed: no measurement on this device found; --mfu sets it"))
     seconds = total_flops / (peak * used_mfu * gpus) if peak else None
     price = price_per_hour if price_per_hour is not None else dev.price_per_hour
     return {
         "model": size, "params": s.params, "params_without_wpe": s.params_without_wpe, "seq_len": seq,
         "tokens": tokens, "flops_per_token": {"dense_6N": dense, "attention": attn, "total": dense + attn},
-        "total_flops": total_flops, "device": dev.name, "cpu": cpu, "gpus": gpus, "memory_gb": mem_gb,
-        "dtype": dtype,
+        "total_flops": total_flops, "device": dev.name, "cpu": cpu, "gpus": gpus, "memory_gb": mem_gb, "dtype": dtype,
         "attention": attention, "micro_batch": micro_batch, "loss_chunk": loss_chunk, "optimizer": optimizer,
         "fp8_head": fp8_head,
         "distributed": distributed if gpus > 1 or distributed == "fsdp" else "off",
@@ -211,6 +201,16 @@ def _step(batch_tokens: int, seq: int, gpus: int, largest: int) -> dict[str, Any
         return {"sequences_per_gpu": None, "unit": seq * gpus}
     micro = next((d for d in range(min(per_gpu, largest), 0, -1) if per_gpu % d == 0), 0)
     return {"sequences_per_gpu": per_gpu, "micro_batch": micro, "grad_accum_steps": per_gpu // micro if micro else None}
+
+
+def _peak(dev: Device, dtype: str, given_tflops: float | None) -> tuple[float, str]:
+    """The device's peak FLOP/s for ``dtype`` and where the figure comes from: given, the card's datasheet, or
+    this CPU's measured peak."""
+    if given_tflops:
+        return given_tflops * 1e12, "given (--peak-tflops)"
+    if dev.name == "cpu":
+        return _cpu_peak(dtype)
+    return PEAK_TFLOPS.get(dev.name, {}).get("tf32" if dtype == "fp32" else dtype, 0.0) * 1e12, "the card's datasheet"
 
 
 def _cpu_chunk(vocab: int) -> int:
