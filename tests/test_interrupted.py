@@ -6,6 +6,7 @@ import pytest
 from conftest import micro_params
 from training import fake_run, interrupt_at, losses, run
 
+from gpt2.train import trainer
 from gpt2.train.trainer import TrainingInterrupted
 
 
@@ -32,6 +33,43 @@ def test_an_interrupted_experiment_resumes_though_dvc_restored_its_baseline_chec
     shutil.copy(tmp_path / "baseline/ckpt.pt", tmp_path / "run/ckpt.pt")  # what dvc exp run does before running
     assert run(tmp_path, tokens, micro_params())["steps"] == 12
     assert "resuming the interrupted run of these params and data kept in" in capsys.readouterr().err
+    assert losses(tmp_path) == losses(tmp_path, "straight")
+    assert not (tmp_path / ".dvc/tmp/gpt2-interrupted").exists()  # finished: no longer kept, nor its folder
+
+
+def test_an_experiment_killed_outright_resumes_from_its_last_save(tmp_path, tokens, monkeypatch, capsys):
+    """`kill -9` on the trainer under `dvc exp run`: no handler runs, and DVC puts its baseline's checkpoint back
+    before the same command runs again. Each save under `dvc exp run` is kept (a copy), so the run goes on from
+    its last save, exactly; the finished run keeps nothing."""
+    import shutil
+
+    from gpt2.core.digest import file_md5
+
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setenv("DVC_EXP_NAME", "my-exp")
+    run(tmp_path, tokens, micro_params(max_steps=4), "baseline")  # the committed, finished run of other params
+    run(tmp_path, tokens, micro_params(checkpoint_interval=4), "straight")
+    original = trainer.optimizer_step
+
+    def killed_in_step_7(*args):
+        if len(losses_so_far) == 6:
+            raise SystemExit(-9)  # nothing of the trainer's runs after it, as after SIGKILL
+        losses_so_far.append(1)
+        return original(*args)
+
+    losses_so_far: list[int] = []
+    monkeypatch.setattr(trainer, "optimizer_step", killed_in_step_7)
+    with pytest.raises(SystemExit):  # saves written in line: the step-4 save is kept before step 7 starts
+        run(tmp_path, tokens, micro_params(checkpoint_interval=4, async_checkpoint=False))
+    monkeypatch.setattr(trainer, "optimizer_step", original)
+    [kept] = (tmp_path / ".dvc/tmp/gpt2-interrupted").glob("*.pt")
+    assert file_md5(kept) == file_md5(tmp_path / "run/ckpt.pt")  # the step-4 save
+    shutil.copy(tmp_path / "baseline/ckpt.pt", tmp_path / "run/ckpt.pt")  # what dvc exp run does before running
+    capsys.readouterr()
+    assert run(tmp_path, tokens, micro_params(checkpoint_interval=4))["steps"] == 12
+    err = capsys.readouterr().err
+    assert "resuming the interrupted run of these params and data kept in" in err and "resuming at step 4/12" in err
     assert losses(tmp_path) == losses(tmp_path, "straight")
     assert not (tmp_path / ".dvc/tmp/gpt2-interrupted").exists()  # finished: no longer kept, nor its folder
 

@@ -2,10 +2,11 @@
 
 ``dvc exp run`` restores its baseline's outputs before it runs: the checkpoint of an interrupted
 experiment would be replaced by the baseline's, and the run would start over. So a run stopped by
-Ctrl-C or SIGTERM keeps a copy in ``.dvc/tmp/gpt2-interrupted/`` (neither git nor DVC track it),
-named by what must match to resume it (model, data, optimizer) and by its exact train params; a
-finished run drops its copies; and each run's start says which are kept and removes those that can
-never resume.
+Ctrl-C or SIGTERM keeps a copy in ``.dvc/tmp/gpt2-interrupted/`` (neither git nor DVC track it), and
+under ``dvc exp run`` so does each save (a run killed outright, by SIGKILL or a lost machine, has no
+chance to keep anything at its end); named by what must match to resume it (model, data, optimizer)
+and by its exact train params. A finished run drops its copies; and each run's start says which are
+kept and removes those that can never resume.
 """
 
 from __future__ import annotations
@@ -66,10 +67,24 @@ def interrupted_dir() -> Path | None:
 
 
 def keep_interrupted(path: Path, s: Setup, resumed_from: Path | None) -> Path | None:
-    """Keep the interrupted run's checkpoint beside the project's DVC state: ``dvc exp run`` restores its
-    baseline's outputs before it runs, so the same command run again would otherwise find another run in
-    ``checkpoints/`` and start over. A copy, not a link: a tool that rewrites the checkpoint in place would
-    change a linked one too. A JSON beside it says what it is (for the listing at the next run's start)."""
+    """Keep the interrupted run's checkpoint beside the project's DVC state (``keep_saved``; already kept where its
+    last save was), and drop the kept copy it resumed under other settings: one copy a run."""
+    folder = interrupted_dir()
+    if folder is None or not path.is_file():
+        return None
+    kept = _exact(folder, s)
+    if not (kept.is_file() and kept.stat().st_mtime >= path.stat().st_mtime):
+        keep_saved(path, s)
+    if resumed_from is not None and resumed_from != kept:
+        _remove_kept(resumed_from)
+    return kept
+
+
+def keep_saved(path: Path, s: Setup) -> Path | None:
+    """Under DVC, keep a copy of the checkpoint just saved where the same command finds it again: ``dvc exp run``
+    restores its baseline's outputs before it runs, so it would otherwise find another run in ``checkpoints/`` and
+    start over. A copy, not a link: a tool that rewrites the checkpoint in place (``cp``) would change a linked one
+    too. A JSON beside it says what it is (for the listing at a run's start)."""
     folder = interrupted_dir()
     if folder is None or not path.is_file():
         return None
@@ -78,8 +93,6 @@ def keep_interrupted(path: Path, s: Setup, resumed_from: Path | None) -> Path | 
         shutil.copyfile(path, tmp)
     about = {"data": s.data_identity, "model": to_dict(s.params.model), "train": to_dict(s.params.train)}
     kept.with_suffix(".json").write_text(json.dumps(about, default=str))
-    if resumed_from is not None and resumed_from != kept:  # the run continued under other settings: one copy
-        _remove_kept(resumed_from)
     return kept
 
 

@@ -24,7 +24,7 @@ from gpt2.run.tracking import Tracker
 from gpt2.train import run_state
 from gpt2.train.build import Setup
 from gpt2.train.history import History
-from gpt2.train.interrupted import interrupted_dir
+from gpt2.train.interrupted import interrupted_dir, keep_saved
 from gpt2.train.processes import parent_gone
 from gpt2.train.step_log import what_helps
 
@@ -41,6 +41,7 @@ class Checkpointer:
         self.saver = checkpoint.BackgroundSaver(self.cfg.async_checkpoint)
         self.last_saved = step if path.exists() else None  # the step of the checkpoint on disk
         self.writing: int | None = None  # the step being written in the background
+        self.writing_finished = False  # ... and whether it is the finished run's
         if not self.cfg.save_checkpoint and s.dist.main:
             path.parent.mkdir(parents=True, exist_ok=True)  # the stage's DVC out exists, empty
 
@@ -57,7 +58,7 @@ class Checkpointer:
             refuse_non_finite(parts["model"], step, self.last_good,
                               lambda: what_helps(self.s, self.history, self.last_saved))
             self.settle(block=True)  # the previous write first: one at a time
-            self.writing = step
+            self.writing, self.writing_finished = step, summary is not None
             self.saver.save(self.path, {**records(self.s, step, self.history, self.tracker.run_id, summary),
                                         **parts})
             if not self.saver.enabled:
@@ -78,6 +79,8 @@ class Checkpointer:
             raise UserError(f"the checkpoint of step {step} was not saved: {exc}; the last good checkpoint, "
                             f"{self.last_good()}, is kept for train.resume auto") from None
         self.last_saved = step
+        if not self.writing_finished and os.environ.get("DVC_EXP_NAME"):  # found again after a kill -9, though
+            keep_saved(self.path, self.s)  # `dvc exp run` restores its baseline's checkpoint (train/interrupted.py)
 
     def what_was_saved(self, finished: bool = False) -> str:
         """For the message of an interrupted run; ``finished``: the stop came in its last step."""
