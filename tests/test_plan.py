@@ -299,3 +299,11 @@ def test_the_plan_reads_the_mfu_a_finished_run_measured_on_the_device(tmp_path, 
     measured = plan._mlflow_mfu(plan.DEVICES[device], "tiny", tmp_path)
     assert (measured == (0.42, f"measured: MLflow run r1 (tiny on {tags['tags.device_name']})")) if found else (
         measured is None)
+    if device == "cpu" and found:  # an fp32 plan divides by the fp32 peak: the MFU an fp32 run measured against it
+        runs = pandas.DataFrame([{"run_id": "r1", "metrics.MFU": 0.3, "metrics.perf/mfu_dtype": 0.6,
+                                  "params.model.size": "tiny", "tags.dtype": "fp32", **tags}])
+        monkeypatch.setattr(mlflow, "search_runs", lambda **kwargs: runs)
+        assert plan._mlflow_mfu(plan.DEVICES[device], "tiny", tmp_path, "fp32")[0] == 0.6
+        assert plan._mlflow_mfu(plan.DEVICES[device], "tiny", tmp_path, "bf16")[0] == 0.3  # the bf16 yardstick
+        runs["tags.dtype"] = "bf16"
+        assert plan._mlflow_mfu(plan.DEVICES[device], "tiny", tmp_path, "fp32") is None  # another dtype's run

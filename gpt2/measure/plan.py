@@ -50,11 +50,12 @@ DEVICES: dict[str, Device] = {
 }
 
 
-def measured_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
-    """MFU measured on ``device`` at model ``size``: this project's ladder report first, then MLflow's training
-    runs, then the GPU check's figures committed with the code."""
+def measured_mfu(device: Device, size: str, root: Path, dtype: str = "bf16") -> tuple[float, str] | None:
+    """MFU measured on ``device`` at model ``size``, against the peak the plan divides by (``dtype``'s): this
+    project's ladder report first, then MLflow's training runs, then the GPU check's figures committed with the
+    code. A ladder's MFU is against the bf16 yardstick (where the device has one): used for bf16 plans only."""
     ladder = root / paths.LADDER_REPORTS / "ladder.json"
-    data = json.loads(ladder.read_text()) if ladder.is_file() else {}
+    data = json.loads(ladder.read_text()) if ladder.is_file() and dtype == "bf16" else {}
     if data.get("model") == size:  # a ladder.json of before 2026-12-02 does not say its model: not used
         rows = [r for r in data.get("rows", []) if r.get("mfu")]
         rows = [r for r in rows if _same_device((r.get("runtime") or {}).get("device_name", ""), device,
@@ -63,7 +64,7 @@ def measured_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | N
             last = rows[-1]
             rung = last.get("label", last.get("rung"))  # "rung": a ladder.json written before the rows were arms
             return last["mfu"], f"measured: {ladder} (rung {rung!r}, {last['runtime']['device_name']})"
-    return _mlflow_mfu(device, size, root) or _gpu_check_mfu(device, size, root)
+    return _mlflow_mfu(device, size, root, dtype) or _gpu_check_mfu(device, size, root)
 
 
 # The GPU check's row nearest to a real GPT-2 run: GPT-2's batch, docs/gpu.md's switches, evals and checkpoints
@@ -98,9 +99,10 @@ def _same_device(name: str, device: Device, kind: str = "") -> bool:
 
 
 MFU_METRICS = ("MFU", "summary/perf.mfu")  # a finished run's MFU in MLflow, and its name before 2026-11-28
+OWN_DTYPE_MFU = "perf/mfu_dtype"  # the MFU against the run's own dtype's peak, where it is not the bf16 yardstick
 
 
-def _mlflow_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | None:
+def _mlflow_mfu(device: Device, size: str, root: Path, dtype: str = "bf16") -> tuple[float, str] | None:
     db = root / paths.MLFLOW_DB
     keys = [key for key in MFU_METRICS if db.is_file() and _has_metric(db, key)]
     if not keys:
@@ -123,9 +125,15 @@ def _mlflow_mfu(device: Device, size: str, root: Path) -> tuple[float, str] | No
         return None
     for _, run in runs.iterrows():
         mfu = next((value for key in keys if (value := run.get(f"metrics.{key}")) and not math.isnan(value)), None)
+        own = run.get(f"metrics.{OWN_DTYPE_MFU}")  # where the yardstick (bf16) is not the run's dtype's peak
+        if dtype != "bf16":  # the plan divides by its dtype's peak: the MFU a run of that dtype measured against it
+            if run.get("tags.dtype") != dtype:
+                continue
+            mfu = own if own is not None and not math.isnan(own) else mfu
         name, kind = str(run.get("tags.device_name") or ""), str(run.get("tags.device") or "")
         if mfu and not math.isnan(mfu) and run.get("params.model.size") == size and _same_device(name, device, kind):
-            return float(mfu), f"measured: MLflow run {run['run_id']} ({size} on {name})"
+            ran = f" {run.get('tags.dtype')}" if isinstance(run.get("tags.dtype"), str) else ""
+            return float(mfu), f"measured: MLflow run {run['run_id']} ({size}{ran} on {name})"
     return None
 
 
@@ -171,7 +179,7 @@ def plan(size: str, tokens: float, device: str, micro_batch: int | None = None, 
     peak, peak_source = _peak(dev, dtype, peak_tflops)
     chosen = f"{'fp32' if dtype == 'fp32' else 'amp'} {attention}"
     step = _step(batch_tokens, seq, gpus, TrainConfig.micro_batch_size if cpu else fits[chosen])
-    used_mfu, source = ((mfu, "given (--mfu)") if mfu is not None else measured_mfu(dev, size, root)
+    used_mfu, source = ((mfu, "given (--mfu)") if mfu is not None else measured_mfu(dev, size, root, dtype)
                         or (0.40, "assumed: no measurement on this device found; --mfu sets it"))
     seconds = total_flops / (peak * used_mfu * gpus) if peak else None
     price = price_per_hour if price_per_hour is not None else dev.price_per_hour
