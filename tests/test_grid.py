@@ -465,7 +465,8 @@ def test_runs_too_short_to_time_are_named_before_the_first_starts(tmp_path):
 
     (tmp_path / "reports/train").mkdir(parents=True)
     (tmp_path / "reports/train/summary.json").write_text(json.dumps({"perf": {"warmup_s": 38.0, "step_ms": 500}}))
-    (tmp_path / "params.yaml").write_text("train:\n  max_steps: 12\n  timing_warmup_steps: 5\n  warmup_steps: 2\n")
+    (tmp_path / "params.yaml").write_text("train:\n  max_steps: 12\n  timing_warmup_steps: 5\n  warmup_steps: 2\n"
+                                          "  eval_interval: 4\n")
     runs = [Planned(f"g-{i}-1", {"train.lr": 0.001 * i}, "", "") for i in (1, 2)]
     assert too_short(tmp_path, runs, "grid") == [
         "grid: g-1-1, g-2-1: only 7 step(s) past train.timing_warmup_steps are timed, and a speed read from fewer "
@@ -483,6 +484,12 @@ def test_runs_too_short_to_time_are_named_before_the_first_starts(tmp_path):
         "train longer"]
     warming = [Planned(f"w-{n}-1", {"train.max_steps": n, "train.warmup_steps": 40}, "", "") for n in (13, 30, 40)]
     assert "grid: w-13-1, w-30-1: their 13–30 steps end before" in too_short(tmp_path, warming, "grid")[0]
+    few = [Planned("e-1-1", {"train.max_steps": 40, "train.eval_interval": 40}, "", ""),
+           Planned("e-2-1", {"train.max_steps": 41, "train.eval_interval": 40}, "", "")]  # one eval, and the final
+    assert too_short(tmp_path, few, "grid") == [
+        "grid: e-1-1, e-2-1: 1–2 eval(s) a run (train.eval_interval 40): too few to read when a run reaches the "
+        "baseline's val loss, so the figures at equal loss will be missing or rough; evaluate more often "
+        "(-S train.eval_interval=N, a few evals a run)"]
 
 
 def test_a_stopped_plan_that_cannot_be_read_is_no_plan(tmp_path):

@@ -105,14 +105,15 @@ def train_with(base: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
 
 def too_short(root: Path, planned: list[Planned], what: str) -> list[str]:
     """Before the first run: the runs whose speed will rest on a handful of steps, whose time budget ends inside
-    the warm-up that a training here took (reports/train/summary.json's ``perf.warmup_s``), or whose steps end
-    inside the learning rate's warm-up (each run's log says it too, in dvc.log, where nobody reads it first)."""
+    the warm-up that a training here took (reports/train/summary.json's ``perf.warmup_s``), whose steps end
+    inside the learning rate's warm-up (each run's log says it too, in dvc.log, where nobody reads it first), or
+    that evaluate too few times to tell when they reach a val loss."""
     from gpt2.core.config import TrainConfig
-    from gpt2.run.figures import FEW_TIMED_STEPS
+    from gpt2.run.figures import FEW_EVALS, FEW_TIMED_STEPS
 
     pace = (json_file(root / paths.TRAIN_SUMMARY) or {}).get("perf") or {}
     base = _params(root).get("train") or {}
-    short, inside, warming = [], [], []
+    short, inside, warming, few_evals = [], [], [], []
     for run in planned:
         train = _train_of(run, base)
         warmup = train.get("timing_warmup_steps", TrainConfig.timing_warmup_steps)
@@ -123,6 +124,10 @@ def too_short(root: Path, planned: list[Planned], what: str) -> list[str]:
             short.append((run.name, steps - warmup))
         if steps is not None and steps < (lr_warmup := train.get("warmup_steps", TrainConfig.warmup_steps)):
             warming.append((run.name, (steps, lr_warmup)))
+        interval = train.get("eval_interval", TrainConfig.eval_interval)
+        final = 1 if steps is not None and steps % interval and train.get("final_eval", True) else 0
+        if steps is not None and steps // interval + final < FEW_EVALS:
+            few_evals.append((run.name, (steps // interval + final, interval)))
     said = []
     if warming:
         said.append(f"{what}: {_names(warming)}: their {_span([n for _, (n, _) in warming])} steps end before the "
@@ -133,6 +138,11 @@ def too_short(root: Path, planned: list[Planned], what: str) -> list[str]:
         said.append(f"{what}: the time budget of {_names(inside)} ({inside[0][1]:g} s) ends inside the warm-up a "
                     f"training here took ({pace['warmup_s']:g} s of compilation and first steps, {paths.TRAIN_SUMMARY}"
                     "): no step of theirs would be timed; give them a larger train.time_budget_s")
+    if few_evals:
+        said.append(f"{what}: {_names(few_evals)}: {_span([n for _, (n, _) in few_evals])} eval(s) a run "
+                    f"(train.eval_interval {_span([k for _, (_, k) in few_evals])}): too few to read when a run "
+                    "reaches the baseline's val loss, so the figures at equal loss will be missing or rough; "
+                    "evaluate more often (-S train.eval_interval=N, a few evals a run)")
     if short:
         said.append(f"{what}: {_names(short)}: only {min(n for _, n in short)} step(s) past "
                     f"train.timing_warmup_steps are timed, and a speed read from fewer than {FEW_TIMED_STEPS} is no "

@@ -19,6 +19,7 @@ from gpt2.measure.compare import (ADVICE, TOO_NOISY, AtQuality, Arm, Judged, Los
                                   ratio_inside_noise, warming_up, win)
 from gpt2.measure.significance import Test, p_text
 from gpt2.run import machine_load
+from gpt2.run.figures import FEW_EVALS
 from gpt2.run.names import json_value
 
 
@@ -177,7 +178,7 @@ def verdict(judged: Judged, words: Words, repeats: int, changes: list[Change], l
     if busy := loaded_runs(judged):
         parts.append(busy)
     evals = [len(r.curve) for a in judged.arms for r in a.done if r.curve]
-    if evals and min(evals) < 3:
+    if evals and min(evals) < FEW_EVALS:
         parts.append(f"Some runs evaluated only {min(evals)} time(s): too few to read when a run reached the "
                      "baseline's val loss, so the figures at equal loss are missing or rough. Evaluate more often "
                      "(-S train.eval_interval=N, a few evals per run).")

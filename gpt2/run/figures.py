@@ -10,6 +10,7 @@ from typing import Any
 from gpt2.run.names import flatten
 
 FEW_TIMED_STEPS = 10  # a speed read from fewer steps past the warm-up is no measurement (a run and a grid say so)
+FEW_EVALS = 3  # a run evaluated fewer times cannot tell when it reached a val loss (a comparison's equal-loss figures)
 
 # What metrics.json (DVC metrics: `dvc exp show`, `dvc metrics show`) keeps: the figures people compare.
 # Everything else about the run (steps, tokens, world size, what really ran) goes to summary.json.
