@@ -322,6 +322,8 @@ def test_a_failing_store_never_costs_the_run_its_checkpoint_reports_or_figures(t
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == logged
     assert len(client.get_metric_history(run.info.run_id, "val/loss")) == len(state["history"]["val"])
     assert run.info.status == "FINISHED" and run.data.metrics["val loss final"] == round(summary["val"]["loss"], 4)
+    assert run.data.params["train.lr"] == str(state["params"]["train"]["lr"])  # comparable by its params again
+    assert run.data.params["model.n_layer"] == str(state["params"]["model"]["n_layer"])
 
 
 def test_a_resume_that_died_before_its_checkpoint_is_continued_in_the_run_it_opened(tmp_path, tmp_path_factory,

@@ -67,6 +67,7 @@ def replay(checkpoint: str) -> None:
     from gpt2.core.errors import UserError
     from gpt2.run import checkpoint as checkpoints
     from gpt2.run.catch_up import catch_up
+    from gpt2.run.names import flatten
     from gpt2.run.tracking import MlflowTracker
 
     state = checkpoints.load(checkpoint)
@@ -77,7 +78,8 @@ def replay(checkpoint: str) -> None:
     name = f"gpt2-{params.get('model', {}).get('size', '?')}, step {state['step']} (replayed)"
     tracker = MlflowTracker(params.get("train", {}).get("experiment", "gpt2"), state.get("mlflow_run_id"), name,
                             kept_in=checkpoint, run_uid=state["history"].get("run_uid"))
-    catch_up(tracker, state["history"], state.get("metrics"))
+    tracker.log_params(flatten({"model": params.get("model", {}), "train": params.get("train", {})}))  # the new
+    catch_up(tracker, state["history"], state.get("metrics"))  # run's, where the store lost it; none logged twice
     tracker.end("FINISHED" if state.get("metrics") is not None else "KILLED")
     if tracker.failed:
         raise UserError(f"the MLflow store {tracker.uri} did not answer: nothing was sent; run this again when it "
