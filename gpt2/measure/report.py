@@ -353,7 +353,7 @@ def render_png(judged: Judged, title: str, words: Words, label: Callable[[Arm], 
                                               layout="constrained")
     _bars(speed, arms, lambda a: (a.vs_baseline, a.versus.speed if a.versus else None))
     _bars(sooner, arms, lambda a: (a.at_quality.vs_baseline, a.versus.sooner if a.versus else None)
-          if a.at_quality else (None, None))
+          if a.at_quality else (None, None), lambda a: quality_shown(a.at_quality) or "no eval to read it from")
     for y, arm in enumerate(shown):
         seeds = [v for r in arm.done if (v := final_loss(r, judged.by)[0]) is not None]
         if not seeds:
@@ -371,13 +371,16 @@ def render_png(judged: Judged, title: str, words: Words, label: Callable[[Arm], 
                title="At equal loss")
     loss.set(xlabel=wrap(f"{judged.by}'s final val loss: a dot per seed, the median ± 2 s.e. of the scored text"),
              title="Quality (blue: apart from its reference)")
+    title = "\n".join(textwrap.fill(line, 150) for line in title.splitlines())  # a long title was cut at both edges
     fig.suptitle(f"{title}\n{head}", fontsize=9)
     return png(fig, tight=False)  # laid out by the constrained layout, title and wrapped labels included
 
 
-def _bars(ax: Any, arms: list[Arm], figures: Callable[[Arm], tuple[Ratio | None, Ratio | None]]) -> None:
+def _bars(ax: Any, arms: list[Arm], figures: Callable[[Arm], tuple[Ratio | None, Ratio | None]],
+          missing: Callable[[Arm], str] = lambda arm: "") -> None:
     """One bar per arm: its ratio to the baseline with the paired min–max, colored by its verdict against its
-    reference (gray inside noise, blue a gain, red a loss); a note where it was not run or failed."""
+    reference (gray inside noise, blue a gain, red a loss); a note where it was not run or failed, and
+    ``missing``'s where it ran and has no ratio (the table's words)."""
     ax.axvline(1.0, color="black", linewidth=0.8)
     highest = [1.0]
     for y, (i, arm) in enumerate(list(enumerate(arms))[::-1]):
@@ -388,6 +391,9 @@ def _bars(ax: Any, arms: list[Arm], figures: Callable[[Arm], tuple[Ratio | None,
             continue
         total, versus = figures(arm)
         if total is None or total.median is None:
+            if note := missing(arm):
+                ax.annotate(note, (0, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8,
+                            style="italic", color="dimgray")
             continue
         low, high = (min(total.paired), max(total.paired)) if total.paired else (total.median, total.median)
         highest.append(high)
