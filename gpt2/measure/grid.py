@@ -183,6 +183,9 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                     + (f"; every run with {describe(held)}" if held else "") + "), one at a time; "
                     f"the first, {describe(combos[0])}, is the baseline"
                     + (f"; repeat r trains train.seed {', '.join(map(str, seeds))}" if seeds[0] is not None else ""))
+        if not stopped and (earlier := out / f"{slug}.md").is_file():
+            logger.warning(f"grid: {earlier} holds an earlier grid named {name!r}; this one replaces its report when "
+                           "it ends (another --name keeps both)")
         for warning in revisions.same_code(root, list(checkouts.values())) if checkouts else []:
             logger.warning(f"grid: {warning}")
         for checkout in checkouts.values():
