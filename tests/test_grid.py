@@ -488,10 +488,11 @@ def test_runs_too_short_to_time_are_named_before_the_first_starts(tmp_path):
         "train longer"]
     warming = [Planned(f"w-{n}-1", {"train.max_steps": n, "train.warmup_steps": 40}, "", "") for n in (13, 30, 40)]
     assert "grid: w-13-1, w-30-1: their 13–30 steps end before" in too_short(tmp_path, warming, "grid")[0]
-    few = [Planned("e-1-1", {"train.max_steps": 40, "train.eval_interval": 40}, "", ""),
-           Planned("e-2-1", {"train.max_steps": 41, "train.eval_interval": 40}, "", "")]  # one eval, and the final
+    few = [Planned("e-1-1", {"train.max_steps": 40, "train.eval_interval": 40}, "", ""),  # the final eval only
+           Planned("e-2-1", {"train.max_steps": 41, "train.eval_interval": 40}, "", ""),  # one, and the final
+           Planned("e-3-1", {"train.max_steps": 120, "train.eval_interval": 40, "train.final_eval": False}, "", "")]
     assert too_short(tmp_path, few, "grid") == [
-        "grid: e-1-1, e-2-1: 1–2 eval(s) a run (train.eval_interval 40): too few to read when a run reaches the "
+        "grid: e-1-1, e-2-1, e-3-1: 1–2 eval(s) a run (train.eval_interval 40): too few to read when a run reaches the "
         "baseline's val loss, so the figures at equal loss will be missing or rough; evaluate more often "
         "(-S train.eval_interval=N, a few evals a run)"]
 

@@ -39,8 +39,9 @@ def test_an_interrupted_experiment_resumes_though_dvc_restored_its_baseline_chec
 
 def test_an_experiment_killed_outright_resumes_from_its_last_save(tmp_path, tokens, monkeypatch, capsys):
     """`kill -9` on the trainer under `dvc exp run`: no handler runs, and DVC puts its baseline's checkpoint back
-    before the same command runs again. Each save under `dvc exp run` is kept (a copy), so the run goes on from
-    its last save, exactly; the finished run keeps nothing."""
+    before the same command runs again. Each save under `dvc exp run` is kept (a hard link), so the run goes on
+    from its last save, exactly; the finished run keeps nothing. A copy whose run still trains (a queued or
+    parallel experiment) is taken up by no other run."""
     import shutil
 
     from gpt2.core.digest import file_md5
@@ -64,14 +65,37 @@ def test_an_experiment_killed_outright_resumes_from_its_last_save(tmp_path, toke
         run(tmp_path, tokens, micro_params(checkpoint_interval=4, async_checkpoint=False))
     monkeypatch.setattr(trainer, "optimizer_step", original)
     [kept] = (tmp_path / ".dvc/tmp/gpt2-interrupted").glob("*.pt")
-    assert file_md5(kept) == file_md5(tmp_path / "run/ckpt.pt")  # the step-4 save
-    shutil.copy(tmp_path / "baseline/ckpt.pt", tmp_path / "run/ckpt.pt")  # what dvc exp run does before running
+    assert kept.stat().st_ino == (tmp_path / "run/ckpt.pt").stat().st_ino  # the step-4 save, linked: no 2nd write
+    from gpt2.train import interrupted
+
+    assert not interrupted._running(kept)  # its writer is gone (here: this process, which never takes its own)
+    (tmp_path / "run/ckpt.pt").unlink()  # what dvc exp run does before running: the file deleted, the baseline's
+    shutil.copy(tmp_path / "baseline/ckpt.pt", tmp_path / "run/ckpt.pt")  # written in its place
+    assert file_md5(kept) != file_md5(tmp_path / "run/ckpt.pt")
     capsys.readouterr()
     assert run(tmp_path, tokens, micro_params(checkpoint_interval=4))["steps"] == 12
     err = capsys.readouterr().err
     assert "resuming the interrupted run of these params and data kept in" in err and "resuming at step 4/12" in err
     assert losses(tmp_path) == losses(tmp_path, "straight")
     assert not (tmp_path / ".dvc/tmp/gpt2-interrupted").exists()  # finished: no longer kept, nor its folder
+    import json
+    import subprocess
+    import sys
+
+    from training import fake_run
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # another run, still training
+    try:
+        s = fake_run(lr=5.0e-3)
+        kept = interrupted._exact(tmp_path / ".dvc/tmp/gpt2-interrupted", s)
+        kept.parent.mkdir(parents=True)
+        kept.write_bytes(b"its latest save")
+        kept.with_suffix(".json").write_text(json.dumps({"running": live.pid}))
+        assert interrupted.kept_interrupted(fake_run()) is None and interrupted.kept_interrupted(s) is None
+    finally:
+        live.kill()
+        live.wait()
+    assert interrupted.kept_interrupted(fake_run()) == kept  # its process gone: a run killed outright, resumed
 
 
 def test_an_interrupted_experiment_resumed_with_a_changed_setting_continues_and_leaves_no_copy(tmp_path, tokens,

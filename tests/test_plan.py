@@ -205,6 +205,7 @@ def test_plan_falls_back_to_the_gpu_checks_committed_run_for_gpt2_on_its_card(tm
     assert "GPT-2 batch, evals and checkpoints (benchmarks/results/gpu_check.json)" in p["mfu_source"]
     assert plan.plan("gpt2", 10e9, "a100", root=tmp_path)["mfu_source"].startswith("assumed")
     assert plan.plan("gpt2-medium", 10e9, "h100", root=tmp_path)["mfu_source"].startswith("assumed")
+    assert plan.plan("gpt2", 10e9, "h100", dtype="fp32", root=tmp_path)["mfu_source"].startswith("assumed")  # bf16's
 
 
 def test_plan_uses_the_mfu_of_a_finished_mlflow_run_and_skips_a_store_without_one(tmp_path, tmp_path_factory):

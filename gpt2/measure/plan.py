@@ -64,7 +64,7 @@ def measured_mfu(device: Device, size: str, root: Path, dtype: str = "bf16") -> 
             last = rows[-1]
             rung = last.get("label", last.get("rung"))  # "rung": a ladder.json written before the rows were arms
             return last["mfu"], f"measured: {ladder} (rung {rung!r}, {last['runtime']['device_name']})"
-    return _mlflow_mfu(device, size, root, dtype) or _gpu_check_mfu(device, size, root)
+    return _mlflow_mfu(device, size, root, dtype) or (_gpu_check_mfu(device, size, root) if dtype == "bf16" else None)
 
 
 # The GPU check's row nearest to a real GPT-2 run: GPT-2's batch, docs/gpu.md's switches, evals and checkpoints

@@ -125,9 +125,9 @@ def too_short(root: Path, planned: list[Planned], what: str) -> list[str]:
         if steps is not None and steps < (lr_warmup := train.get("warmup_steps", TrainConfig.warmup_steps)):
             warming.append((run.name, (steps, lr_warmup)))
         interval = train.get("eval_interval", TrainConfig.eval_interval)
-        final = 1 if steps is not None and steps % interval and train.get("final_eval", True) else 0
-        if steps is not None and steps // interval + final < FEW_EVALS:
-            few_evals.append((run.name, (steps // interval + final, interval)))
+        evals = None if steps is None else (steps - 1) // interval + bool(train.get("final_eval", True))  # evaluator
+        if evals is not None and evals < FEW_EVALS:
+            few_evals.append((run.name, (evals, interval)))
     said = []
     if warming:
         said.append(f"{what}: {_names(warming)}: their {_span([n for _, (n, _) in warming])} steps end before the "

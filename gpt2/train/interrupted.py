@@ -3,10 +3,11 @@
 ``dvc exp run`` restores its baseline's outputs before it runs: the checkpoint of an interrupted
 experiment would be replaced by the baseline's, and the run would start over. So a run stopped by
 Ctrl-C or SIGTERM keeps a copy in ``.dvc/tmp/gpt2-interrupted/`` (neither git nor DVC track it), and
-under ``dvc exp run`` so does each save (a run killed outright, by SIGKILL or a lost machine, has no
-chance to keep anything at its end); named by what must match to resume it (model, data, optimizer)
-and by its exact train params. A finished run drops its copies; and each run's start says which are
-kept and removes those that can never resume.
+under ``dvc exp run`` so does each save, as a hard link (a run killed outright, by SIGKILL or a lost
+machine, has no chance to keep anything at its end); named by what must match to resume it (model,
+data, optimizer) and by its exact train params. A finished run drops its copies; no run takes up one
+whose run is still training; and each run's start says which are kept and removes those that can
+never resume.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core import log
-from gpt2.core.atomic import atomic_file
+from gpt2.core.atomic import alive, atomic_file
 from gpt2.core.config import REUSABLE_TRAIN_FIELDS, to_dict
 from gpt2.run.names import COMPARISON_RUN_ENV
 from gpt2.train.build import Setup
@@ -67,46 +68,71 @@ def interrupted_dir() -> Path | None:
 
 
 def keep_interrupted(path: Path, s: Setup, resumed_from: Path | None) -> Path | None:
-    """Keep the interrupted run's checkpoint beside the project's DVC state (``keep_saved``; already kept where its
-    last save was), and drop the kept copy it resumed under other settings: one copy a run."""
-    folder = interrupted_dir()
-    if folder is None or not path.is_file():
-        return None
-    kept = _exact(folder, s)
-    if not (kept.is_file() and kept.stat().st_mtime >= path.stat().st_mtime):
-        keep_saved(path, s)
-    if resumed_from is not None and resumed_from != kept:
+    """Keep the interrupted run's checkpoint beside the project's DVC state (``keep_saved``: a copy, in place of
+    the link its saves kept), and drop the kept copy it resumed under other settings: one copy a run."""
+    kept = keep_saved(path, s)
+    if kept is not None and resumed_from is not None and resumed_from != kept:
         _remove_kept(resumed_from)
     return kept
 
 
-def keep_saved(path: Path, s: Setup) -> Path | None:
-    """Under DVC, keep a copy of the checkpoint just saved where the same command finds it again: ``dvc exp run``
-    restores its baseline's outputs before it runs, so it would otherwise find another run in ``checkpoints/`` and
-    start over. A copy, not a link: a tool that rewrites the checkpoint in place (``cp``) would change a linked one
-    too. A JSON beside it says what it is (for the listing at a run's start)."""
+def keep_saved(path: Path, s: Setup, running: bool = False) -> Path | None:
+    """Under DVC, keep the checkpoint just saved where the same command finds it again: ``dvc exp run`` restores
+    its baseline's outputs before it runs, so it would otherwise find another run in ``checkpoints/`` and start
+    over. A stopped run keeps a copy: a tool that rewrites the checkpoint in place (``cp``) would change a linked
+    one too. A run that goes on (``running``: a periodic save) keeps a hard link, at no second write that would
+    stall its steps: a save replaces the checkpoint by a rename, and DVC's checkout deletes it before it writes
+    the baseline's, so the link keeps the run's bytes (none where the file system has no links). A JSON beside it
+    says what it is (for the listing at a run's start) and, while the run goes on, its process, so that no other
+    run takes it up meanwhile."""
     folder = interrupted_dir()
     if folder is None or not path.is_file():
         return None
     kept = _exact(folder, s)
-    with atomic_file(kept) as tmp:
-        shutil.copyfile(path, tmp)
-    about = {"data": s.data_identity, "model": to_dict(s.params.model), "train": to_dict(s.params.train)}
-    kept.with_suffix(".json").write_text(json.dumps(about, default=str))
+    if running:
+        folder.mkdir(parents=True, exist_ok=True)
+        link = kept.with_name(f".{kept.name}.link-{os.getpid()}")
+        link.unlink(missing_ok=True)
+        try:
+            os.link(path, link)
+        except OSError:
+            return None
+        os.replace(link, kept)
+    else:
+        with atomic_file(kept) as tmp:
+            shutil.copyfile(path, tmp)
+    _describe(kept, s, running)
     return kept
+
+
+def _describe(kept: Path, s: Setup, running: bool) -> None:
+    about = {"data": s.data_identity, "model": to_dict(s.params.model), "train": to_dict(s.params.train),
+             "running": os.getpid() if running else None}
+    kept.with_suffix(".json").write_text(json.dumps(about, default=str))
+
+
+def _running(kept: Path) -> bool:
+    """Whether another process is still training the run kept in ``kept`` (a queued or parallel experiment)."""
+    try:
+        pid = json.loads(kept.with_suffix(".json").read_text()).get("running")
+    except (OSError, ValueError):
+        return False
+    return isinstance(pid, int) and pid != os.getpid() and alive(pid)
 
 
 def kept_interrupted(s: Setup) -> Path | None:
     """This run's kept interrupted copy: the one of its exact params, else the newest of its model, data and
-    optimizer (resumed with its changed settings, as a plain resume would be). A grid's or a ladder's run takes
-    only its own: another run's weights under its settings would be compared as if it had trained them."""
+    optimizer (resumed with its changed settings, as a plain resume would be); never one another process is
+    still training. A grid's or a ladder's run takes only its own: another run's weights under its settings would
+    be compared as if it had trained them."""
     folder = interrupted_dir()
     if folder is None or not folder.is_dir():
         return None
     exact = _exact(folder, s)
-    if exact.is_file():
+    if exact.is_file() and not _running(exact):
         return exact
-    others = sorted(folder.glob(f"{run_key(s)}.*.pt"), key=lambda p: p.stat().st_mtime)
+    others = sorted((p for p in folder.glob(f"{run_key(s)}.*.pt") if p != exact and not _running(p)),
+                    key=lambda p: p.stat().st_mtime)
     if others and os.environ.get(COMPARISON_RUN_ENV):
         logger.info(f"train: a comparison's run starts from its own settings: the interrupted run kept in "
                     f"{others[-1]} (other train settings) is not resumed, and stays kept for the run it belongs to")
@@ -154,6 +180,8 @@ def tidy_interrupted(s: Setup) -> None:
         return
     kept = []
     for path in sorted(folder.glob("*.pt")):
+        if _running(path):  # a queued or parallel experiment's, while it trains
+            continue
         try:
             about = json.loads(path.with_suffix(".json").read_text())
         except (OSError, ValueError):

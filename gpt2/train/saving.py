@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpt2.core import log
 from gpt2.core.config import to_dict
 from gpt2.core.errors import Diverged, UserError
 from gpt2.core.provenance import training_code_digest
@@ -28,6 +29,8 @@ from gpt2.train.interrupted import interrupted_dir, keep_saved
 from gpt2.train.processes import parent_gone
 from gpt2.train.step_log import what_helps
 
+
+logger = log.get("train")
 
 DVC_KILLED = ("; DVC itself was stopped, and may have left git on a detached HEAD: `git checkout -` returns to "
               "your branch (docs/experiments.md, \"When DVC itself is killed\")")
@@ -80,7 +83,11 @@ class Checkpointer:
                             f"{self.last_good()}, is kept for train.resume auto") from None
         self.last_saved = step
         if not self.writing_finished and os.environ.get("DVC_EXP_NAME"):  # found again after a kill -9, though
-            keep_saved(self.path, self.s)  # `dvc exp run` restores its baseline's checkpoint (train/interrupted.py)
+            try:  # `dvc exp run` restores its baseline's checkpoint (train/interrupted.py)
+                keep_saved(self.path, self.s, running=True)
+            except (OSError, UserError) as exc:  # the save itself is good: the run goes on
+                logger.warning(f"train: the save of step {step} could not be kept in .dvc/tmp ({exc}): a run killed "
+                               "outright now would start over under `dvc exp run`")
 
     def what_was_saved(self, finished: bool = False) -> str:
         """For the message of an interrupted run; ``finished``: the stop came in its last step."""
