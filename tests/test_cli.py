@@ -104,6 +104,8 @@ def test_validate_refuses_a_local_source_that_is_not_there_where_download_will_r
         check_source("corpus/mine", lock)
     with pytest.raises(UserError, match=r"download.source: the pattern 'corpus/\*.txt' matched no files"):
         check_source("corpus/*.txt", lock)
+    with pytest.raises(UserError, match=r"download.source: unsupported scheme in 's3://b/x'; use http\(s\)://"):
+        check_source("s3://b/x", lock)  # the download stage's own words, before it deletes data/raw
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus/a.txt").write_text("text")
     for fine in ("corpus/a.txt", "corpus", "corpus/*.txt", "embedded", "hf:roneneldan/x",

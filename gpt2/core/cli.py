@@ -108,9 +108,6 @@ def check_devices(params: Any) -> None:
                         "set it to auto or cpu, or run on a machine with an NVIDIA GPU and a CUDA build of torch")
 
 
-REMOTE_SOURCES = ("http://", "https://", "hf:")
-
-
 def check_source(source: str, lock: Path) -> None:
     """A local ``download.source`` that is not there stops the pipeline here, before DVC deletes data/raw to run
     the download stage again. Only where that stage will run for it: where ``lock`` (dvc.lock) records another
@@ -119,7 +116,11 @@ def check_source(source: str, lock: Path) -> None:
 
     import yaml
 
-    if source == "embedded" or source.startswith(REMOTE_SOURCES):
+    from gpt2.core.config import local_source, refuse_other_scheme
+
+    source = source.strip()
+    refuse_other_scheme(source)
+    if not local_source(source):
         return
     try:
         recorded = yaml.safe_load(lock.read_text())["stages"]["download"]["params"]["params.yaml"]["download"]

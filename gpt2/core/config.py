@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from gpt2.core import paths
+from gpt2.core.errors import UserError
 from gpt2.core.schema import ParamError, build, markdown_table, override, param, read_yaml, require, to_dict
 
 __all__ = ["DownloadConfig", "TokenizeConfig", "StatsConfig", "ModelParams", "TrainConfig", "EvalConfig", "Params",
@@ -51,6 +53,22 @@ SAME_WORK = frozenset({"train.lr", "train.lr_schedule", "train.min_lr", "train.w
 # oneDNN on an AMD CPU). A comparison reads a change of one as what ran, and --apply keeps a file's auto.
 RESOLVED_ON_DEVICE = {"train.dtype": "dtype", "train.tf32": "tf32", "train.keep_host_memory": "keep_host_memory",
                       "model.attention": "sdpa_backend", "train.cpu_gemm": "cpu_gemm"}
+
+
+URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # http(s):// is fetched; another scheme is refused
+
+
+def refuse_other_scheme(source: str) -> None:
+    """A URL whose scheme is not http(s) (``s3://``): one message, from the validate stage and from download."""
+    if URL_SCHEME.match(source) and not source.startswith(("http://", "https://")):
+        raise UserError(f"download.source: unsupported scheme in {source!r}; use http(s)://, hf:, a path or embedded")
+
+
+def local_source(source: str) -> bool:
+    """A ``download.source`` that names a file, folder or glob on this machine: not ``embedded``, not ``hf:``, and
+    not a URL of any scheme."""
+    source = source.strip()
+    return not (source == "embedded" or source.startswith("hf:") or URL_SCHEME.match(source))
 
 
 @dataclass(frozen=True)

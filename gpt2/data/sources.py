@@ -31,7 +31,7 @@ from typing import IO, Any
 
 from gpt2.core import log, paths
 from gpt2.core.atomic import atomic_dir, write_json
-from gpt2.core.config import DownloadConfig
+from gpt2.core.config import URL_SCHEME, DownloadConfig, refuse_other_scheme
 from gpt2.core.digest import sha256_file
 from gpt2.core.errors import UserError
 from gpt2.core.progress import Progress
@@ -288,9 +288,8 @@ def download(cfg: DownloadConfig, out_dir: str | Path = paths.RAW) -> dict[str, 
             details = add_url(writer, source, cfg)
         elif source.startswith("hf:"):
             details = add_huggingface(writer, source, cfg)
-        elif re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", source):
-            raise UserError(f"download.source: unsupported scheme in {source!r}; "
-                            "use http(s)://, hf:, a path or embedded")
+        elif URL_SCHEME.match(source):
+            refuse_other_scheme(source)
         else:
             details = add_local(writer, source)
         writer.report_skipped()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.core import log
-from gpt2.core.atomic import alive, atomic_file
+from gpt2.core.atomic import alive, atomic_file, sweep_stale
 from gpt2.core.config import REUSABLE_TRAIN_FIELDS, to_dict
 from gpt2.run.names import COMPARISON_RUN_ENV
 from gpt2.train.build import Setup
@@ -91,7 +91,8 @@ def keep_saved(path: Path, s: Setup, running: bool = False) -> Path | None:
     kept = _exact(folder, s)
     if running:
         folder.mkdir(parents=True, exist_ok=True)
-        link = kept.with_name(f".{kept.name}.link-{os.getpid()}")
+        sweep_stale(kept)  # a link a killed process left between its link and its rename
+        link = kept.with_name(f".{kept.name}.tmp-{os.getpid()}")  # sweep_stale's naming
         link.unlink(missing_ok=True)
         try:
             os.link(path, link)
