@@ -253,7 +253,10 @@ def test_the_report_s_json_carries_the_seeds_and_p_values_and_the_png_draws(tmp_
     assert data["rows"][1]["versus"]["loss"]["test"]["p"] < 0.01
     assert [r["seed"] for r in data["rows"][1]["runs"]] == [1338, 1339, 1340]
     assert data["noise"]["seeds"] == [1338, 1339, 1340] and data["alpha"] == 0.01
-    assert report.render_png(judged, "t", WORDS, label).startswith(b"\x89PNG")
+    short, long = (report.render_png(judged, title, WORDS, label) for title in ("t", "a long title " * 40))
+    assert short.startswith(b"\x89PNG")
+    height = lambda png: int.from_bytes(png[20:24], "big")  # noqa: E731 (the PNG header's height field)
+    assert height(long) > height(short)  # room for the title's wrapped lines
     assert parent_run.arm_metrics(1, judged.arms[1])["val_loss_p"] == pytest.approx(data["rows"][1]["versus"]["loss"][
         "test"]["p"])
 

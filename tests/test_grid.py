@@ -131,6 +131,10 @@ def test_a_grid_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_again(
     assert made[5:] == [f"{names[0]}-2", f"{names[1]}-2", f"{names[2]}-2", f"{names[3]}-3"]
     assert ("grid: reports/grid/grid-12-01-10-00.md holds an earlier grid named 'grid 12-01 10:00'; this one "
             "replaces its report when it ends (another --name keeps both)") in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gpt2.grid"):
+        grid.run_grid(**command, name="grid-12-01-10-00")  # another name, the same file name
+    assert "holds an earlier grid named 'grid 12-01 10:00'; this one replaces" in caplog.text
 
 
 def test_repeat_r_trains_its_own_seed_in_every_setting_and_the_grid_judges_them(tmp_path, monkeypatch, capsys):

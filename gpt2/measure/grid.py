@@ -184,8 +184,8 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                     f"the first, {describe(combos[0])}, is the baseline"
                     + (f"; repeat r trains train.seed {', '.join(map(str, seeds))}" if seeds[0] is not None else ""))
         if not stopped and (earlier := out / f"{slug}.md").is_file():
-            logger.warning(f"grid: {earlier} holds an earlier grid named {name!r}; this one replaces its report when "
-                           "it ends (another --name keeps both)")
+            logger.warning(f"grid: {earlier} holds an earlier grid named {_earlier_name(earlier, name)!r}; this one "
+                           "replaces its report when it ends (another --name keeps both)")
         for warning in revisions.same_code(root, list(checkouts.values())) if checkouts else []:
             logger.warning(f"grid: {warning}")
         for checkout in checkouts.values():
@@ -224,6 +224,14 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                    {p.name: p.run_name for p in planned}, changes)
     procedure.conclude("grid", out / f"{slug}.md", text, data, changes, params_path, apply, as_json)
     return data
+
+
+def _earlier_name(report: Path, name: str) -> str:
+    """The name an earlier grid's report records: "lr a" and "lr-a" share one file name."""
+    try:
+        return json.loads(report.with_suffix(".json").read_text())["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return name
 
 
 def _settings(sets: tuple[str, ...], name: str | None, revs: str | None, time_budget_s: float | None,

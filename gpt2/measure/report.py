@@ -348,7 +348,8 @@ def render_png(judged: Judged, title: str, words: Words, label: Callable[[Arm], 
     arms = judged.arms
     shown = arms[::-1]
     head = textwrap.fill(decided(judged, words, label), 150)
-    height = 0.42 * len(arms) + 2.6 + 0.18 * (head.count("\n") + 1)
+    title = "\n".join(textwrap.fill(line, 150) for line in title.splitlines())  # a long title was cut at both edges
+    height = 0.42 * len(arms) + 2.6 + 0.18 * (head.count("\n") + title.count("\n") + 1)
     fig, (speed, sooner, loss) = plt.subplots(1, 3, figsize=(15, height), dpi=100, sharey=True,
                                               layout="constrained")
     _bars(speed, arms, lambda a: (a.vs_baseline, a.versus.speed if a.versus else None))
@@ -371,7 +372,6 @@ def render_png(judged: Judged, title: str, words: Words, label: Callable[[Arm], 
                title="At equal loss")
     loss.set(xlabel=wrap(f"{judged.by}'s final val loss: a dot per seed, the median ± 2 s.e. of the scored text"),
              title="Quality (blue: apart from its reference)")
-    title = "\n".join(textwrap.fill(line, 150) for line in title.splitlines())  # a long title was cut at both edges
     fig.suptitle(f"{title}\n{head}", fontsize=9)
     return png(fig, tight=False)  # laid out by the constrained layout, title and wrapped labels included
 
