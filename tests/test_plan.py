@@ -306,5 +306,15 @@ def test_the_plan_reads_the_mfu_a_finished_run_measured_on_the_device(tmp_path, 
         monkeypatch.setattr(mlflow, "search_runs", lambda **kwargs: runs)
         assert plan._mlflow_mfu(plan.DEVICES[device], "tiny", tmp_path, "fp32")[0] == 0.6
         assert plan._mlflow_mfu(plan.DEVICES[device], "tiny", tmp_path, "bf16")[0] == 0.3  # the bf16 yardstick
+        runs["metrics.perf/mfu"] = 0.2  # the last step's, against the yardstick: its own dtype's median is 0.3 × 2
+        runs["metrics.perf/mfu_dtype"] = 0.4
+        assert plan._mlflow_mfu(plan.DEVICES[device], "tiny", tmp_path, "fp32")[0] == pytest.approx(0.6)
         runs["tags.dtype"] = "bf16"
         assert plan._mlflow_mfu(plan.DEVICES[device], "tiny", tmp_path, "fp32") is None  # another dtype's run
+    if device == "h100" and found:  # a GPU fp32 plan divides by the TF32 peak: a run without TF32 measured another
+        runs = pandas.DataFrame([{"run_id": "r1", "metrics.MFU": 0.05, "metrics.perf/mfu_dtype": 0.4,
+                                  "params.model.size": "tiny", "tags.dtype": "fp32", **tags}])
+        monkeypatch.setattr(mlflow, "search_runs", lambda **kwargs: runs)
+        assert plan._mlflow_mfu(plan.DEVICES[device], "tiny", tmp_path, "fp32")[0] == 0.4
+        runs["params.train.tf32"] = "False"
+        assert plan._mlflow_mfu(plan.DEVICES[device], "tiny", tmp_path, "fp32") is None

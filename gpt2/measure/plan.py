@@ -100,6 +100,19 @@ def _same_device(name: str, device: Device, kind: str = "") -> bool:
 
 MFU_METRICS = ("MFU", "summary/perf.mfu")  # a finished run's MFU in MLflow, and its name before 2026-11-28
 OWN_DTYPE_MFU = "perf/mfu_dtype"  # the MFU against the run's own dtype's peak, where it is not the bf16 yardstick
+STEP_MFU = "perf/mfu"  # a logged step's MFU against the yardstick: MLflow's last value, as of OWN_DTYPE_MFU
+
+
+def _own_dtype_mfu(mfu: float | None, own_last: float | None, mfu_last: float | None) -> float | None:
+    """A finished run's MFU against its own dtype's peak: its median MFU (against the yardstick) times the two
+    peaks' ratio, which any logged step shows (``own_last / mfu_last``). MLflow's search gives a step figure's last
+    value, one step's, not the median. That last value where the ratio cannot be read; ``mfu`` where the run logged
+    none (its dtype's peak is the yardstick)."""
+    if own_last is None or math.isnan(own_last):
+        return mfu
+    if mfu and not math.isnan(mfu) and mfu_last and not math.isnan(mfu_last):
+        return mfu * own_last / mfu_last
+    return own_last
 
 
 def _mlflow_mfu(device: Device, size: str, root: Path, dtype: str = "bf16") -> tuple[float, str] | None:
@@ -127,9 +140,9 @@ def _mlflow_mfu(device: Device, size: str, root: Path, dtype: str = "bf16") -> t
         mfu = next((value for key in keys if (value := run.get(f"metrics.{key}")) and not math.isnan(value)), None)
         own = run.get(f"metrics.{OWN_DTYPE_MFU}")  # where the yardstick (bf16) is not the run's dtype's peak
         if dtype != "bf16":  # the plan divides by its dtype's peak: the MFU a run of that dtype measured against it
-            if run.get("tags.dtype") != dtype:
-                continue
-            mfu = own if own is not None and not math.isnan(own) else mfu
+            if run.get("tags.dtype") != dtype or (device.name != "cpu" and run.get("params.train.tf32") == "False"):
+                continue  # another dtype's, or an fp32 GPU run against the fp32 peak where the plan divides by TF32's
+            mfu = _own_dtype_mfu(mfu, own, run.get(f"metrics.{STEP_MFU}"))
         name, kind = str(run.get("tags.device_name") or ""), str(run.get("tags.device") or "")
         if mfu and not math.isnan(mfu) and run.get("params.model.size") == size and _same_device(name, device, kind):
             ran = f" {run.get('tags.dtype')}" if isinstance(run.get("tags.dtype"), str) else ""
