@@ -239,6 +239,9 @@ def test_failed_runs_come_first_and_no_verdict_is_read_from_runs_that_did_not_ru
     assert said.startswith("**4 of 4 runs failed** (r0, r1, r0, r1; their output is in dvc.log): no setting could "
                            "be compared, so there is no verdict.")
     assert "No setting differs" not in said and judged.compared == []
+    assert report.headline(judged, WORDS, label).startswith("4 of 4 runs failed (r0, r1, r0, r1; their output is in "
+                                                            "dvc.log): no setting could be compared")
+    assert "No setting differs" not in report.headline(judged, WORDS, label)  # the PNG's title
     judged = judge([arm("base", [(100,), (100,)], None), Arm("b", [run(0, 120), run(1, 120, ok=False)], reference=0)])
     said = report.verdict(judged, WORDS, 2, [], label)
     assert said.startswith("**1 of 4 runs failed** (r1; their output is in dvc.log): the verdict covers only")

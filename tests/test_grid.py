@@ -29,7 +29,7 @@ def test_the_comparisons_dvc_logs_are_never_tracked_by_git():
     committed file back over the one the grid was writing, and the grid ended with an empty log (a failed run's
     output with it). The project's .gitignore keeps both logs out of git."""
     ignored = set((ROOT / ".gitignore").read_text().splitlines())
-    assert {f"/{paths.GRID_REPORTS}/dvc.log", f"/{paths.LADDER_REPORTS}/dvc.log"} <= ignored
+    assert {f"/{paths.GRID_REPORTS}/*.dvc.log", f"/{paths.LADDER_REPORTS}/dvc.log"} <= ignored
 
 
 def test_settings_in_dvcs_order():
@@ -137,6 +137,36 @@ def test_a_grid_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_again(
     assert "holds an earlier grid named 'grid 12-01 10:00'; this one replaces" in caplog.text
 
 
+def test_a_grid_stopped_with_other_uncommitted_code_keeps_none_of_its_runs(tmp_path, monkeypatch, caplog):
+    """Its runs trained the code the workspace held then: mixed with runs of the code it holds now, the verdict
+    would compare two programs and say nothing of it. Tried as a user: an edit, Ctrl-C, the edit undone, the same
+    command again."""
+    real_run_in_turn, store, made = procedure.run_in_turn, {}, []
+    fake_grid(monkeypatch, tmp_path, lambda name, sets: None)
+    monkeypatch.setattr(procedure, "run_in_turn", real_run_in_turn)
+    monkeypatch.setattr(experiments, "finished", lambda root, files=(): list(store.values()))
+    code = ["edited"]
+    monkeypatch.setattr(experiments, "code_digest", lambda root: code[0])
+
+    def run_now(root, name, sets, target, log, run_name=None):
+        made.append(name)
+        if len(made) == 2:
+            raise KeyboardInterrupt
+        store[name] = run(name, 100.0)
+        return 0
+
+    monkeypatch.setattr(experiments, "run_now", run_now)
+    command = {"sets": ("train.lr=1.0e-3,3.0e-3",), "target": "train", "name": "mix"}
+    with pytest.raises(UserError, match="finished runs are kept"):
+        grid.run_grid(**command)
+    code[0] = ""  # the edit undone
+    with caplog.at_level("INFO", logger="gpt2.grid"):
+        grid.run_grid(**command)
+    assert ("grid: the same grid stopped before with other uncommitted code (1 finished runs, .dvc/tmp/gpt2-grid-"
+            "interrupted-") in caplog.text
+    assert "going on from" not in caplog.text and made[2:] == ["mix-1-1-2", "mix-2-1"]  # both anew
+
+
 def test_repeat_r_trains_its_own_seed_in_every_setting_and_the_grid_judges_them(tmp_path, monkeypatch, capsys):
     """Seeds differ between repeats, never between the settings of one repeat, and never equal the committed
     run's (DVC would skip that stage); the report names them, a large change reads outside noise."""
@@ -205,7 +235,7 @@ def test_the_report_marks_noise_and_failures_and_plots_them(tmp_path, monkeypatc
     with pytest.raises(UserError, match=r"gemm-3-1, gemm-3-2 did not finish"):
         grid.run_grid(("train.cpu_gemm=auto,blas,onednn",), name="gemm", target="evaluate", repeats=2)
     text = (tmp_path / "reports/grid/gemm.md").read_text()
-    assert text.startswith("# gemm\n\n**2 of 6 runs failed** (gemm-3-1, gemm-3-2; their output is in dvc.log)")
+    assert text.startswith("# gemm\n\n**2 of 6 runs failed** (gemm-3-1, gemm-3-2; their output is in gemm.dvc.log)")
     assert "| blas | 2/2 | " in text and "| 0.80× |" in text and "evaluate's val loss" in text
     assert "| onednn | 0/2 | failed |" in text and "Slower outside noise: train.cpu_gemm=blas (0.80×)" in text
     assert (tmp_path / "reports/grid/gemm.png").read_bytes().startswith(b"\x89PNG")
@@ -225,6 +255,33 @@ def test_a_setting_that_can_only_fail_is_refused_before_the_first_run(tmp_path, 
     grid.run_grid(("train.min_lr=3.0e-5,1.0e-5",), name="small")  # DVC writes 3e-05 (YAML 1.2): a float to the stage
     assert [r.sets["train.min_lr"] for r in planned] == [3e-05, 1e-05]
 
+def test_a_target_that_is_no_stage_is_refused_before_the_first_run(tmp_path, monkeypatch):
+    """Tried as a user: --target evalute ran every run, each failing in DVC, and the cause was only in the log."""
+    planned = fake_grid(monkeypatch, tmp_path, lambda name, sets: run(name, 100))
+    (tmp_path / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
+    with pytest.raises(UserError, match=r"^--target 'evalute' is no stage of dvc.yaml \(validate, download, tokenize, "
+                                        r"stats, train, evaluate\); did you mean 'evaluate'\?$"):
+        grid.run_grid(("train.lr=1.0e-3,2.0e-3",), name="g", target="evalute")
+    assert planned == [] and not (tmp_path / "reports").exists()
+    grid.run_grid(("train.lr=1.0e-3,2.0e-3",), name="g", target="dvc.yaml:evaluate")  # a form DVC reads
+    assert len(planned) == 2
+
+
+def test_a_grid_says_what_runs_alike_and_the_uncommitted_code_every_run_trains(tmp_path, monkeypatch, caplog):
+    """A grid of params runs the workspace's code, edits and all: its records name the commit, so the report says
+    which files differed. A value given twice is an A/A comparison, said before the runs."""
+    fake_grid(monkeypatch, tmp_path, lambda name, sets: run(name, 100))
+    monkeypatch.setattr(experiments, "uncommitted_code", lambda root: ["gpt2/train/step.py"])
+    with caplog.at_level("INFO", logger="gpt2.grid"):
+        data = grid.run_grid(("train.lr=1.0e-3,0.001,2.0e-3",), name="g")
+    assert "grid: -S train.lr gives 0.001 more than once: those settings train alike (an A/A" in caplog.text
+    assert "grid: every run trains the workspace's code with its uncommitted changes to gpt2/train/step.py (" in \
+        caplog.text
+    assert data["uncommitted_code"] == ["gpt2/train/step.py"] and data["log"] == "reports/grid/g.dvc.log"
+    assert ("as a DVC experiment on the workspace's code with its uncommitted changes to gpt2/train/step.py; "
+            in (tmp_path / "reports/grid/g.md").read_text())
+
+
 def test_a_grid_refuses_to_time_beside_a_running_experiment_and_leaves_queued_ones_alone(tmp_path, monkeypatch):
     planned = fake_grid(monkeypatch, tmp_path, lambda name, sets: run(name, 100))
     queue = {"q-1": "Queued", "r-1": "Running"}
@@ -241,12 +298,12 @@ def test_a_grid_refuses_to_time_beside_a_running_experiment_and_leaves_queued_on
 def test_json_is_printed_before_a_failed_run_is_an_error(tmp_path, monkeypatch, capsys):
     """An agent reads the comparison even when a run failed; the command still ends with one error line."""
     fake_grid(monkeypatch, tmp_path, lambda name, sets: run(name, 100) if name == "g-1-1" else None)
-    with pytest.raises(UserError, match=r"grid: g-2-1 did not finish; see reports/grid/dvc.log; the report marks"):
+    with pytest.raises(UserError, match=r"grid: g-2-1 did not finish; see reports/grid/g.dvc.log; the report marks"):
         grid.run_grid(("train.lr=1.0e-3,2.0e-3",), name="g", target="train", apply=False, as_json=True,
                       time_budget_s=30.0)
     said = json.loads(capsys.readouterr().out)
     assert said["failed"] == ["g-2-1"] and said["time_budget_s"] == 30.0 and said["rows"][1]["runs"][0]["ok"] is False
-    assert said["verdict"].startswith("**1 of 2 runs failed** (g-2-1; their output is in dvc.log): no setting could "
+    assert said["verdict"].startswith("**1 of 2 runs failed** (g-2-1; their output is in g.dvc.log): no setting could "
                                       "be compared, so there is no verdict.")
 
 
@@ -324,7 +381,7 @@ def test_a_setting_an_earlier_experiment_left_in_params_yaml_is_named_before_a_c
     assert uncommitted_params(tmp_path, tmp_path / "params.yaml") == ""
     edited = (tmp_path / "params.yaml").read_text().replace("  compile: false", "  compile: true", 1)
     (tmp_path / "params.yaml").write_text(edited)
-    assert uncommitted_params(tmp_path, tmp_path / "params.yaml") == "compile=true"
+    assert uncommitted_params(tmp_path, tmp_path / "params.yaml") == "train.compile=true"
     assert uncommitted_params(tmp_path / "nowhere", tmp_path / "params.yaml") == ""  # no repository: nothing said
 
 
@@ -624,4 +681,7 @@ def test_revisions_that_compare_no_code_are_said_before_the_first_run(tmp_path):
     (tmp_path / "params.yaml").write_text("train:\n  lr: 3.0e-3\n")  # params are the workspace's anyway
     [said] = same_code(tmp_path, [at[base], at[code]])
     assert said == ("the workspace's uncommitted changes to gpt2/step.py are in no revision (each runs its commit): "
-                    "commit them to compare them (--rev main,HEAD)")
+                    "to compare them, commit them on a branch of their own and add that branch to --rev")
+    (tmp_path / "gpt2/new.py").write_text("x = 1\n")  # a new module, not yet added: code all the same
+    [said] = same_code(tmp_path, [at[base], at[code]])
+    assert "uncommitted changes to gpt2/step.py, gpt2/new.py are in no revision" in said

@@ -244,7 +244,7 @@ def test_a_grid_runs_as_dvc_experiments_grouped_under_one_mlflow_run(tmp_path, t
         # evaluate's outputs persist: without the train stage withdrawing them, the committed run's evaluation
         # would be recorded (and shown) as every train-only experiment's
         assert (exp.metrics["reports/eval/metrics.json"].get("eval") or {}).get("val_loss") is None
-    assert (root / "reports/grid/dvc.log").read_text().count("withdrew the evaluation in reports/eval") == 2
+    assert (root / "reports/grid/lr.dvc.log").read_text().count("withdrew the evaluation in reports/eval") == 2
     shown_as_users_see_it(root)
 
     client = mlflow.MlflowClient(f"sqlite:///{root.resolve()}/mlflow.db")

@@ -67,12 +67,13 @@ def ladder(params_path: str, ladder_path: str, out: str, device: str, model: str
 @click.option("--rev", "revs", default=None, metavar="A,B[,...]",
               help="git revisions to compare, the first the baseline: each runs its own code in a checkout of its "
                    "own, on the workspace's data and params (with -S: every combination)")
-@click.option("--name", default=None, help="the grid's name in the report and MLflow (default: grid MM-DD HH:MM)")
+@click.option("--name", default=None, help="the grid's name in the report and MLflow (default: grid MM-DD HH:MM:SS)")
 @click.option("--target", default="train", show_default=True,
               help="the dvc.yaml stage each experiment runs to: train (judged on training's final val loss), or "
                    "evaluate (also the evaluate stage: its val loss on more text, its samples; about 30 s more a run "
                    "of the tiny model on a 2-core CPU)")
-@paths.option("--out", default=paths.GRID_REPORTS, help="report folder (<slug>.md, .json, .png: the name, spaces as -)")
+@paths.option("--out", default=paths.GRID_REPORTS,
+              help="report folder (<slug>.md, .json, .png and DVC's log <slug>.dvc.log: the name, spaces as -)")
 @click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 1000),
               help="runs per setting, in alternating order, repeat r training one seed (train.seed + 1 + r) in every "
                    "setting: 2 or more give each speed ratio an interval and each val loss a t-test over the seeds "

@@ -62,7 +62,48 @@ def uncommitted_params(root: Path, params_path: str | Path) -> str:
         committed = f"./{path.relative_to(root.resolve()).as_posix()}"
     except ValueError:  # a params file outside the project: no commit holds it
         return ""
-    return changes_since("HEAD", committed, path, root) or ""
+    return changes_since("HEAD", committed, path, root, full=True) or ""
+
+
+NOT_CODE = (paths.PARAMS, "dvc.lock", "reports", "data", "docs", "README.md", "CHANGELOG.md")  # no run's code
+
+
+def code_changes(root: Path, *commits: str) -> list[str]:
+    """The files other than params, reports, data and docs that differ between ``commits`` (one: it and the
+    workspace's tracked files)."""
+    out = subprocess.run(["git", "diff", "--name-only", *commits, "--", "."], cwd=root, capture_output=True,
+                         text=True)
+    return [name for name in out.stdout.splitlines() if not _not_code(name)]
+
+
+def _not_code(name: str) -> bool:
+    return any(name == part or name.startswith(part + "/") for part in NOT_CODE)
+
+
+def uncommitted_code(root: Path) -> list[str]:
+    """The code the workspace holds and HEAD does not: tracked files changed since it, and untracked Python files
+    git does not ignore. Every experiment runs it, whatever commit its records name."""
+    out = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "--", "*.py"], cwd=root,
+                         capture_output=True, text=True)
+    return code_changes(root, "HEAD") + [name for name in out.stdout.splitlines() if not _not_code(name)]
+
+
+def code_digest(root: Path) -> str:
+    """What :func:`uncommitted_code` holds, as one digest ("" where the workspace's code is HEAD's)."""
+    import hashlib
+
+    if not (changed := uncommitted_code(root)):
+        return ""
+    digest = hashlib.sha256()
+    for name in sorted(changed):
+        path = root / name
+        digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"(deleted)") + b"\0")
+    return digest.hexdigest()
+
+
+def named(files: list[str], most: int = 3) -> str:
+    """``a.py, b.py ...``: the first few of ``files``."""
+    return ", ".join(files[:most]) + (" ..." if len(files) > most else "")
 
 
 def check_repo(root: Path) -> None:
@@ -77,6 +118,25 @@ def check_repo(root: Path) -> None:
     if ident.returncode != 0:
         raise UserError("queued DVC experiments need a git identity: git config user.name NAME && "
                         "git config user.email EMAIL")
+
+
+def check_target(root: Path, target: str) -> None:
+    """A ``--target`` that names no stage of dvc.yaml fails every run, each after DVC's start: refused first. A
+    path or ``file:stage`` is left to DVC."""
+    import difflib
+
+    import yaml
+
+    if ":" in target or "@" in target or (root / target).exists():
+        return
+    try:
+        stages = list((yaml.safe_load((root / paths.PIPELINE).read_text()) or {}).get("stages") or {})
+    except (OSError, yaml.YAMLError, AttributeError):
+        return  # DVC says what is wrong with dvc.yaml itself
+    if target not in stages:
+        close = difflib.get_close_matches(target, stages, 1)
+        raise UserError(f"--target {target!r} is no stage of {paths.PIPELINE} ({', '.join(stages)})"
+                        + (f"; did you mean {close[0]!r}?" if close else ""))
 
 
 def pending(root: Path, states: tuple[str, ...]) -> list[str]:

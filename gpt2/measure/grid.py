@@ -26,7 +26,7 @@ from gpt2.core import log, paths
 from gpt2.core.atomic import write_files
 from gpt2.core.config import load_params, read_yaml
 from gpt2.core.errors import UserError
-from gpt2.measure import procedure, revisions
+from gpt2.measure import experiments, procedure, revisions
 from gpt2.measure.apply import Change, value_of, runs_the_same
 from gpt2.measure.compare import ALPHA, Arm, Judged, judge
 from gpt2.measure.parent_run import log_parent
@@ -153,7 +153,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
     before the error)."""
     root, started = paths.root(), time.time()
     grid, fixed, held = _settings(sets, name, revs, time_budget_s, repeats)
-    procedure.check_before("grid", root, params_path, apply)
+    procedure.check_before("grid", root, params_path, apply, target)
     if not revs:  # each revision checks its own params.yaml; here a setting that can only fail stops the grid now
         _every_setting_loads(params_path, grid, fixed)
     raw = read_yaml(params_path, "params", "--params") or {}
@@ -171,10 +171,9 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
         run_sets = {(i, r): {**{k: v for k, v in combos[i].items() if k != "revision"}, **fixed,
                              **({"train.seed": seeds[r]} if seeds[r] is not None else {})} for i, r in order}
         # revisions run in checkouts that end with the grid: a stopped one leaves nothing to go on from
-        key = None if checkouts else procedure.plan_key(root, params_path, target,
-                                                         [{"name": name}, *(run_sets[run] for run in order)])
-        stopped = procedure.interrupted(root, "grid", key) if key else None
-        name = stopped["name"] if stopped else name or "grid " + time.strftime("%m-%d %H:%M")
+        plan, stopped = procedure.stopped_plan(root, "grid", params_path, target, [
+            {"name": name}, *(run_sets[run] for run in order)]) if not checkouts else (None, None)
+        name = stopped["name"] if stopped else name or "grid " + time.strftime("%m-%d %H:%M:%S")
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "grid"
         names, done = procedure.run_names(root, stopped, lambda taken: [
             [_free(f"{slug}-{i + 1}-{r + 1}", taken) for r in range(repeats)] for i in range(len(combos))], _free)
@@ -188,6 +187,14 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                            "replaces its report when it ends (another --name keeps both)")
         for warning in revisions.same_code(root, list(checkouts.values())) if checkouts else []:
             logger.warning(f"grid: {warning}")
+        for key, values in grid.items():
+            if twice := [json_value(v) for i, v in enumerate(values) if v in values[:i]]:
+                logger.warning(f"grid: -S {key} gives {', '.join(twice)} more than once: those settings train alike "
+                               "(an A/A comparison, this machine's noise)")
+        if edited := [] if checkouts else experiments.uncommitted_code(root):
+            logger.warning(f"grid: every run trains the workspace's code with its uncommitted changes to "
+                           f"{experiments.named(edited)} (alike in every setting; the report says so, and each "
+                           "MLflow run's training_code_md5 tells that code from the commit its git_commit names)")
         for checkout in checkouts.values():
             if left := revisions.unknown_keys(checkout, raw):
                 logger.warning(f"grid: revision {checkout.label} has no {', '.join(left)} in its params.yaml: its "
@@ -199,20 +206,20 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                 names[i][r], run_sets[i, r], f"{describe(combos[i])}, run {r + 1}",
                 f"{describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else "") + f" · {name}", checkout,
                 revisions.params_for(checkout, raw, run_sets[i, r]) if checkout else None))
-        procedure.run_in_turn(root, planned, target, out / "dvc.log", "grid", collected=collected,
-                              plan={"key": key, "name": name, "names": names, "started": started} if key else None,
+        procedure.run_in_turn(root, planned, target, out / f"{slug}.dvc.log", "grid", collected=collected,
+                              plan={**plan, "name": name, "names": names, "started": started} if plan else None,
                               done=done)
     runs = procedure.read_back(root, "grid", names, seeds, collected if checkouts else None)
     arms = [Arm(describe(combo), group, reference=None if i == 0 else 0, setting=combo)
             for i, (combo, group) in enumerate(zip(combos, runs))]
     judged = judge(arms, alpha)
-    words = Words("setting", "the baseline", time_budget_s)
+    words = Words("setting", "the baseline", time_budget_s, f"{slug}.dvc.log")
     changes, note = decide(judged, words, out / f"{slug}.md", apply)
     if changes and (unheld := {k: v for k, v in held.items() if not runs_the_same(k, value_of(raw, k), v)}):
         note = (f"{note} The winner was measured with {describe(unheld)} on every run, which {params_path} does "
                 "not hold and `--apply` does not write: set it too to train as it was measured.").strip()
     text, data = write_report(out, slug, name, grid, judged, repeats, target, words, changes, note,
-                              {label: c.commit for label, c in checkouts.items()}, held)
+                              {label: c.commit for label, c in checkouts.items()}, held, edited)
     if (raw.get("train") or {}).get("mlflow", True) if mlflow is None else mlflow:
         log_parent("grid", name, judged, [out / f"{slug}{s}" for s in (".md", ".json", ".png")], text,
                    (raw.get("train") or {}).get("experiment", "gpt2"), started,
@@ -222,7 +229,8 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                    {run.name: {"grid.setting": arm.label, "grid.run": str(run.repeat + 1)}
                     for arm in arms for run in arm.runs}, "grid.setting",
                    {p.name: p.run_name for p in planned}, changes)
-    procedure.conclude("grid", out / f"{slug}.md", text, data, changes, params_path, apply, as_json)
+    procedure.conclude("grid", out / f"{slug}.md", text, data, changes, params_path, apply, as_json,
+                       out / f"{slug}.dvc.log")
     return data
 
 
@@ -295,10 +303,11 @@ def decide(judged: Judged, words: Words, report: Path | str, held_out: bool) -> 
 
 def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], judged: Judged, repeats: int,
                  target: str, words: Words, changes: list[Change], note: str = "",
-                 commits: dict[str, str] | None = None, held: dict[str, Any] | None = None
-                 ) -> tuple[str, dict[str, Any]]:
+                 commits: dict[str, str] | None = None, held: dict[str, Any] | None = None,
+                 edited: list[str] | None = None) -> tuple[str, dict[str, Any]]:
     """``<slug>.md`` (verdict and table), ``<slug>.json`` and ``<slug>.png``, written as one; returns the markdown
-    and the JSON's content (what ``--json`` prints). ``held``: the settings every run has alike."""
+    and the JSON's content (what ``--json`` prints). ``held``: the settings every run has alike; ``edited``: the
+    files of uncommitted code every run trained."""
     said = verdict(judged, words, repeats, changes, lambda a: a.label, note)
     rest = dict(held or {})  # what every run had, less the run's length, which its own sentence says
     budget = words.at_equal_time_s or rest.pop("train.time_budget_s", None)
@@ -311,7 +320,9 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ju
     keys = [Column(k, lambda i, a, k=k: json_value(a.setting[k])) for k in grid]
     ran = [Column("run names" if commits else "experiments", lambda i, a: ", ".join(r.name for r in a.runs))]
     each = (f"the `{target}` stage of its revision in a checkout of its own (not a DVC experiment: the JSON's "
-            "revisions name each commit)" if commits else f"the `{target}` stage as a DVC experiment")
+            "revisions name each commit)" if commits else f"the `{target}` stage as a DVC experiment"
+            + (f" on the workspace's code with its uncommitted changes to {experiments.named(edited)}" if edited
+               else ""))
     text = (f"# {name}\n\n{said}\n\n"
             f"{len(judged.arms)} settings × {repeats} run(s), one at a time, in alternating order, each {each}; "
             f"{length}" + (f"; every run with {describe(rest)}" if rest else "")
@@ -319,6 +330,7 @@ def write_report(out: Path, slug: str, name: str, grid: dict[str, list[Any]], ju
             + table(judged, keys, columns(judged, words), ran))
     data = {"name": name, "report": str(out / f"{slug}.md"), "grid": grid, "held": held or {}, "repeats": repeats,
             "target": target, "time_budget_s": words.at_equal_time_s, "revisions": commits or {},
+            "uncommitted_code": edited or [], "log": str(out / words.log),
             **as_data(judged, said, changes)}
     write_files(out, {f"{slug}.md": text, f"{slug}.json": json.dumps(data, indent=2) + "\n",
                       f"{slug}.png": render_png(judged, name, words, lambda a: a.label)})

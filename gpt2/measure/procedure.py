@@ -22,16 +22,17 @@ from gpt2.measure.compare import Run, read_run
 from gpt2.measure.planned import Planned, expected_cost, json_file, keep_run_start, too_short
 
 
-def check_before(what: str, root: Path, params_path: str | Path, apply: bool) -> None:
+def check_before(what: str, root: Path, params_path: str | Path, apply: bool, target: str = "train") -> None:
     """What stops a comparison before its first run rather than after an hour of them: ``--apply`` on a params file
-    with uncommitted changes, a folder DVC cannot run experiments in, queued experiments running (they would share
-    the machine with the runs timed here; queued ones that wait are left alone). Params that differ from the last
-    commit are said: every run starts from them."""
+    with uncommitted changes, a folder DVC cannot run experiments in, a ``target`` that is no stage, queued
+    experiments running (they would share the machine with the runs timed here; queued ones that wait are left
+    alone). Params that differ from the last commit are said: every run starts from them."""
     if apply:
         from gpt2.measure.apply import refuse_uncommitted
 
         refuse_uncommitted(Path(params_path))
     experiments.check_repo(root)
+    experiments.check_target(root, target)
     if changed := experiments.uncommitted_params(root, params_path):
         log.get(what).warning(f"{what}: {params_path} differs from the last commit ({changed}), and every run starts "
                               "from it, as dvc exp run does; to compare from the committed params: git checkout "
@@ -74,15 +75,34 @@ def interrupted_file(root: Path, what: str, key: str) -> Path:
     return root / ".dvc" / "tmp" / f"gpt2-{what}-interrupted-{key[:12]}.json"
 
 
-def plan_key(root: Path, params_path: str | Path, target: str, sets: list[dict[str, Any]]) -> str:
-    """What makes a comparison the same one again: the commit, the params file it starts from, its target and
-    every run's settings in the order it runs them."""
+def plan_key(root: Path, params_path: str | Path, target: str, sets: list[dict[str, Any]], code: bool = True) -> str:
+    """What makes a comparison the same one again: the commit and (``code``) the workspace's uncommitted code, which
+    the runs it keeps trained, the params file it starts from, its target and every run's settings in the order it
+    runs them."""
     import hashlib
 
     params = Path(params_path).read_bytes() if Path(params_path).is_file() else b""
-    blob = json.dumps([experiments.head_commit(root), hashlib.sha256(params).hexdigest(), target, sets], sort_keys=True,
-                      default=str)
+    blob = json.dumps([experiments.head_commit(root), experiments.code_digest(root) if code else None,
+                       hashlib.sha256(params).hexdigest(), target, sets], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def stopped_plan(root: Path, what: str, params_path: str | Path, target: str,
+                 sets: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The plan to keep with this comparison's runs (its ``key``, and its ``command``: the key less the code) and
+    the one a stopped run of it kept (:func:`interrupted`), or None. A plan stopped with other uncommitted code is
+    not gone on from (its runs trained that code) and is said."""
+    plan = {"key": plan_key(root, params_path, target, sets), "command": plan_key(root, params_path, target, sets,
+                                                                                  code=False)}
+    if (stopped := interrupted(root, what, plan["key"])) is None:
+        for path in sorted((root / ".dvc" / "tmp").glob(f"gpt2-{what}-interrupted-*.json")):
+            if (other := json_file(path)) and isinstance(other, dict) and other.get("command") == plan["command"]:
+                kept = len(other.get("done") or [])
+                log.get(what).warning(
+                    f"{what}: the same {what} stopped before with other uncommitted code ({kept} finished runs, "
+                    f"{os.path.relpath(path)}): its runs trained that code, so this one measures every run anew "
+                    "(put that code back to go on from them)")
+    return plan, stopped
 
 
 def interrupted(root: Path, what: str, key: str) -> dict[str, Any] | None:
@@ -204,14 +224,14 @@ def read_back(root: Path, what: str, names: list[list[str]], seeds: list[int | N
 
 
 def conclude(what: str, report: Path, text: str, data: dict[str, Any], changes: list[Any],
-             params_path: str | Path, apply: bool, as_json: bool) -> None:
+             params_path: str | Path, apply: bool, as_json: bool, dvc_log: Path) -> None:
     """The outcome: the report's markdown on stdout, or with ``as_json`` its JSON (the comparison alone, for a
-    script or an agent), also where a run failed; then the failure, with nothing applied, or ``--apply``'s
-    writing of the winner into the params file."""
+    script or an agent), also where a run failed; then the failure (its output in ``dvc_log``), with nothing
+    applied, or ``--apply``'s writing of the winner into the params file."""
     log.get(what).info(f"{what}: {report}")
     print(json.dumps(data, indent=2) if as_json else text, flush=True)
     if failed := data["failed"]:
-        raise UserError(f"{what}: {', '.join(failed)} did not finish; see {report.parent}/dvc.log; the report marks "
+        raise UserError(f"{what}: {', '.join(failed)} did not finish; see {dvc_log}; the report marks "
                         "them" + ("; nothing applied" if apply else ""))
     if apply:
         from gpt2.measure.apply import apply as write

@@ -43,6 +43,7 @@ class Words:
     what: str  # "setting", "rung"
     against: str  # "the baseline", "the rung above"
     at_equal_time_s: float | None = None  # every run trained this long (train.time_budget_s)
+    log: str = "dvc.log"  # the DVC log beside the report, which holds a failed run's output
 
 
 @dataclass(frozen=True)
@@ -170,11 +171,8 @@ def verdict(judged: Judged, words: Words, repeats: int, changes: list[Change], l
     """The report's first words: what failed, the noise, the seeds, what is decided and how firmly, and what
     ``--apply`` writes (``note``: what more to say of it, or instead where it writes nothing)."""
     what, compared, parts = words.what, judged.compared, []
-    if failed := judged.failed:
-        total = sum(len(a.runs) for a in judged.arms if not a.skipped)
-        parts.append(f"**{len(failed)} of {total} runs failed** ({', '.join(failed)}; their output is in dvc.log): "
-                     + ("the verdict covers only the runs that finished." if compared else
-                        f"no {what} could be compared, so there is no verdict."))
+    if judged.failed:
+        parts.append(failures(judged, words))
     if busy := loaded_runs(judged):
         parts.append(busy)
     evals = [len(r.curve) for a in judged.arms for r in a.done if r.curve]
@@ -285,6 +283,23 @@ def seeds_sentence(judged: Judged, words: Words, repeats: int) -> str:
     return said
 
 
+def failures(judged: Judged, words: Words, bold: str = "**") -> str:
+    """Which runs failed, where their output is, and what that leaves of the verdict ("" where none failed)."""
+    if not (failed := judged.failed):
+        return ""
+    total = sum(len(a.runs) for a in judged.arms if not a.skipped)
+    return (f"{bold}{len(failed)} of {total} runs failed{bold} ({', '.join(failed)}; their output is in {words.log}): "
+            + ("the verdict covers only the runs that finished." if judged.compared else
+               f"no {words.what} could be compared, so there is no verdict."))
+
+
+def headline(judged: Judged, words: Words, label: Callable[[Arm], str]) -> str:
+    """The PNG's title: which runs failed, then what was decided; never "nothing differs" where nothing ran."""
+    parts = [failures(judged, words, bold=""), decided(judged, words, label) if judged.compared or not judged.failed
+             else ""]
+    return " ".join(part for part in parts if part)
+
+
 def decided(judged: Judged, words: Words, label: Callable[[Arm], str]) -> str:
     """Which arms are faster, sooner to the same val loss or lower outside noise, and which only more seeds
     would decide."""
@@ -347,7 +362,7 @@ def render_png(judged: Judged, title: str, words: Words, label: Callable[[Arm], 
     plt = pyplot()
     arms = judged.arms
     shown = arms[::-1]
-    head = textwrap.fill(decided(judged, words, label), 150)
+    head = textwrap.fill(headline(judged, words, label), 150)
     title = "\n".join(textwrap.fill(line, 150) for line in title.splitlines())  # a long title was cut at both edges
     height = 0.42 * len(arms) + 2.6 + 0.18 * (head.count("\n") + title.count("\n") + 1)
     fig, (speed, sooner, loss) = plt.subplots(1, 3, figsize=(15, height), dpi=100, sharey=True,
@@ -385,7 +400,7 @@ def _bars(ax: Any, arms: list[Arm], figures: Callable[[Arm], tuple[Ratio | None,
     highest = [1.0]
     for y, (i, arm) in enumerate(list(enumerate(arms))[::-1]):
         if not arm.done:
-            ax.annotate("not run here" if arm.skipped else "FAILED: see dvc.log", (0, y), xytext=(3, 0),
+            ax.annotate("not run here" if arm.skipped else "FAILED", (0, y), xytext=(3, 0),
                         textcoords="offset points", va="center", fontsize=8, style="italic",
                         color="dimgray" if arm.skipped else "tab:red")
             continue

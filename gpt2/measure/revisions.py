@@ -31,7 +31,7 @@ import yaml
 
 from gpt2.core import paths
 from gpt2.core.errors import UserError
-from gpt2.measure.experiments import Experiment, parse_val_curve, wait_or_stop
+from gpt2.measure.experiments import Experiment, code_changes, named, parse_val_curve, uncommitted_code, wait_or_stop
 
 CHECKOUTS = Path(".dvc") / "tmp" / "gpt2-revisions"
 
@@ -168,9 +168,6 @@ def params_for(checkout: Checkout, workspace: dict[str, Any], sets: dict[str, An
     return out
 
 
-NOT_CODE = (paths.PARAMS, "dvc.lock", "reports", "data", "docs", "README.md", "CHANGELOG.md")  # no run's code
-
-
 def same_code(root: Path, checkouts: list[Checkout]) -> list[str]:
     """What would make a comparison of ``checkouts`` compare less than it seems, said before its first run: a
     revision whose code is the baseline's (the same commit, or one that changes only params.yaml, which the runs
@@ -181,24 +178,14 @@ def same_code(root: Path, checkouts: list[Checkout]) -> list[str]:
         if other.commit == base.commit:
             said.append(f"--rev {base.rev} and {other.rev} are the same commit ({base.commit[:7]}): the grid compares "
                         "its code with itself (an A/A comparison, this machine's noise)")
-        elif not _code_changes(root, base.commit, other.commit):
+        elif not code_changes(root, base.commit, other.commit):
             said.append(f"--rev {other.rev} changes none of {base.rev}'s code (params.yaml, docs or reports at most, "
                         "and every run takes its params from the workspace): their runs train alike; compare params "
                         "with -S key=a,b instead")
-    if edited := _code_changes(root, "HEAD"):
-        named = ", ".join(edited[:3]) + (" ..." if len(edited) > 3 else "")
-        said.append(f"the workspace's uncommitted changes to {named} are in no revision (each runs its commit): "
-                    "commit them to compare them (--rev main,HEAD)")
+    if edited := uncommitted_code(root):
+        said.append(f"the workspace's uncommitted changes to {named(edited)} are in no revision (each runs its "
+                    "commit): to compare them, commit them on a branch of their own and add that branch to --rev")
     return said
-
-
-def _code_changes(root: Path, *commits: str) -> list[str]:
-    """The files other than params, reports, data and docs that differ between ``commits`` (one: it and the
-    workspace's tracked files)."""
-    out = subprocess.run(["git", "diff", "--name-only", *commits, "--", "."], cwd=root, capture_output=True,
-                         text=True)
-    return [name for name in out.stdout.splitlines()
-            if not any(name == part or name.startswith(part + "/") for part in NOT_CODE)]
 
 
 def unknown_keys(checkout: Checkout, workspace: dict[str, Any]) -> list[str]:

@@ -54,9 +54,9 @@ def experiment_run_name(params_path: str | Path = paths.PARAMS) -> str | None:
     return dvc_name if changed is None else changed or "params as committed"
 
 
-def changes_since(rev: str, committed: str, params_path: str | Path, repo: Path) -> str | None:
+def changes_since(rev: str, committed: str, params_path: str | Path, repo: Path, full: bool = False) -> str | None:
     """What ``params_path`` changes from the params file ``committed`` (its path in ``repo``) at ``rev``, as
-    runs are named (``lr=0.02``; "" for nothing); None where either cannot be read."""
+    runs are named (``lr=0.02``; ``full``: ``train.lr=0.02``; "" for nothing); None where either cannot be read."""
     import yaml
 
     try:
@@ -68,7 +68,7 @@ def changes_since(rev: str, committed: str, params_path: str | Path, repo: Path)
         return None
     if not isinstance(before, dict) or not isinstance(after, dict):
         return None
-    return changes_name(flatten(_checked(before)), flatten(_checked(after)))
+    return changes_name(flatten(_checked(before)), flatten(_checked(after)), full=full)
 
 
 def _checked(raw: dict[str, Any]) -> dict[str, Any]:
@@ -81,9 +81,9 @@ def _checked(raw: dict[str, Any]) -> dict[str, Any]:
         return raw
 
 
-def changes_name(before: dict[str, Any], after: dict[str, Any], most: int = 4) -> str:
+def changes_name(before: dict[str, Any], after: dict[str, Any], most: int = 4, full: bool = False) -> str:
     """``lr=0.02 · model.attention=manual``: the dotted keys whose values differ, a key shown without its
-    section where no other section has it; past ``most`` keys, how many more."""
+    section where no other section has it (``full``: every key with it); past ``most`` keys, how many more."""
     changed = [k for k in after if k in before and before[k] != after[k]]
     leaves = [k.rsplit(".", 1)[-1] for k in after]
 
@@ -91,7 +91,7 @@ def changes_name(before: dict[str, Any], after: dict[str, Any], most: int = 4) -
         leaf = key.rsplit(".", 1)[-1]
         value = after[key]
         text = f"{value:g}" if isinstance(value, float) else json_value(value)
-        return f"{leaf if leaves.count(leaf) == 1 else key}={text}"
+        return f"{leaf if leaves.count(leaf) == 1 and not full else key}={text}"
 
     parts = [shown(k) for k in changed[:most]] + ([f"+{len(changed) - most} more"] if len(changed) > most else [])
     return " · ".join(parts)

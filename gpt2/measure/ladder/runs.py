@@ -44,8 +44,7 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
     held = ({"train.holdout_windows": procedure.holdout_size([section["train"] for section in resolved.sections])}
             if apply else {})
     run_sets = {(i, r): {**resolved.sets[i], "train.seed": seeds[r], **held} for i, r in todo}
-    key = procedure.plan_key(root, params_path, "train", [run_sets[run] for run in todo])
-    stopped = procedure.interrupted(root, "ladder", key)
+    plan, stopped = procedure.stopped_plan(root, "ladder", params_path, "train", [run_sets[run] for run in todo])
     names, done = procedure.run_names(root, stopped, lambda taken: [
         [] if i in unshown else [_free(f"{EXP_PREFIX}{i:02d}-{rung.slug}", taken) for _ in range(repeats)]
         for i, rung in enumerate(ladder.rungs)], lambda used, taken: _free(used.rsplit("-", 1)[0], taken))
@@ -59,7 +58,7 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
     procedure.run_in_turn(root, [Planned(
         names[i][r], run_sets[i, r], f"rung {i} {ladder.rungs[i].name!r}, repeat {r + 1}/{repeats}",
         f"{i:02d} {ladder.rungs[i].name} · run {r + 1} · ladder") for i, r in todo], "train", out / "dvc.log", "ladder",
-        plan={"key": key, "names": names, "started": started}, done=done)
+        plan={**plan, "names": names, "started": started}, done=done)
     runs = procedure.read_back(root, "ladder", names, seeds)
     judged = judge(arms(ladder, resolved, runs), alpha, resolved.profile.target)
     report = out / "ladder.md"
@@ -73,7 +72,7 @@ def run_ladder(ladder_path: str | Path = paths.LADDER, params_path: str | Path =
                    {"device": next((a.runtime.get("device_name") for a in judged.arms if a.runtime), device)},
                    {run.name: {"ladder.rung": arm.label, "ladder.index": str(i)}
                     for i, arm in enumerate(judged.arms) for run in arm.runs}, "ladder.rung", changes=changes)
-    procedure.conclude("ladder", report, text, data, changes, params_path, apply, as_json)
+    procedure.conclude("ladder", report, text, data, changes, params_path, apply, as_json, out / "dvc.log")
     return judged
 
 
