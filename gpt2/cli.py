@@ -19,14 +19,24 @@ from gpt2.train.cli import replay, train
 
 class Commands(click.Group):
     """The ``gpt2`` group: a usage error of a command that takes ``-S`` says how settings are written, for hands
-    used to nanoGPT's ``--max_iters=10`` or to ``-S key value``."""
+    used to nanoGPT's ``--max_iters=10`` or to ``-S key value``; every usage error ends with one ``error:`` line,
+    as the commands' own errors do."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:
-            exc.message += settings_hint(exc)
-            raise
+            raise UsageLine(exc.format_message() + settings_hint(exc), exc.ctx) from None
+
+
+class UsageLine(click.UsageError):
+    """A usage error as click shows it (the usage and where help is), its last line ``error: …`` (click's own
+    is ``Error: …``), so that every error of the CLI reads and greps alike."""
+
+    def show(self, file: object = None) -> None:
+        if self.ctx is not None:
+            click.echo(f"{self.ctx.get_usage()}\nTry '{self.ctx.command_path} --help' for help.\n", file=file, err=True)
+        click.echo(f"error: {self.format_message()}", file=file, err=True)
 
 
 def settings_hint(exc: click.UsageError) -> str:

@@ -152,7 +152,7 @@ def test_s_sets_one_key_for_this_run_and_is_checked_as_the_file_is(runner, tmp_p
     assert json.loads((tmp_path / "r/summary.json").read_text())["steps"] == 2
     assert checkpoint.load(tmp_path / "ckpt.pt")["params"]["train"]["max_steps"] == 2  # the run says what it used
     assert params.read_text() == before
-    for sets, message in ((["train.max_stepz=2"], "unknown key 'train.max_stepz'; did you mean 'max_steps'?"),
+    for sets, message in ((["train.max_stepz=2"], "unknown key 'train.max_stepz'; did you mean 'train.max_steps'?"),
                           (["train.lr=abc"], "train.lr"), (["max_steps=2"], "write section.key=value"),
                           (["train.lr.x=1"], "train.lr is a value, not a section")):
         result = runner.invoke(main, ["train", *common, *[a for s in sets for a in ("-S", s)]])
@@ -213,7 +213,7 @@ def test_commands_in_a_subfolder_read_and_write_the_projects_files(runner, tmp_p
 def test_a_flag_from_another_tool_or_a_spaced_setting_is_answered_with_how_settings_are_written(runner):
     """nanoGPT's `--max_iters=10` and `-S key value` are a newcomer's first tries: the usage error says -S."""
     said = runner.invoke(main, ["train", "--max-steps", "10"])
-    assert said.exit_code == 2
+    assert said.exit_code == 2 and "\nerror: No such option '--max-steps'." in said.output  # as every error ends
     assert "No such option '--max-steps'.\nSettings are given as -S section.key=value, e.g. -S train.max_steps=VALUE" \
         in said.output and "Did you mean" not in said.output
     said = runner.invoke(main, ["train", "--max_iters=10"])  # nanoGPT's name: ours

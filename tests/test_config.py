@@ -30,7 +30,7 @@ def test_missing_sections_take_defaults(tmp_path):
 
 
 def test_unknown_key_names_key_and_suggests(tmp_path):
-    with pytest.raises(ParamError, match=r"unknown key 'tokenize.val_fracton'; did you mean 'val_fraction'"):
+    with pytest.raises(ParamError, match=r"unknown key 'tokenize.val_fracton'; did you mean 'tokenize.val_fraction'"):
         load(tmp_path, "tokenize:\n  val_fracton: 0.1\n")
 
 

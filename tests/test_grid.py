@@ -275,6 +275,8 @@ def test_a_grid_says_what_runs_alike_and_the_uncommitted_code_every_run_trains(t
     with caplog.at_level("INFO", logger="gpt2.grid"):
         data = grid.run_grid(("train.lr=1.0e-3,0.001,2.0e-3",), name="g")
     assert "grid: -S train.lr gives 0.001 more than once: those settings train alike (an A/A" in caplog.text
+    assert ("grid: 1 run(s) per setting (--repeats 1): the report will give figures and no verdict; --repeats 3 or "
+            "more for one") in caplog.text
     assert "grid: every run trains the workspace's code with its uncommitted changes to gpt2/train/step.py (" in \
         caplog.text
     assert data["uncommitted_code"] == ["gpt2/train/step.py"] and data["log"] == "reports/grid/g.dvc.log"
@@ -408,6 +410,8 @@ def test_apply_scores_held_out_windows_and_refuses_a_win_that_does_not_hold_ther
     assert data["rows"][1]["versus"]["loss"]["apart"] and data["apply"] == {}
     assert "Not confirmed on the held-out windows, so not applied: train.lr=0.003 (held-out val loss" in data["verdict"]
     assert (tmp_path / "params.yaml").read_text() == before
+    table = (tmp_path / "reports/grid/lr.md").read_text()
+    assert "| held-out loss vs baseline |" in table and "| +0.000 ± " in table  # beside the verdict's -0.300
     planned.clear()  # a verdict on more text than params.yaml's: the held-out windows are as many
     grid.run_grid(("train.lr=1.0e-3,3.0e-3", "train.eval_windows=120"), name="lr-more", repeats=1, apply=True)
     assert {r.sets["train.holdout_windows"] for r in planned} == {120}

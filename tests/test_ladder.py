@@ -156,7 +156,7 @@ def test_runs_go_in_alternating_order():
     ("rungs:\n  - set: {compile: true}\nprofiles: {cpu: {}}\n", "needs a name"),
     ("rungs: []\nprofiles: {cuda: {}}\n", "profiles.cpu"),
     ("rungs: []\nprofiles: {cpu: {steps: 0}}\n", "profiles.cpu.steps = 0 is not allowed; expected an integer in"),
-    ("rungs: []\nprofiles: {cpu: {stepz: 5}}\n", "unknown key 'profiles.cpu.stepz'; did you mean 'steps'"),
+    ("rungs: []\nprofiles: {cpu: {stepz: 5}}\n", "unknown key 'profiles.cpu.stepz'; did you mean 'profiles.cpu.steps'"),
     ("rungs: []\nprofiles: {cpu: {target: -1.0}}\n", r"profiles.cpu.target = -1.0 .*null or a number > 0"),
     ("rungs:\n  - name: x\n    set: {compil: true}\nprofiles: {cpu: {}}\n", "did you mean 'compile'"),
     ("rungs: [\n", "not valid YAML"),
@@ -285,7 +285,7 @@ def test_failed_rung_is_marked_and_the_next_compares_with_the_last_measured(tmp_
     judged = judged_of(spec, p, [[fake_run(p, 0, 100.0, cpu)], [failed], [fake_run(p, 2, 50.0, cpu)]])
     assert judged.arms[2].reference == 0 and judged.arms[2].versus.speed.median == pytest.approx(2.0)
     text = table_of(tmp_path, judged, spec, p)
-    assert "| 1 | a |  | 0/1 | failed |" in text and text.startswith("# Optimization ladder")
+    assert "| 1 | a |  | 0/1 | failed |" in text and text.startswith(f"# Optimization ladder: {spec.source} (")
     assert "**1 of 3 runs failed** (ladder-01-a-1; their output is in dvc.log)" in text
 
 
@@ -456,7 +456,7 @@ def test_a_ladder_too_noisy_to_read_says_so_first(tmp_path):
     assert report.splitlines()[2].startswith("**Too noisy to read speed:**")
     p1 = ladder.resolve(spec, PARAMS, "cpu", repeats=1)
     one_run = table_of(tmp_path, judged_of(spec, p1, [group[:1] for group in runs]), spec, p1)
-    assert one_run.splitlines()[2].startswith("**One run per rung") and "(--steps)" in one_run
+    assert one_run.splitlines()[2].startswith("**One run per rung") and "run it with --repeats 3 or more" in one_run
 
 
 def test_with_a_target_every_run_trains_to_it_and_the_table_gives_time_to_target(tmp_path):

@@ -94,7 +94,8 @@ def test_a_params_typo_deletes_nothing_and_the_fixed_rerun_does_not_retrain(proj
     original = (project / "params.yaml").read_text()
     for section, typo, message in (
             ("train", {"foo": 1}, "unknown key 'train.foo'"),
-            ("tokenize", {"val_fractoin": 0.2}, "unknown key 'tokenize.val_fractoin'; did you mean 'val_fraction'?")):
+            ("tokenize", {"val_fractoin": 0.2},
+             "unknown key 'tokenize.val_fractoin'; did you mean 'tokenize.val_fraction'?")):
         set_params(project, **{section: typo})
         result = dvc(project, "repro", check=False)
         assert result.returncode == 255, result.stdout  # DVC's status for a failed stage (the stage exits 2)

@@ -393,9 +393,9 @@ def params_markdown() -> str:
     parts = ["# Params", "",
              "Every key of `params.yaml`, generated from `gpt2/core/config.py` (`python -m gpt2.core.config > "
              "docs/params.md`). Loading is strict: an unknown key (`tokenize.val_fracton` → \"did you mean "
-             "'val_fraction'?\"), a wrong type or an out-of-range value stops the stage before it writes anything, "
-             "with one `error:` line naming the key and what it allows. A float may be written `6e-4` or `6.0e-4` "
-             "(DVC's `-S` writes the first).", ""]
+             "'tokenize.val_fraction'?\"), a wrong type or an out-of-range value stops the stage before it writes "
+             "anything, with one `error:` line naming the key and what it allows. A float may be written `6e-4` or "
+             "`6.0e-4` (DVC's `-S` writes the first).", ""]
     for section, cls in typing.get_type_hints(Params).items():
         parts += [f"## `{section}`", "", (cls.__doc__ or "").strip(), "", markdown_table(cls, section), ""]
     return "\n".join(parts)

@@ -163,7 +163,7 @@ def build(cls: type, data: Any, at: str, moved: dict[str, str] | None = None) ->
         close = difflib.get_close_matches(str(key), fields, n=1)
         known = f"{at}'s keys" if at else "the sections"
         raise ParamError(f"params: unknown key {_join(at, key)!r}; " + (
-            f"did you mean {close[0]!r}? (docs/params.md lists every key)" if close
+            f"did you mean {_join(at, close[0])!r}? (docs/params.md lists every key)" if close
             else f"{known}: {', '.join(sorted(fields))}"))
     hints = typing.get_type_hints(cls)
     values = {}

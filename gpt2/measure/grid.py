@@ -31,8 +31,8 @@ from gpt2.measure.apply import Change, value_of, runs_the_same
 from gpt2.measure.compare import ALPHA, Arm, Judged, judge
 from gpt2.measure.parent_run import log_parent
 from gpt2.measure.planned import Planned, train_with
-from gpt2.measure.report import (METHOD, Column, Words, as_data, columns, decide_best, render_png, table,
-                                 verdict)
+from gpt2.measure.report import (METHOD, SEEDS_FOR_A_VERDICT, Column, Words, as_data, columns, decide_best,
+                                 render_png, table, verdict)
 from gpt2.run.names import json_value
 
 logger = log.get("grid")
@@ -182,6 +182,11 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                     + (f"; every run with {describe(held)}" if held else "") + "), one at a time; "
                     f"the first, {describe(combos[0])}, is the baseline"
                     + (f"; repeat r trains train.seed {', '.join(map(str, seeds))}" if seeds[0] is not None else ""))
+        if repeats < SEEDS_FOR_A_VERDICT:
+            logger.warning(f"grid: {repeats} run(s) per setting (--repeats {repeats}): the report will give figures "
+                           + ("and no verdict" if repeats == 1 else "and a quality verdict only for a large difference "
+                              "(two seeds leave its test 1 degree of freedom)")
+                           + f"; --repeats {SEEDS_FOR_A_VERDICT} or more for one")
         if not stopped and (earlier := out / f"{slug}.md").is_file():
             logger.warning(f"grid: {earlier} holds an earlier grid named {_earlier_name(earlier, name)!r}; this one "
                            "replaces its report when it ends (another --name keeps both)")

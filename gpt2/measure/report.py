@@ -129,6 +129,9 @@ def columns(judged: Judged, words: Words) -> list[Column]:
                    lambda i, a: loss_shown(a.val_loss.median, a.val_loss_se) if a.val_loss else ""),
             Column(f"loss vs {ref}, mean over seeds (± {100 * (1 - judged.noise.alpha):g}% interval)",
                    versus(lambda a: loss_diff_shown(a.versus.loss)))]
+    if any(a.versus and a.versus.holdout for a in arms):  # --apply's check, on windows no verdict reads
+        out.append(Column(f"held-out loss vs {ref}", versus(lambda a: loss_diff_shown(a.versus.holdout)
+                                                            if a.versus.holdout else "")))
     if any(a.val_bpb is not None for a in arms):  # the field's unit: runs of other tokenizers or text compare
         out.append(Column("val bits per byte", lambda i, a: f"{a.val_bpb:.4f}" if a.val_bpb is not None else ""))
     if quality:
@@ -214,13 +217,18 @@ def degrees_of_freedom(df: int) -> str:
     return f"{df} degree{'s' if df != 1 else ''} of freedom"
 
 
+SEEDS_FOR_A_VERDICT = 3  # the fewest repeats to ask for a verdict: two seeds leave the quality test 1 degree of freedom
+
+
 def noise_sentence(judged: Judged, words: Words, repeats: int) -> str:
     what, noise = words.what, judged.noise
     spread, floor = noise.speed_spread, noise.speed_floor
     compared = judged.compared
     noisy = sum(1 for a in compared if a.versus.speed.inside_noise)
     if repeats < 2:
-        return f"**One run per {what}: no interval, so no gain can be told from noise.** To read it, {ADVICE[what]}."
+        return (f"**One run per {what}: no interval, so no gain can be told from noise.** To read it, run it with "
+                f"--repeats {SEEDS_FOR_A_VERDICT} or more: each repeat's paired runs give the speed its noise, its "
+                "seed the quality test its spread.")
     if floor > TOO_NOISY:
         return (f"**Too noisy to read speed:** a {what}'s paired runs disagree by {100 * spread:.0f}% (median)"
                 + (f" and a {what} that changed no step's work here moved tokens/s by {100 * floor:.0f}%"

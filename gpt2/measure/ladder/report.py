@@ -163,7 +163,7 @@ def write_report(out: Path, judged: Judged, ladder: Ladder, resolved: Resolved, 
     if (target := resolved.profile.target) is not None:
         last += target_columns(target)
     last.append(Column("note", lambda i, a: rung_note(ladder, resolved, judged.arms, i)))
-    text = (f"# Optimization ladder ({today})\n\n{said}\n\n{describe(resolved, judged)}\n\n"
+    text = (f"# Optimization ladder: {ladder.source} ({today})\n\n{said}\n\n{describe(resolved, judged)}\n\n"
             + table(judged, own, columns(judged, words), last)
             + "\nEach rung adds one change to the rung above (ladder.yaml); a rung \"beside the ladder\" is measured "
               "on the rung above, and the rungs below do not take its change. A rung marked \"no effect on this "

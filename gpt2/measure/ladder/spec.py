@@ -55,6 +55,7 @@ class Profile(Runs):
 class Ladder:
     rungs: tuple[Rung, ...]  # rungs[0] is the baseline
     profiles: dict[str, Profile]
+    source: str = "ladder.yaml"  # the file it was read from, which its report names
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def load_ladder(path: str | Path) -> Ladder:
                                         **dataclasses.asdict(runs))
     if "cpu" not in profiles:
         raise UserError(f"{where}: needs at least a `profiles.cpu` entry (also used for mps)")
-    return Ladder(tuple(rungs), profiles)
+    return Ladder(tuple(rungs), profiles, str(path))
 
 
 def _keys(data: Any, allowed: set[str], where: str) -> None:
