@@ -7,6 +7,8 @@ exactly the same thing.
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from gpt2.core import entry
@@ -22,21 +24,31 @@ class Commands(click.Group):
     used to nanoGPT's ``--max_iters=10`` or to ``-S key value``; every usage error ends with one ``error:`` line,
     as the commands' own errors do."""
 
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as exc:  # the group's own options: gpt2 --bogus
+            raise UsageLine(exc.format_message(), exc.ctx) from None
+
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:
-            raise UsageLine(exc.format_message() + settings_hint(exc), exc.ctx) from None
+            hint = settings_hint(exc)  # first: it may drop click's guesses from the message
+            raise UsageLine(exc.format_message() + hint, exc.ctx) from None
 
 
 class UsageLine(click.UsageError):
     """A usage error as click shows it (the usage and where help is), its last line ``error: …`` (click's own
     is ``Error: …``), so that every error of the CLI reads and greps alike."""
 
-    def show(self, file: object = None) -> None:
-        if self.ctx is not None:
-            click.echo(f"{self.ctx.get_usage()}\nTry '{self.ctx.command_path} --help' for help.\n", file=file, err=True)
-        click.echo(f"error: {self.format_message()}", file=file, err=True)
+    def show(self, file: Any = None) -> None:
+        ctx, color = self.ctx, self.ctx.color if self.ctx is not None else None
+        if ctx is not None:
+            hint = (f"Try '{ctx.command_path} {max(ctx.command.get_help_option_names(ctx), key=len)}' for help.\n"
+                    if ctx.command.get_help_option(ctx) is not None else "")
+            click.echo(f"{ctx.get_usage()}\n{hint}", file=file, err=True, color=color)
+        click.echo(f"error: {self.format_message()}", file=file, err=True, color=color)
 
 
 def settings_hint(exc: click.UsageError) -> str:

@@ -214,6 +214,11 @@ def test_a_flag_from_another_tool_or_a_spaced_setting_is_answered_with_how_setti
     """nanoGPT's `--max_iters=10` and `-S key value` are a newcomer's first tries: the usage error says -S."""
     said = runner.invoke(main, ["train", "--max-steps", "10"])
     assert said.exit_code == 2 and "\nerror: No such option '--max-steps'." in said.output  # as every error ends
+    lr = runner.invoke(main, ["grid", "--lr", "0.1"])  # no near option of its own: the -S hint, no click guess
+    assert lr.output.endswith("error: No such option '--lr'.\nSettings are given as -S section.key=value, e.g. -S "
+                              "train.lr=VALUE (docs/params.md lists them).\n"), lr.output
+    bogus = runner.invoke(main, ["--bogus"])  # the group's own options too
+    assert bogus.exit_code == 2 and bogus.output.endswith("error: No such option '--bogus'.\n"), bogus.output
     assert "No such option '--max-steps'.\nSettings are given as -S section.key=value, e.g. -S train.max_steps=VALUE" \
         in said.output and "Did you mean" not in said.output
     said = runner.invoke(main, ["train", "--max_iters=10"])  # nanoGPT's name: ours

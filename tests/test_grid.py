@@ -284,6 +284,29 @@ def test_a_grid_says_what_runs_alike_and_the_uncommitted_code_every_run_trains(t
             in (tmp_path / "reports/grid/g.md").read_text())
 
 
+def test_uncommitted_code_is_the_code_the_stages_run_as_dvc_yaml_lists_it(tmp_path):
+    """An edited test, benchmark or comparison module changes no run: only the stages' deps count, named from the
+    project's folder also where it is a subfolder of its git repository."""
+    import subprocess
+
+    from conftest import environment
+
+    root = tmp_path / "sub project"
+    for name in ("gpt2/train/step.py", "gpt2/measure/grid.py", "tests/test_x.py", "stages/train.py"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("x = 1\n")
+    (root / "dvc.yaml").write_text((ROOT / "dvc.yaml").read_text())
+    for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "c"]):
+        subprocess.run(command, cwd=tmp_path, check=True, env=environment())
+    assert experiments.uncommitted_code(root) == [] and experiments.code_digest(root) == ""
+    for name in ("gpt2/train/step.py", "gpt2/measure/grid.py", "tests/test_x.py", "gpt2/train/new.py", "tests/new.py"):
+        (root / name).write_text("x = 2\n")
+    assert experiments.uncommitted_code(root) == ["gpt2/train/step.py", "gpt2/train/new.py"]
+    digest = experiments.code_digest(root)
+    (root / "gpt2/train/step.py").write_text("x = 3\n")
+    assert experiments.code_digest(root) not in ("", digest)  # the content, not only the names
+
+
 def test_a_grid_refuses_to_time_beside_a_running_experiment_and_leaves_queued_ones_alone(tmp_path, monkeypatch):
     planned = fake_grid(monkeypatch, tmp_path, lambda name, sets: run(name, 100))
     queue = {"q-1": "Queued", "r-1": "Running"}

@@ -65,27 +65,46 @@ def uncommitted_params(root: Path, params_path: str | Path) -> str:
     return changes_since("HEAD", committed, path, root, full=True) or ""
 
 
-NOT_CODE = (paths.PARAMS, "dvc.lock", "reports", "data", "docs", "README.md", "CHANGELOG.md")  # no run's code
+def stage_code(root: Path) -> list[str]:
+    """The code the pipeline's stages run, as dvc.yaml lists it: every stage's deps that no stage writes (the
+    stages' scripts, the library's folders), params files aside, and dvc.yaml itself. Tests, benchmarks, docs
+    and the comparison's own code are not in it: editing them changes no run."""
+    import yaml
+
+    try:
+        stages = (yaml.safe_load((root / paths.PIPELINE).read_text()) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return [paths.PIPELINE, "gpt2", "stages"]
+    written = {str(next(iter(out))) if isinstance(out, dict) else str(out)
+               for stage in stages.values() for out in stage.get("outs") or []}
+    deps = {str(dep) for stage in stages.values() for dep in stage.get("deps") or []}
+    return sorted(deps - written - {paths.PARAMS}) + [paths.PIPELINE]
+
+
+def _is_code(name: str, code: list[str]) -> bool:
+    return any(name == part or name.startswith(part.rstrip("/") + "/") for part in code)
+
+
+def _git_names(root: Path, *args: str) -> list[str]:
+    """File names a git command lists, NUL-separated (a name git would quote stays as it is)."""
+    out = subprocess.run(["git", *args], cwd=root, capture_output=True)
+    return [name for name in out.stdout.decode(errors="surrogateescape").split("\0") if name]
 
 
 def code_changes(root: Path, *commits: str) -> list[str]:
-    """The files other than params, reports, data and docs that differ between ``commits`` (one: it and the
-    workspace's tracked files)."""
-    out = subprocess.run(["git", "diff", "--name-only", *commits, "--", "."], cwd=root, capture_output=True,
-                         text=True)
-    return [name for name in out.stdout.splitlines() if not _not_code(name)]
-
-
-def _not_code(name: str) -> bool:
-    return any(name == part or name.startswith(part + "/") for part in NOT_CODE)
+    """The files of the stages' code (:func:`stage_code`) that differ between ``commits`` (one: it and the
+    workspace's tracked files), relative to ``root``."""
+    code = stage_code(root)
+    return [name for name in _git_names(root, "diff", "--name-only", "--relative", "-z", *commits, "--", ".")
+            if _is_code(name, code)]
 
 
 def uncommitted_code(root: Path) -> list[str]:
-    """The code the workspace holds and HEAD does not: tracked files changed since it, and untracked Python files
-    git does not ignore. Every experiment runs it, whatever commit its records name."""
-    out = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "--", "*.py"], cwd=root,
-                         capture_output=True, text=True)
-    return code_changes(root, "HEAD") + [name for name in out.stdout.splitlines() if not _not_code(name)]
+    """The stages' code the workspace holds and HEAD does not: tracked files changed since it, and untracked
+    Python files git does not ignore. Every experiment runs it, whatever commit its records name."""
+    code = stage_code(root)
+    return code_changes(root, "HEAD") + [name for name in _git_names(root, "ls-files", "--others", "--exclude-standard",
+                                                                     "-z", "--", "*.py") if _is_code(name, code)]
 
 
 def code_digest(root: Path) -> str:

@@ -153,7 +153,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
     before the error)."""
     root, started = paths.root(), time.time()
     grid, fixed, held = _settings(sets, name, revs, time_budget_s, repeats)
-    procedure.check_before("grid", root, params_path, apply, target)
+    procedure.check_before("grid", root, params_path, apply, None if revs else target)
     if not revs:  # each revision checks its own params.yaml; here a setting that can only fail stops the grid now
         _every_setting_loads(params_path, grid, fixed)
     raw = read_yaml(params_path, "params", "--params") or {}
@@ -182,7 +182,7 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                     + (f"; every run with {describe(held)}" if held else "") + "), one at a time; "
                     f"the first, {describe(combos[0])}, is the baseline"
                     + (f"; repeat r trains train.seed {', '.join(map(str, seeds))}" if seeds[0] is not None else ""))
-        if repeats < SEEDS_FOR_A_VERDICT:
+        if repeats < SEEDS_FOR_A_VERDICT and "train.seed" not in grid:  # seeds as settings: --repeats 1 by force
             logger.warning(f"grid: {repeats} run(s) per setting (--repeats {repeats}): the report will give figures "
                            + ("and no verdict" if repeats == 1 else "and a quality verdict only for a large difference "
                               "(two seeds leave its test 1 degree of freedom)")
@@ -190,6 +190,11 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
         if not stopped and (earlier := out / f"{slug}.md").is_file():
             logger.warning(f"grid: {earlier} holds an earlier grid named {_earlier_name(earlier, name)!r}; this one "
                            "replaces its report when it ends (another --name keeps both)")
+        for checkout in checkouts.values():  # each revision runs its own dvc.yaml's stage
+            try:
+                experiments.check_target(checkout.path, target)
+            except UserError as exc:
+                raise UserError(f"revision {checkout.label}: {exc}") from None
         for warning in revisions.same_code(root, list(checkouts.values())) if checkouts else []:
             logger.warning(f"grid: {warning}")
         for key, values in grid.items():
@@ -198,8 +203,8 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                                "(an A/A comparison, this machine's noise)")
         if edited := [] if checkouts else experiments.uncommitted_code(root):
             logger.warning(f"grid: every run trains the workspace's code with its uncommitted changes to "
-                           f"{experiments.named(edited)} (alike in every setting; the report says so, and each "
-                           "MLflow run's training_code_md5 tells that code from the commit its git_commit names)")
+                           f"{experiments.named(edited)} (alike in every setting; the runs' git_commit names the "
+                           "commit without them, the report and its JSON name them)")
         for checkout in checkouts.values():
             if left := revisions.unknown_keys(checkout, raw):
                 logger.warning(f"grid: revision {checkout.label} has no {', '.join(left)} in its params.yaml: its "

@@ -22,7 +22,7 @@ from gpt2.measure.compare import Run, read_run
 from gpt2.measure.planned import Planned, expected_cost, json_file, keep_run_start, too_short
 
 
-def check_before(what: str, root: Path, params_path: str | Path, apply: bool, target: str = "train") -> None:
+def check_before(what: str, root: Path, params_path: str | Path, apply: bool, target: str | None = "train") -> None:
     """What stops a comparison before its first run rather than after an hour of them: ``--apply`` on a params file
     with uncommitted changes, a folder DVC cannot run experiments in, a ``target`` that is no stage, queued
     experiments running (they would share the machine with the runs timed here; queued ones that wait are left
@@ -32,7 +32,8 @@ def check_before(what: str, root: Path, params_path: str | Path, apply: bool, ta
 
         refuse_uncommitted(Path(params_path))
     experiments.check_repo(root)
-    experiments.check_target(root, target)
+    if target is not None:  # None: the revisions' own dvc.yaml decide (revisions.checked_out's caller checks them)
+        experiments.check_target(root, target)
     if changed := experiments.uncommitted_params(root, params_path):
         log.get(what).warning(f"{what}: {params_path} differs from the last commit ({changed}), and every run starts "
                               "from it, as dvc exp run does; to compare from the committed params: git checkout "
@@ -101,7 +102,7 @@ def stopped_plan(root: Path, what: str, params_path: str | Path, target: str,
                 log.get(what).warning(
                     f"{what}: the same {what} stopped before with other uncommitted code ({kept} finished runs, "
                     f"{os.path.relpath(path)}): its runs trained that code, so this one measures every run anew "
-                    "(put that code back to go on from them)")
+                    f"(put that code back to go on from them, or rm {os.path.relpath(path)} to hear no more of it)")
     return plan, stopped
 
 

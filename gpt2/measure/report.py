@@ -226,9 +226,11 @@ def noise_sentence(judged: Judged, words: Words, repeats: int) -> str:
     compared = judged.compared
     noisy = sum(1 for a in compared if a.versus.speed.inside_noise)
     if repeats < 2:
+        seeds = any("train.seed" in (a.setting or {}) for a in judged.arms)  # -S train.seed=1,2,3: one run each
         return (f"**One run per {what}: no interval, so no gain can be told from noise.** To read it, run it with "
-                f"--repeats {SEEDS_FOR_A_VERDICT} or more: each repeat's paired runs give the speed its noise, its "
-                "seed the quality test its spread.")
+                f"--repeats {SEEDS_FOR_A_VERDICT} or more" + (" (and without -S train.seed: the repeats set the seeds)"
+                                                              if seeds else "")
+                + ": each repeat's paired runs give the speed its noise, its seed the quality test its spread.")
     if floor > TOO_NOISY:
         return (f"**Too noisy to read speed:** a {what}'s paired runs disagree by {100 * spread:.0f}% (median)"
                 + (f" and a {what} that changed no step's work here moved tokens/s by {100 * floor:.0f}%"
