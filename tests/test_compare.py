@@ -51,7 +51,9 @@ def test_a_speed_gain_holds_a_t_test_against_the_noise_of_every_arm_s_runs():
     assert speed.test.p == pytest.approx(stats.ttest_1samp([math.log(1.04), math.log(1.06)], 0).pvalue)  # paired t
     said = report.decided(one, WORDS, label)
     assert said.startswith("No setting differs from the baseline outside noise")
-    assert f"Too few repeats to decide the speed of: noop (1.05×, {significance.p_text(speed.test.p)}) (the t-test " \
+    assert speed.test.seeds_needed == 4  # t(0.995, 3) + t(0.8, 3) = 6.82 times 0.0136 / √4 = 0.046 < log(1.05)
+    assert f"Too few repeats to decide the speed of: noop (1.05×, {significance.p_text(speed.test.p)}; about 4 " \
+           "repeats would decide a ratio this size) (the t-test " \
            "has 1 degree of freedom: more repeats, or more settings compared at once, give it more)." in said
     rates = [[100, 90], [101, 89.1], [100, 90.9], [100.5, 90.45], [101, 90], [99, 90], [150, 136.8]]  # pass 2: -10%
     many = judge([arm("base", [(r,) for r in rates[0]], None)] + [arm(f"a{i}", [(r,) for r in row])

@@ -49,7 +49,7 @@ from typing import Any, Callable
 
 from gpt2.core import paths
 from gpt2.core.config import SAME_WORK
-from gpt2.measure.significance import Test, block_noise, mean_test, p_text, paired_test
+from gpt2.measure.significance import Test, block_noise, blocks_needed, mean_test, p_text, paired_test
 
 ALPHA = 0.01  # the significance level of every test of a comparison: modded-nanogpt's for a record
 LOSS_RESOLUTION = 1e-4  # the val losses a comparison reads are rounded to 4 decimals (run/figures.py)
@@ -495,6 +495,9 @@ def speed_tests(arms: list[Arm], alpha: float) -> int:
         ratio = arm.versus.speed if arm.versus else None
         if ratio is not None and len(ratio.paired) > 1 and all(r > 0 for r in ratio.paired):
             ratio.test = mean_test([math.log(r) for r in ratio.paired], sd * math.sqrt(2), df, alpha)  # of a pair
+            if not ratio.test.significant:
+                ratio.test.seeds_needed = blocks_needed(ratio.test.mean, sd * math.sqrt(2), len(rows), len(rows[0]),
+                                                        alpha)
     return df
 
 

@@ -341,8 +341,9 @@ def decided(judged: Judged, words: Words, label: Callable[[Arm], str]) -> str:
                     and not ratio_inside_noise(a.versus.speed.paired, judged.noise.speed_floor)]
     if slow_to_tell:
         said += (" Too few repeats to decide the speed of: "
-                 + "; ".join(f"{label(a)} ({a.versus.speed.median:.2f}×, {p_shown(a.versus.speed.test)})"
-                             for a in slow_to_tell)
+                 + "; ".join(f"{label(a)} ({a.versus.speed.median:.2f}×, {p_shown(a.versus.speed.test)}"
+                             + (f"; about {a.versus.speed.test.seeds_needed} repeats would decide a ratio this size"
+                                if a.versus.speed.test.seeds_needed else "") + ")" for a in slow_to_tell)
                  + f" (the t-test has {degrees_of_freedom(judged.noise.speed_df)}: more repeats, or more "
                    f"{words.what}s compared at once, give it more).")
     undecided = [a for a in compared if a.versus.loss and a.versus.loss.test and not a.versus.loss.test.significant

@@ -26,7 +26,7 @@ class Test:
     alpha: float
     significant: bool
     detectable: float  # the smallest true mean these runs find with POWER's chance at alpha
-    seeds_needed: int | None = None  # for the mean measured, where these seeds do not decide it
+    seeds_needed: int | None = None  # seeds (a speed test: repeats) that would decide the mean measured, where not
 
 
 def mean_test(values: list[float], sd: float, df: int, alpha: float) -> Test:
@@ -59,6 +59,19 @@ def paired_test(differences: list[float], alpha: float, resolution: float = 0.0)
         test.seeds_needed = next((m for m in range(n + 1, 1001) if detectable(sd, m, alpha) <= abs(test.mean)),
                                  None)
     return test
+
+
+def blocks_needed(mean: float, sd: float, arms: int, n: int, alpha: float) -> int | None:
+    """How many passes (repeats) of ``arms`` arms would detect ``mean`` with POWER's chance at ``alpha``, where a
+    pair's value spreads by ``sd`` and the test has (arms - 1)(passes - 1) degrees of freedom (``block_noise``);
+    None past 1000 or where ``mean`` is 0."""
+    from scipy import stats
+
+    if mean == 0 or sd <= 0:
+        return None
+    return next((m for m in range(n + 1, 1001) if float(stats.t.ppf(1 - alpha / 2, (arms - 1) * (m - 1))
+                                                         + stats.t.ppf(POWER, (arms - 1) * (m - 1)))
+                 * sd / math.sqrt(m) <= abs(mean)), None)
 
 
 def detectable(sd: float, n: int, alpha: float) -> float:
