@@ -286,6 +286,7 @@ def test_failed_rung_is_marked_and_the_next_compares_with_the_last_measured(tmp_
     assert judged.arms[2].reference == 0 and judged.arms[2].versus.speed.median == pytest.approx(2.0)
     text = table_of(tmp_path, judged, spec, p)
     assert "| 1 | a |  | 0/1 | failed |" in text and text.startswith(f"# Optimization ladder: {spec.source} (")
+    assert f"Each rung adds one change to the rung above ({spec.source});" in text
     assert "**1 of 3 runs failed** (ladder-01-a-1; their output is in dvc.log)" in text
 
 

@@ -165,9 +165,9 @@ def write_report(out: Path, judged: Judged, ladder: Ladder, resolved: Resolved, 
     last.append(Column("note", lambda i, a: rung_note(ladder, resolved, judged.arms, i)))
     text = (f"# Optimization ladder: {ladder.source} ({today})\n\n{said}\n\n{describe(resolved, judged)}\n\n"
             + table(judged, own, columns(judged, words), last)
-            + "\nEach rung adds one change to the rung above (ladder.yaml); a rung \"beside the ladder\" is measured "
-              "on the rung above, and the rungs below do not take its change. A rung marked \"no effect on this "
-              "device\" ran the same configuration as the rung above: its difference from it is this machine's "
+            + f"\nEach rung adds one change to the rung above ({ladder.source}); a rung \"beside the ladder\" is "
+              "measured on the rung above, and the rungs below do not take its change. A rung marked \"no effect on "
+              "this device\" ran the same configuration as the rung above: its difference from it is this machine's "
               f"run-to-run noise, the floor under every other figure. {METHOD} Experiments: "
             + "; ".join(f"{a.label}: {', '.join(r.name for r in a.runs) or 'none'}" for a in judged.arms)
             + ". Inspect them with `dvc exp show`.\n")
