@@ -182,33 +182,8 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                     + (f"; every run with {describe(held)}" if held else "") + "), one at a time; "
                     f"the first, {describe(combos[0])}, is the baseline"
                     + (f"; repeat r trains train.seed {', '.join(map(str, seeds))}" if seeds[0] is not None else ""))
-        if repeats < SEEDS_FOR_A_VERDICT and "train.seed" not in grid:  # seeds as settings: --repeats 1 by force
-            logger.warning(f"grid: {repeats} run(s) per setting (--repeats {repeats}): the report will give figures "
-                           + ("and no verdict" if repeats == 1 else "and a quality verdict only for a large difference "
-                              "(two seeds leave its test 1 degree of freedom)")
-                           + f"; --repeats {SEEDS_FOR_A_VERDICT} or more for one")
-        if not stopped and (earlier := out / f"{slug}.md").is_file():
-            logger.warning(f"grid: {earlier} holds an earlier grid named {_earlier_name(earlier, name)!r}; this one "
-                           "replaces its report when it ends (another --name keeps both)")
-        for checkout in checkouts.values():  # each revision runs its own dvc.yaml's stage
-            try:
-                experiments.check_target(checkout.path, target)
-            except UserError as exc:
-                raise UserError(f"revision {checkout.label}: {exc}") from None
-        for warning in revisions.same_code(root, list(checkouts.values())) if checkouts else []:
-            logger.warning(f"grid: {warning}")
-        for key, values in grid.items():
-            if twice := [json_value(v) for i, v in enumerate(values) if v in values[:i]]:
-                logger.warning(f"grid: -S {key} gives {', '.join(twice)} more than once: those settings train alike "
-                               "(an A/A comparison, this machine's noise)")
-        if edited := [] if checkouts else experiments.uncommitted_code(root):
-            logger.warning(f"grid: every run trains the workspace's code with its uncommitted changes to "
-                           f"{experiments.named(edited)} (alike in every setting; the runs' git_commit names the "
-                           "commit without them, the report and its JSON name them)")
-        for checkout in checkouts.values():
-            if left := revisions.unknown_keys(checkout, raw):
-                logger.warning(f"grid: revision {checkout.label} has no {', '.join(left)} in its params.yaml: its "
-                               "runs train without them")
+        edited = _said_before(root, grid, checkouts, raw, repeats, target, None if stopped else out / f"{slug}.md",
+                              name)
         planned = []
         for i, r in order:
             checkout = checkouts.get(combos[i].get("revision"))
@@ -242,6 +217,41 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
     procedure.conclude("grid", out / f"{slug}.md", text, data, changes, params_path, apply, as_json,
                        out / f"{slug}.dvc.log")
     return data
+
+
+def _said_before(root: Path, grid: dict[str, list[Any]], checkouts: dict[str, Any], raw: dict[str, Any],
+                 repeats: int, target: str, report: Path | None, name: str) -> list[str]:
+    """What a grid says before its first run, where it would only show in the report after an hour of runs (a
+    revision without the target stage stops it); returns the uncommitted code every run of a grid of params
+    trains, which the report names. ``report``: this grid's report file, None where it goes on from its own."""
+    if repeats < SEEDS_FOR_A_VERDICT and "train.seed" not in grid:  # seeds as settings: --repeats 1 by force
+        logger.warning(f"grid: {repeats} run(s) per setting (--repeats {repeats}): the report will give figures "
+                       + ("and no verdict" if repeats == 1 else "and a quality verdict only for a large difference "
+                          "(two seeds leave its test 1 degree of freedom)")
+                       + f"; --repeats {SEEDS_FOR_A_VERDICT} or more for one")
+    if report is not None and report.is_file():
+        logger.warning(f"grid: {report} holds an earlier grid named {_earlier_name(report, name)!r}; this one "
+                       "replaces its report when it ends (another --name keeps both)")
+    for checkout in checkouts.values():  # each revision runs its own dvc.yaml's stage
+        try:
+            experiments.check_target(checkout.path, target)
+        except UserError as exc:
+            raise UserError(f"revision {checkout.label}: {exc}") from None
+    for warning in revisions.same_code(root, list(checkouts.values())) if checkouts else []:
+        logger.warning(f"grid: {warning}")
+    for key, values in grid.items():
+        if twice := [json_value(v) for i, v in enumerate(values) if v in values[:i]]:
+            logger.warning(f"grid: -S {key} gives {', '.join(twice)} more than once: those settings train alike "
+                           "(an A/A comparison, this machine's noise)")
+    if edited := [] if checkouts else experiments.uncommitted_code(root):
+        logger.warning(f"grid: every run trains the workspace's code with its uncommitted changes to "
+                       f"{experiments.named(edited)} (alike in every setting; the runs' git_commit names the "
+                       "commit without them, the report and its JSON name them)")
+    for checkout in checkouts.values():
+        if left := revisions.unknown_keys(checkout, raw):
+            logger.warning(f"grid: revision {checkout.label} has no {', '.join(left)} in its params.yaml: its "
+                           "runs train without them")
+    return edited
 
 
 def _earlier_name(report: Path, name: str) -> str:
