@@ -129,12 +129,14 @@ def test_a_grid_stopped_by_ctrl_c_goes_on_from_its_finished_runs_when_run_again(
     with caplog.at_level("INFO", logger="gpt2.grid"):
         grid.run_grid(**command)  # a finished grid is measured anew, under names of its own
     assert made[5:] == [f"{names[0]}-2", f"{names[1]}-2", f"{names[2]}-2", f"{names[3]}-3"]
-    assert ("grid: reports/grid/grid-12-01-10-00.md holds an earlier grid named 'grid 12-01 10:00'; this one "
-            "replaces its report when it ends (another --name keeps both)") in caplog.text
+    assert ("grid: reports/grid/grid-12-01-10-00.md held an earlier grid named 'grid 12-01 10:00': kept as "
+            "reports/grid/grid-12-01-10-00.before-") in caplog.text
+    kept = sorted(p.name for p in (tmp_path / "reports/grid").glob("grid-12-01-10-00.before-*"))
+    assert [name.rsplit(".", 1)[-1] for name in kept] == ["json", "md", "png"]  # nothing of the first is lost
     caplog.clear()
     with caplog.at_level("INFO", logger="gpt2.grid"):
         grid.run_grid(**command, name="grid-12-01-10-00")  # another name, the same file name
-    assert "holds an earlier grid named 'grid 12-01 10:00'; this one replaces" in caplog.text
+    assert "held an earlier grid named 'grid 12-01 10:00': kept as" in caplog.text
 
 
 def test_a_grid_stopped_with_other_uncommitted_code_keeps_none_of_its_runs(tmp_path, monkeypatch, caplog):

@@ -230,8 +230,9 @@ def _said_before(root: Path, grid: dict[str, list[Any]], checkouts: dict[str, An
                           "(two seeds leave its test 1 degree of freedom)")
                        + f"; --repeats {SEEDS_FOR_A_VERDICT} or more for one")
     if report is not None and report.is_file():
-        logger.warning(f"grid: {report} holds an earlier grid named {_earlier_name(report, name)!r}; this one "
-                       "replaces its report when it ends (another --name keeps both)")
+        earlier, kept = _earlier_name(report, name), _set_aside(report)
+        logger.warning(f"grid: {report} held an earlier grid named {earlier!r}: kept as {kept} (its .json, .png and "
+                       ".dvc.log beside it); this one writes its own report there")
     for checkout in checkouts.values():  # each revision runs its own dvc.yaml's stage
         try:
             experiments.check_target(checkout.path, target)
@@ -254,10 +255,23 @@ def _said_before(root: Path, grid: dict[str, list[Any]], checkouts: dict[str, An
     return edited
 
 
+def _set_aside(report: Path) -> Path:
+    """An earlier grid's report files (``lr.md``, ``.json``, ``.png``, ``.dvc.log``) renamed after their time
+    (``lr.before-20261202-171900.md``), so that a grid run again under its name loses nothing of the last one;
+    returns the markdown's new path."""
+    t = time.localtime(report.stat().st_mtime)
+    stamp = f"{t.tm_year:04d}{t.tm_mon:02d}{t.tm_mday:02d}-{t.tm_hour:02d}{t.tm_min:02d}{t.tm_sec:02d}"
+    stem = report.name.removesuffix(".md")
+    for suffix in (".md", ".json", ".png", ".dvc.log"):
+        if (old := report.with_name(stem + suffix)).is_file():
+            old.replace(report.with_name(f"{stem}.before-{stamp}{suffix}"))
+    return report.with_name(f"{stem}.before-{stamp}.md")
+
+
 def _earlier_name(report: Path, name: str) -> str:
     """The name an earlier grid's report records: "lr a" and "lr-a" share one file name."""
     try:
-        return json.loads(report.with_suffix(".json").read_text())["name"]
+        return json.loads(report.with_name(report.name.removesuffix(".md") + ".json").read_text())["name"]
     except (OSError, ValueError, KeyError, TypeError):
         return name
 
