@@ -257,6 +257,15 @@ def test_a_setting_that_can_only_fail_is_refused_before_the_first_run(tmp_path, 
     grid.run_grid(("train.min_lr=3.0e-5,1.0e-5",), name="small")  # DVC writes 3e-05 (YAML 1.2): a float to the stage
     assert [r.sets["train.min_lr"] for r in planned] == [3e-05, 1e-05]
 
+def test_a_name_with_nothing_to_name_files_after_is_refused(tmp_path, monkeypatch):
+    """Tried as a user: --name "" ran the grid under the default name, without a word."""
+    planned = fake_grid(monkeypatch, tmp_path, lambda name, sets: run(name, 100))
+    for name in ("", " ", "--"):
+        with pytest.raises(UserError, match=r"has no letter or digit to name the report's files after"):
+            grid.run_grid(("train.lr=1.0e-3,2.0e-3",), name=name)
+    assert planned == []
+
+
 def test_a_target_that_is_no_stage_is_refused_before_the_first_run(tmp_path, monkeypatch):
     """Tried as a user: --target evalute ran every run, each failing in DVC, and the cause was only in the log."""
     planned = fake_grid(monkeypatch, tmp_path, lambda name, sets: run(name, 100))

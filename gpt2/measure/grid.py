@@ -280,6 +280,9 @@ def _settings(sets: tuple[str, ...], name: str | None, revs: str | None, time_bu
               repeats: int) -> tuple[dict[str, list[Any]], dict[str, Any], dict[str, Any]]:
     """The grid's compared settings, what every run sets alike (``fixed``, the single values ``held`` among them),
     checked before an hour of runs rather than at the report after them."""
+    if name is not None and not re.sub(r"[^A-Za-z0-9._-]+", "", name).strip("-."):
+        raise UserError(f"gpt2 grid --name {name!r} has no letter or digit to name the report's files after: give one "
+                        "(--name lr-sweep), or leave --name out for the default (grid MM-DD HH:MM:SS)")
     if name is not None and len(name.encode()) > MAX_NAME:
         raise UserError(f"gpt2 grid --name is {len(name.encode())} bytes long; the report's files and the experiments "
                         f"are named after it, and a file name holds at most 255: give one of at most {MAX_NAME}")
