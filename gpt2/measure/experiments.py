@@ -69,16 +69,23 @@ def stage_code(root: Path) -> list[str]:
     """The code the pipeline's stages run, as dvc.yaml lists it: every stage's deps that no stage writes (the
     stages' scripts, the library's folders), params files aside, and dvc.yaml itself. Tests, benchmarks, docs
     and the comparison's own code are not in it: editing them changes no run."""
-    import yaml
-
-    try:
-        stages = (yaml.safe_load((root / paths.PIPELINE).read_text()) or {}).get("stages") or {}
-    except (OSError, yaml.YAMLError, AttributeError):
+    if (stages := _stages(root)) is None:
         return [paths.PIPELINE, "gpt2", "stages"]
     written = {str(next(iter(out))) if isinstance(out, dict) else str(out)
                for stage in stages.values() for out in stage.get("outs") or []}
     deps = {str(dep) for stage in stages.values() for dep in stage.get("deps") or []}
     return sorted(deps - written - {paths.PARAMS}) + [paths.PIPELINE]
+
+
+def _stages(root: Path) -> dict[str, Any] | None:
+    """dvc.yaml's stages, or None where it cannot be read (DVC then says what is wrong with it)."""
+    import yaml
+
+    try:
+        stages = (yaml.safe_load((root / paths.PIPELINE).read_text()) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return stages if isinstance(stages, dict) else None
 
 
 def _is_code(name: str, code: list[str]) -> bool:
@@ -91,10 +98,10 @@ def _git_names(root: Path, *args: str) -> list[str]:
     return [name for name in out.stdout.decode(errors="surrogateescape").split("\0") if name]
 
 
-def code_changes(root: Path, *commits: str) -> list[str]:
-    """The files of the stages' code (:func:`stage_code`) that differ between ``commits`` (one: it and the
-    workspace's tracked files), relative to ``root``."""
-    code = stage_code(root)
+def code_changes(root: Path, *commits: str, code: list[str] | None = None) -> list[str]:
+    """The files of the stages' code (``code``, else :func:`stage_code`) that differ between ``commits`` (one: it
+    and the workspace's tracked files), relative to ``root``."""
+    code = code or stage_code(root)
     return [name for name in _git_names(root, "diff", "--name-only", "--relative", "-z", *commits, "--", ".")
             if _is_code(name, code)]
 
@@ -103,8 +110,8 @@ def uncommitted_code(root: Path) -> list[str]:
     """The stages' code the workspace holds and HEAD does not: tracked files changed since it, and untracked
     Python files git does not ignore. Every experiment runs it, whatever commit its records name."""
     code = stage_code(root)
-    return code_changes(root, "HEAD") + [name for name in _git_names(root, "ls-files", "--others", "--exclude-standard",
-                                                                     "-z", "--", "*.py") if _is_code(name, code)]
+    untracked = _git_names(root, "ls-files", "--others", "--exclude-standard", "-z", "--", "*.py")
+    return code_changes(root, "HEAD", code=code) + [name for name in untracked if _is_code(name, code)]
 
 
 def code_digest(root: Path) -> str:
@@ -144,16 +151,10 @@ def check_target(root: Path, target: str) -> None:
     path or ``file:stage`` is left to DVC."""
     import difflib
 
-    import yaml
-
-    if ":" in target or "@" in target or (root / target).exists():
+    if ":" in target or "@" in target or (root / target).exists() or (stages := _stages(root)) is None:
         return
-    try:
-        stages = list((yaml.safe_load((root / paths.PIPELINE).read_text()) or {}).get("stages") or {})
-    except (OSError, yaml.YAMLError, AttributeError):
-        return  # DVC says what is wrong with dvc.yaml itself
     if target not in stages:
-        close = difflib.get_close_matches(target, stages, 1)
+        close = difflib.get_close_matches(target, list(stages), 1)
         raise UserError(f"--target {target!r} is no stage of {paths.PIPELINE} ({', '.join(stages)})"
                         + (f"; did you mean {close[0]!r}?" if close else ""))
 

@@ -174,7 +174,8 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
         plan, stopped = procedure.stopped_plan(root, "grid", params_path, target, [
             {"name": name}, *(run_sets[run] for run in order)]) if not checkouts else (None, None)
         name = stopped["name"] if stopped else name or "grid " + time.strftime("%m-%d %H:%M:%S")
-        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "grid"
+        slug = _slug(name) or "grid"
+        dvc_log = out / f"{slug}.dvc.log"
         names, done = procedure.run_names(root, stopped, lambda taken: [
             [_free(f"{slug}-{i + 1}-{r + 1}", taken) for r in range(repeats)] for i in range(len(combos))], _free)
         started = (stopped or {}).get("started", started)  # a stopped grid's MLflow run spans the runs it keeps
@@ -191,14 +192,14 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                 names[i][r], run_sets[i, r], f"{describe(combos[i])}, run {r + 1}",
                 f"{describe(combos[i])}" + (f" · run {r + 1}" if repeats > 1 else "") + f" · {name}", checkout,
                 revisions.params_for(checkout, raw, run_sets[i, r]) if checkout else None))
-        procedure.run_in_turn(root, planned, target, out / f"{slug}.dvc.log", "grid", collected=collected,
+        procedure.run_in_turn(root, planned, target, dvc_log, "grid", collected=collected,
                               plan={**plan, "name": name, "names": names, "started": started} if plan else None,
                               done=done)
     runs = procedure.read_back(root, "grid", names, seeds, collected if checkouts else None)
     arms = [Arm(describe(combo), group, reference=None if i == 0 else 0, setting=combo)
             for i, (combo, group) in enumerate(zip(combos, runs))]
     judged = judge(arms, alpha)
-    words = Words("setting", "the baseline", time_budget_s, f"{slug}.dvc.log")
+    words = Words("setting", "the baseline", time_budget_s, dvc_log.name)
     changes, note = decide(judged, words, out / f"{slug}.md", apply)
     if changes and (unheld := {k: v for k, v in held.items() if not runs_the_same(k, value_of(raw, k), v)}):
         note = (f"{note} The winner was measured with {describe(unheld)} on every run, which {params_path} does "
@@ -214,16 +215,16 @@ def run_grid(sets: tuple[str, ...], name: str | None = None, target: str = "trai
                    {run.name: {"grid.setting": arm.label, "grid.run": str(run.repeat + 1)}
                     for arm in arms for run in arm.runs}, "grid.setting",
                    {p.name: p.run_name for p in planned}, changes)
-    procedure.conclude("grid", out / f"{slug}.md", text, data, changes, params_path, apply, as_json,
-                       out / f"{slug}.dvc.log")
+    procedure.conclude("grid", out / f"{slug}.md", text, data, changes, params_path, apply, as_json, dvc_log)
     return data
 
 
 def _said_before(root: Path, grid: dict[str, list[Any]], checkouts: dict[str, Any], raw: dict[str, Any],
                  repeats: int, target: str, report: Path | None, name: str) -> list[str]:
     """What a grid says before its first run, where it would only show in the report after an hour of runs (a
-    revision without the target stage stops it); returns the uncommitted code every run of a grid of params
-    trains, which the report names. ``report``: this grid's report file, None where it goes on from its own."""
+    revision without the target stage stops it); an earlier report of its name is set aside, and said. Returns
+    the uncommitted code every run of a grid of params trains, which the report names. ``report``: this grid's
+    report file, None where it goes on from its own."""
     if repeats < SEEDS_FOR_A_VERDICT and "train.seed" not in grid:  # seeds as settings: --repeats 1 by force
         logger.warning(f"grid: {repeats} run(s) per setting (--repeats {repeats}): the report will give figures "
                        + ("and no verdict" if repeats == 1 else "and a quality verdict only for a large difference "
@@ -255,6 +256,12 @@ def _said_before(root: Path, grid: dict[str, list[Any]], checkouts: dict[str, An
     return edited
 
 
+def _slug(name: str) -> str:
+    """The grid's name as its files are named: each run of other characters than letters, digits, ``.``, ``_`` and
+    ``-`` written as one ``-`` ("" where nothing is left)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.")
+
+
 def _set_aside(report: Path) -> Path:
     """An earlier grid's report files (``lr.md``, ``.json``, ``.png``, ``.dvc.log``) renamed after their time
     (``lr.before-20261202-171900.md``), so that a grid run again under its name loses nothing of the last one;
@@ -280,7 +287,7 @@ def _settings(sets: tuple[str, ...], name: str | None, revs: str | None, time_bu
               repeats: int) -> tuple[dict[str, list[Any]], dict[str, Any], dict[str, Any]]:
     """The grid's compared settings, what every run sets alike (``fixed``, the single values ``held`` among them),
     checked before an hour of runs rather than at the report after them."""
-    if name is not None and not re.sub(r"[^A-Za-z0-9._-]+", "", name).strip("-."):
+    if name is not None and not _slug(name):
         raise UserError(f"gpt2 grid --name {name!r} has no letter or digit to name the report's files after: give one "
                         "(--name lr-sweep), or leave --name out for the default (grid MM-DD HH:MM:SS)")
     if name is not None and len(name.encode()) > MAX_NAME:
